@@ -1,0 +1,149 @@
+"""meshd's configuration: the TOML file of DESIGN.md, with defaults for a fleet of one.
+
+Every key is optional but `name` (in a file); with no file at all, meshd runs a fleet of one on
+127.0.0.1 with its data folder in the current directory and a `default` pool of kind `command`
+with one slot per core. Errors say which key is wrong and what it should be.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshjobs.control import POOL_RE
+from meshjobs.node import Pool
+
+DEFAULT_DATA = "meshjobs-data"
+DEFAULT_HTTP = "127.0.0.1:7700"
+DEFAULT_PEER = "127.0.0.1:7701"
+DEFAULT_RAFT = "127.0.0.1:7702"
+TOP_KEYS = {"name", "data", "http", "peer", "raft", "secret_file", "fleet", "pools", "blobs",
+            "retention", "log"}
+POOL_KEYS = {"kind", "slots", "runtime_s", "hold", "drain"}
+POOL_KINDS = ("command",)
+
+
+class ConfigError(Exception):
+    """A configuration meshd cannot run with; the message says which key and why."""
+
+
+@dataclass
+class Config:
+    name: str
+    data: str
+    http: tuple[str, int]
+    peer: tuple[str, int]
+    raft: tuple[str, int]
+    secret_file: str
+    voters: list[dict[str, str]] = field(default_factory=list)
+    join: str | None = None
+    pools: dict[str, Pool] = field(default_factory=dict)
+
+    @property
+    def secret_path(self) -> str:
+        return os.path.join(self.data, self.secret_file)
+
+    @property
+    def raft_addr(self) -> str:
+        return f"{self.raft[0]}:{self.raft[1]}"
+
+
+def parse_addr(value: Any, key: str) -> tuple[str, int]:
+    if not isinstance(value, str) or ":" not in value:
+        raise ConfigError(f"{key} must be \"host:port\", not {value!r}")
+    host, _, port = value.rpartition(":")
+    host = host.strip("[]")
+    try:
+        p = int(port)
+    except ValueError:
+        raise ConfigError(f"{key}: port {port!r} is not a number") from None
+    if not 0 <= p <= 65535 or not host:
+        raise ConfigError(f"{key} must be \"host:port\" with a port 0..65535, not {value!r}")
+    return host, p
+
+
+def _pools(raw: Any) -> dict[str, Pool]:
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError("[pools] must have at least one [pools.NAME] table")
+    pools = {}
+    for name, p in raw.items():
+        if not POOL_RE.fullmatch(name):
+            raise ConfigError(f"pool name {name!r}: use letters, digits, '.', '_' or '-'")
+        if not isinstance(p, dict):
+            raise ConfigError(f"[pools.{name}] must be a table")
+        unknown = set(p) - POOL_KEYS
+        if unknown:
+            raise ConfigError(f"[pools.{name}]: unknown key(s) {', '.join(sorted(unknown))}")
+        kind = p.get("kind", "command")
+        if kind not in POOL_KINDS:
+            raise ConfigError(f"[pools.{name}] kind must be one of {', '.join(POOL_KINDS)}, not {kind!r}")
+        slots = p.get("slots", os.cpu_count() or 1)
+        if isinstance(slots, bool) or not isinstance(slots, int) or not 0 <= slots <= 100_000:
+            raise ConfigError(f"[pools.{name}] slots must be an integer 0..100000, not {slots!r}")
+        runtime = p.get("runtime_s")
+        if runtime is not None and (isinstance(runtime, bool) or not isinstance(runtime, (int, float))
+                                    or runtime <= 0):
+            raise ConfigError(f"[pools.{name}] runtime_s must be a positive number of seconds")
+        if p.get("drain") or p.get("hold"):
+            slots = 0  # a draining or held pool takes no new items
+        pools[name] = Pool(name=name, kind=kind, slots=slots,
+                           runtime_s=None if runtime is None else float(runtime))
+    return pools
+
+
+def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read the TOML file at `path` (None: the defaults of a fleet of one), then apply overrides
+    given on meshd's command line (name, data, http, raft, peer)."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"no config file at {path}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path} is not valid TOML: {e}") from None
+        if "name" not in raw and not (overrides or {}).get("name"):
+            raise ConfigError(f"{path}: `name` is required (the member's name, unique in the fleet)")
+        unknown = set(raw) - TOP_KEYS
+        if unknown:
+            raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}")
+    for k, v in (overrides or {}).items():
+        if v is not None:
+            raw[k] = v
+    name = raw.get("name") or socket.gethostname() or "meshd"
+    if not isinstance(name, str) or not POOL_RE.fullmatch(name):
+        raise ConfigError(f"name {name!r}: use letters, digits, '.', '_' or '-'")
+    data = raw.get("data", DEFAULT_DATA)
+    if not isinstance(data, str) or not data:
+        raise ConfigError("data must be a folder path")
+    if path is not None and not os.path.isabs(data):
+        data = os.path.join(os.path.dirname(os.path.abspath(path)), data)
+    secret_file = raw.get("secret_file", "fleet.secret")
+    if not isinstance(secret_file, str) or not secret_file:
+        raise ConfigError("secret_file must be a file name")
+    fleet = raw.get("fleet", {})
+    if not isinstance(fleet, dict):
+        raise ConfigError("[fleet] must be a table")
+    voters = fleet.get("voters", [])
+    if not isinstance(voters, list) or not all(isinstance(v, dict) for v in voters):
+        raise ConfigError("fleet.voters must be a list of { name, raft, peer, http } tables")
+    join = fleet.get("join")
+    if join is not None:
+        parse_addr(join, "fleet.join")
+    pools = _pools(raw["pools"]) if "pools" in raw else {
+        "default": Pool(name="default", kind="command", slots=os.cpu_count() or 1)}
+    return Config(
+        name=name,
+        data=os.path.abspath(data),
+        http=parse_addr(raw.get("http", DEFAULT_HTTP), "http"),
+        peer=parse_addr(raw.get("peer", DEFAULT_PEER), "peer"),
+        raft=parse_addr(raw.get("raft", DEFAULT_RAFT), "raft"),
+        secret_file=secret_file,
+        voters=voters,
+        join=join,
+        pools=pools,
+    )

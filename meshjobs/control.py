@@ -1,0 +1,286 @@
+"""Control requests: parsing and validating what clients ask for.
+
+Theory of operation. A client (meshctl, HTTP, a forwarded F_CTL) asks for a change or a read.
+Everything it sends is remote garbage until this module says otherwise: each parser takes a
+decoded JSON value and returns a normalized dict, or raises one error class, `ControlError`, with
+the HTTP status that fits and a message that says what to do next.
+
+Rule 1: pure. No IO, no clock, no randomness: the caller stamps ids and times.
+Rule 2: every size is bounded by a named limit in `limits.py`.
+Rule 3: a bool is not an int (JSON `true` must not pass as priority 1).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, NamedTuple
+
+from meshjobs import limits
+
+
+class Answer(NamedTuple):
+    """An answer to a control request: an HTTP status and a JSON-able body."""
+
+    status: int
+    body: Any
+
+
+class ControlError(Exception):
+    """A request that cannot be served as asked; `status` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+    def answer(self) -> Answer:
+        return Answer(self.status, {"error": self.message})
+
+
+JOB_ID_RE = re.compile(rf"^[A-Za-z0-9._-]{{1,{limits.job_id_chars_max}}}$")
+POOL_RE = re.compile(rf"^[A-Za-z0-9._-]{{1,{limits.pool_chars_max}}}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RID_RE = re.compile(rf"^[A-Za-z0-9._:-]{{1,{limits.rid_chars_max}}}$")
+
+JOB_STATES = ("queued", "held", "running", "done", "failed", "cancelled")
+ITEM_STATES = ("pending", "leased", "done", "failed", "timeout", "cancelled")
+
+SUBMIT_KEYS = frozenset(
+    {"id", "argv", "pool", "priority", "retries", "runtime_s", "hold", "tags", "env", "cwd",
+     "items", "max_leases"}
+)
+TONE_KEYS = frozenset({"priority", "hold", "max_leases"})
+
+
+def _int(value: object, name: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ControlError(400, f"{name} must be an integer, not {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise ControlError(400, f"{name} must be between {lo} and {hi}, not {value}")
+    return value
+
+
+def _bool(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ControlError(400, f"{name} must be true or false, not {type(value).__name__}")
+    return value
+
+
+def _str(value: object, name: str, chars_max: int) -> str:
+    if not isinstance(value, str):
+        raise ControlError(400, f"{name} must be a string, not {type(value).__name__}")
+    if len(value) > chars_max:
+        raise ControlError(400, f"{name} is longer than {chars_max} characters")
+    if "\x00" in value:
+        raise ControlError(400, f"{name} must not contain NUL characters")
+    return value
+
+
+def parse_job_id(value: object) -> str:
+    """A job id as a client gives it: 1..128 of [A-Za-z0-9._-]."""
+    if not isinstance(value, str) or not JOB_ID_RE.fullmatch(value):
+        raise ControlError(
+            400,
+            f"bad job id {str(value)[:80]!r}: use 1 to {limits.job_id_chars_max} letters, digits, "
+            "'.', '_' or '-'",
+        )
+    return value
+
+
+def parse_rid(value: object) -> str:
+    if not isinstance(value, str) or not RID_RE.fullmatch(value):
+        raise ControlError(400, "bad request id: use 1 to 128 of [A-Za-z0-9._:-]")
+    return value
+
+
+def parse_argv(value: object) -> list[str]:
+    if not isinstance(value, list) or not value:
+        raise ControlError(400, "argv must be a non-empty list of strings (the program and its arguments)")
+    if len(value) > limits.argv_items_max:
+        raise ControlError(400, f"argv has more than {limits.argv_items_max} arguments")
+    total = 0
+    for i, arg in enumerate(value):
+        _str(arg, f"argv[{i}]", limits.argv_bytes_max)
+        total += len(arg.encode("utf-8", "surrogatepass"))
+    if total > limits.argv_bytes_max:
+        raise ControlError(400, f"argv is larger than {limits.argv_bytes_max} bytes")
+    if not value[0]:
+        raise ControlError(400, "argv[0] (the program) must not be empty")
+    return list(value)
+
+
+def parse_tags(value: object) -> list[str]:
+    if not isinstance(value, list):
+        raise ControlError(400, "tags must be a list of strings")
+    if len(value) > limits.tags_max:
+        raise ControlError(400, f"a job has at most {limits.tags_max} tags")
+    tags = []
+    for i, tag in enumerate(value):
+        _str(tag, f"tags[{i}]", limits.tag_chars_max)
+        if not tag:
+            raise ControlError(400, "a tag must not be empty")
+        if tag not in tags:
+            tags.append(tag)
+    return tags
+
+
+def parse_env(value: object) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ControlError(400, "env must be an object of NAME: value strings")
+    if len(value) > limits.env_items_max:
+        raise ControlError(400, f"env has more than {limits.env_items_max} variables")
+    total = 0
+    for k, v in value.items():
+        if not isinstance(k, str) or not ENV_NAME_RE.fullmatch(k) or len(k) > 256:
+            raise ControlError(400, f"bad environment variable name {str(k)[:80]!r}")
+        _str(v, f"env[{k}]", limits.env_bytes_max)
+        total += len(k) + len(v)
+    if total > limits.env_bytes_max:
+        raise ControlError(400, f"env is larger than {limits.env_bytes_max} bytes")
+    return dict(sorted(value.items()))
+
+
+def parse_submit(body: object) -> dict:
+    """Validate a submit spec (the JSON body of POST /jobs) and return it normalized.
+
+    The normalized spec has every key with its default; `items` is left as given (the HTTP edge
+    turns it into blob digests) but its shape and count are checked here.
+    """
+    if not isinstance(body, dict):
+        raise ControlError(400, "a job spec must be a JSON object with at least \"argv\"")
+    unknown = set(body) - SUBMIT_KEYS
+    if unknown:
+        raise ControlError(400, f"unknown key(s) in job spec: {', '.join(sorted(map(str, unknown)))[:200]}")
+    if "argv" not in body:
+        raise ControlError(400, "a job spec needs \"argv\": the program and its arguments")
+    spec: dict[str, Any] = {
+        "id": None,
+        "argv": parse_argv(body["argv"]),
+        "pool": "default",
+        "priority": 0,
+        "retries": 0,
+        "runtime_s": None,
+        "hold": False,
+        "tags": [],
+        "env": {},
+        "cwd": None,
+        "max_leases": None,
+    }
+    if body.get("id") is not None:
+        spec["id"] = parse_job_id(body["id"])
+    if body.get("pool") is not None:
+        pool = body["pool"]
+        if not isinstance(pool, str) or not POOL_RE.fullmatch(pool):
+            raise ControlError(400, "bad pool name: use letters, digits, '.', '_' or '-'")
+        spec["pool"] = pool
+    if body.get("priority") is not None:
+        spec["priority"] = _int(body["priority"], "priority", -limits.priority_abs_max, limits.priority_abs_max)
+    if body.get("retries") is not None:
+        spec["retries"] = _int(body["retries"], "retries", 0, limits.retries_max)
+    if body.get("runtime_s") is not None:
+        rt = body["runtime_s"]
+        if isinstance(rt, bool) or not isinstance(rt, (int, float)) or rt != rt:
+            raise ControlError(400, "runtime_s must be a number of seconds")
+        if not 0 < rt <= limits.runtime_s_max:
+            raise ControlError(400, f"runtime_s must be more than 0 and at most {limits.runtime_s_max}")
+        spec["runtime_s"] = float(rt)
+    if body.get("hold") is not None:
+        spec["hold"] = _bool(body["hold"], "hold")
+    if body.get("tags") is not None:
+        spec["tags"] = parse_tags(body["tags"])
+    if body.get("env") is not None:
+        spec["env"] = parse_env(body["env"])
+    if body.get("cwd") is not None:
+        cwd = _str(body["cwd"], "cwd", limits.cwd_chars_max)
+        if not cwd.startswith("/"):
+            raise ControlError(400, "cwd must be an absolute path")
+        spec["cwd"] = cwd
+    if body.get("max_leases") is not None:
+        spec["max_leases"] = _int(body["max_leases"], "max_leases", 1, limits.max_leases_max)
+    if "items" in body and body["items"] is not None:
+        items = body["items"]
+        if not isinstance(items, list) or not items:
+            raise ControlError(400, "items must be a non-empty list (one entry per item)")
+        if len(items) > limits.items_max:
+            raise ControlError(413, f"a job has at most {limits.items_max} items")
+        for i, item in enumerate(items):
+            if isinstance(item, str):
+                continue
+            if isinstance(item, dict) and len(item) == 1 and (
+                isinstance(item.get("b64"), str) or isinstance(item.get("blob"), str)
+            ):
+                continue
+            raise ControlError(
+                400, f"items[{i}] must be a string, {{\"b64\": \"...\"}} or {{\"blob\": \"<digest>\"}}"
+            )
+        spec["items"] = items
+    return spec
+
+
+def parse_tone(body: object) -> dict:
+    """Validate a tone request: priority, hold and/or max_leases (null clears the limit)."""
+    if not isinstance(body, dict):
+        raise ControlError(400, "a tone request must be a JSON object")
+    unknown = set(body) - TONE_KEYS
+    if unknown:
+        raise ControlError(400, f"unknown key(s) in tone request: {', '.join(sorted(map(str, unknown)))[:200]}")
+    if not body:
+        raise ControlError(400, "nothing to change: give priority, hold or max_leases")
+    out: dict[str, Any] = {}
+    if "priority" in body:
+        out["priority"] = _int(body["priority"], "priority", -limits.priority_abs_max, limits.priority_abs_max)
+    if "hold" in body:
+        out["hold"] = _bool(body["hold"], "hold")
+    if "max_leases" in body:
+        ml = body["max_leases"]
+        out["max_leases"] = None if ml is None else _int(ml, "max_leases", 1, limits.max_leases_max)
+    return out
+
+
+def parse_request(req: object) -> dict:
+    """Validate a whole control request (as it reaches the node, locally or forwarded)."""
+    if not isinstance(req, dict):
+        raise ControlError(400, "a control request must be an object")
+    op = req.get("op")
+    if op == "submit":
+        spec = req.get("spec")
+        if not isinstance(spec, dict):
+            raise ControlError(400, "submit needs a spec")
+        spec = parse_submit({k: v for k, v in spec.items() if k != "items"})
+        items = req.get("items")
+        if not isinstance(items, list) or not items or len(items) > limits.items_max:
+            raise ControlError(400, "submit needs a non-empty list of item digests")
+        for d in items:
+            if d is not None and not is_digest(d):
+                raise ControlError(400, "an item's stdin must be a blob digest or null")
+        return {"op": "submit", "rid": parse_rid(req.get("rid")), "spec": spec, "items": list(items)}
+    if op in ("cancel", "forget"):
+        return {"op": op, "rid": parse_rid(req.get("rid")), "id": parse_job_id(req.get("id"))}
+    if op == "tone":
+        fields = {k: req[k] for k in TONE_KEYS if k in req}
+        return {"op": "tone", "rid": parse_rid(req.get("rid")), "id": parse_job_id(req.get("id")),
+                **parse_tone(fields)}
+    if op == "get":
+        wait_ms = req.get("wait_ms", 0)
+        return {"op": "get", "id": parse_job_id(req.get("id")), "items": bool(req.get("items")),
+                "wait_ms": _int(wait_ms, "wait_ms", 0, limits.http_wait_s_max * 1000)}
+    if op == "list":
+        state = req.get("state")
+        if state is not None and state not in JOB_STATES:
+            raise ControlError(400, f"unknown state {str(state)[:40]!r}: use one of {', '.join(JOB_STATES)}")
+        tag = req.get("tag")
+        if tag is not None:
+            _str(tag, "tag", limits.tag_chars_max)
+        return {"op": "list", "state": state, "tag": tag}
+    if op in ("fleet", "health", "metrics"):
+        return {"op": op}
+    raise ControlError(400, f"unknown control op {str(op)[:40]!r}")
+
+
+def is_digest(value: object) -> bool:
+    """A blob digest in interfaces: 64 lowercase hex characters (blake3-256)."""
+    return (
+        isinstance(value, str)
+        and len(value) == 64
+        and all(c in "0123456789abcdef" for c in value)
+    )

@@ -1,0 +1,59 @@
+"""Every limit of meshjobs, named in one place, with its unit last.
+
+A limit protects the member from input it did not choose (a client, a peer, a disk) or bounds a
+queue between two threads. Changing one here changes it everywhere; nothing else hard-codes a
+size, a count or a time.
+"""
+
+from __future__ import annotations
+
+# --- Job specs (checked by control.py before anything is stored or proposed) --------------------
+job_id_chars_max = 128  # a job id: [A-Za-z0-9._-], 1..128 characters
+argv_items_max = 4096  # arguments of one job's program
+argv_bytes_max = 256 * 1024  # all arguments together, UTF-8
+env_items_max = 256  # extra environment variables of one job
+env_bytes_max = 64 * 1024  # all of them together
+tags_max = 32  # tags of one job
+tag_chars_max = 64  # one tag
+pool_chars_max = 64  # a pool name
+cwd_chars_max = 4096  # a working directory
+items_max = 1_000_000  # items of one job (an array job)
+priority_abs_max = 1_000_000  # priorities range over [-max, +max]
+retries_max = 100  # re-runs of one failing item
+runtime_s_max = 30 * 24 * 3600  # the longest runtime limit a job may ask for
+max_leases_max = 1_000_000  # "at most N items of this job at once"
+
+# --- HTTP and the control path -----------------------------------------------------------------
+http_body_bytes_max = 64 * 1024 * 1024  # one request body (inline item payloads included)
+http_wait_s_max = 300  # the longest long-poll a client may ask for
+ctl_commit_ms_max = 10_000  # a change not committed by then is answered 503 (no leader/quorum)
+ctl_pending_max = 100_000  # changes waiting for their commit at once; more are answered 503
+ctl_queue_max = 10_000  # requests queued from HTTP to the jobs thread
+rid_chars_max = 128  # a request id (idempotency key)
+rids_remembered_max = 100_000  # request ids the table remembers to dedupe retried changes
+
+# --- The jobs thread ---------------------------------------------------------------------------
+events_batch_max = 1024  # events stepped between two gate syncs
+lease_batch_max = 4096  # grants in one lease entry
+result_batch_max = 4096  # results in one result entry
+proposal_retry_ms = 5_000  # a proposal not seen committed by then may be proposed again
+publish_ms = 250  # status, programs and jobs view are published this often
+retry_backoff_ms_base = 500  # first retry of a failed item waits this long
+retry_backoff_ms_max = 60_000  # and no retry waits longer than this
+
+# --- The driver --------------------------------------------------------------------------------
+driver_queue_max = 100_000  # commands queued to the driver
+driver_events_max = 100_000  # item ends queued back to the jobs thread
+cut_grace_ms = 2_000  # SIGTERM to a cut item's group, then SIGKILL after this
+
+# --- Blobs -------------------------------------------------------------------------------------
+blob_chunk_bytes = 1024 * 1024  # payloads are stored in chunks of this size
+blob_map_bytes_initial = 1 << 30  # the LMDB map starts this large and doubles when full
+blob_map_bytes_max = 1 << 40  # and never grows past this
+
+# --- The journal and snapshots -----------------------------------------------------------------
+journal_record_bytes_max = 256 * 1024 * 1024  # one journal record (one committed entry)
+entry_bytes_max = 64 * 1024 * 1024  # one proposed entry
+snapshot_bytes_max = 16 * 1024 * 1024 * 1024  # one full dump of the table
+log_compaction_entries_min = 20_000  # compact the log past this many entries
+log_compaction_s_min = 600  # or past this age

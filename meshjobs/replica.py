@@ -1,0 +1,226 @@
+"""The Raft replica: pysyncobj holding the job table, with meshjobs' durability at its seams.
+
+What pysyncobj does not do for us (docs/durability.md, ../shared/notes/pysyncobj.md), and where
+this module makes up for it:
+
+- Its journal never fsyncs and has no checksums: `createJournal` is replaced by
+  `DurableJournal`, and the jobs thread calls `sync()` before any answer that depends on the log.
+- Its transport sends AppendEntries acknowledgements and votes before anything is durable:
+  `GatedTransport.send` syncs the journal first (one fsync covers a whole tick's worth of sends).
+- Its dump is pickle, written without fsync: the dump pair in `dumpfile.py` writes msgpack with a
+  checksum and fsyncs it.
+- Without a password anything that reaches the Raft port is unpickled: the fleet secret (32 random
+  bytes) is always the password.
+- A replicated method that raises wedges every member: `apply_entry` hands the table a decoded
+  entry and the table's `apply` is total. A bug of our own still raises, out of `doTick`, on the
+  jobs thread, which stops the member (we tick ourselves: `autoTick=False`).
+- Batching adds ~100 ms per change: `appendEntriesUseBatch=False`; leadership is advisory for
+  `leaderFallbackTimeout`: it is short, and the node decides only through committed entries.
+
+The replica is driven by the jobs thread alone: `tick()` runs pysyncobj's tick, which applies
+committed entries to the table on that same thread, so the table has a single writer and the jobs
+thread needs no lock to read it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+import pysyncobj.syncobj as _pso
+from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj.pipe_notifier import PipeNotifier
+from pysyncobj.transport import TCPTransport
+
+from meshjobs import limits
+from meshjobs.dumpfile import make_dump_pair
+from meshjobs.failpoints import Failpoints
+from meshjobs.journal import DurableJournal
+from meshjobs.node import Applied, View
+from meshjobs.table import JobTable
+
+_construct_lock = threading.Lock()
+
+
+class GatedTransport(TCPTransport):
+    """pysyncobj's TCP transport, but nothing leaves before the journal is durable."""
+
+    def send(self, node: Any, message: Any) -> Any:
+        self._syncObj.journal_sync()
+        return super().send(node, message)
+
+
+class Notifier:
+    """Wakes the jobs thread's poll (pysyncobj's poller) from another thread."""
+
+    def __init__(self, poller: Any) -> None:
+        self._pipe = PipeNotifier(poller)
+
+    def notify(self) -> None:
+        try:
+            self._pipe.notify()
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups already: the poll will return
+
+
+class Replica(SyncObj):
+    """The job table, replicated. Only the jobs thread may call its methods."""
+
+    def __init__(
+        self,
+        self_addr: str,
+        partner_addrs: list[str],
+        data_dir: str,
+        secret: bytes,
+        table: JobTable,
+        failpoints: Failpoints,
+        names: dict[str, str] | None = None,
+        election_s: tuple[float, float] = (0.4, 1.4),
+    ) -> None:
+        self.table = table
+        self.applied: list[Applied] = []
+        self._names = names or {}
+        self._journal: DurableJournal | None = None
+        serializer, deserializer = make_dump_pair(
+            table.to_state, lambda s: table.load(JobTable.from_state(s)), failpoints)
+        conf = SyncObjConf(
+            autoTick=False,
+            appendEntriesUseBatch=False,
+            journalFile=os.path.join(data_dir, "raft.journal"),
+            fullDumpFile=os.path.join(data_dir, "raft.dump"),
+            serializer=serializer,
+            deserializer=deserializer,
+            password=secret,
+            raftMinTimeout=election_s[0],
+            appendEntriesPeriod=election_s[0] / 4,
+            raftMaxTimeout=election_s[1],
+            leaderFallbackTimeout=max(2.0, 3 * election_s[1]),
+            logCompactionMinEntries=limits.log_compaction_entries_min,
+            logCompactionMinTime=limits.log_compaction_s_min,
+            commandsQueueSize=limits.ctl_queue_max * 10,
+            dynamicMembershipChange=False,
+            bindRetryTime=0.3,
+            maxBindRetries=5,
+        )
+
+        def make_journal(path: str) -> DurableJournal:
+            self._journal = DurableJournal(path, failpoints)
+            return self._journal
+
+        # pysyncobj builds its journal inside SyncObj.__init__ from a module-level factory; the
+        # lock keeps two replicas built at once (tests) from crossing their factories.
+        with _construct_lock:
+            saved = _pso.createJournal
+            _pso.createJournal = make_journal
+            try:
+                super().__init__(self_addr, partner_addrs, conf, transportClass=GatedTransport)
+            finally:
+                _pso.createJournal = saved
+        if self._journal is None:
+            raise AssertionError("pysyncobj did not build its journal through our factory")
+        self.journal: DurableJournal = self._journal
+        self.notifier = Notifier(self._poller)
+
+    def journal_sync(self) -> None:
+        """The durability gate's one primitive: everything logged so far is on disk when it
+        returns. An OSError propagates: the caller fail-stops."""
+        self.journal.sync()
+
+    @replicated
+    def apply_entry(self, raw: bytes) -> None:
+        # The log index of this entry: pysyncobj counts it applied only after we return.
+        index = self.raftLastApplied + 1
+        try:
+            entry = msgpack.unpackb(raw, raw=False, strict_map_key=False, use_list=True)
+        except Exception:  # remote garbage (a hostile or broken proposer): a refusal, not a crash
+            entry = None
+        outcome = self.table.apply(entry, index)
+        self.applied.append(Applied(index, entry, outcome))
+
+    def propose(self, entry: dict) -> None:
+        raw = msgpack.packb(entry, use_bin_type=True)
+        if len(raw) > limits.entry_bytes_max:
+            raise AssertionError(f"entry of {len(raw)} bytes exceeds entry_bytes_max")
+        self.apply_entry(raw)
+
+    def tick(self, timeout_s: float) -> None:
+        self.doTick(timeout_s)
+
+    def wait(self, timeout_s: float) -> None:
+        """Wait for a socket event or a wake-up (`notifier`) for at most `timeout_s`."""
+        self._poller.poll(timeout_s)
+
+    def needs_tick(self) -> bool:
+        """True when another tick would make progress without any event: a member with no
+        partners commits its own log on its next tick, and nothing else would wake it."""
+        if self.raftLastApplied < self.raftCommitIndex:
+            return True
+        return not self.otherNodes and self._isLeader() and (
+            self.raftCommitIndex < self._SyncObj__getCurrentLogIndex())
+
+    def take_applied(self) -> list[Applied]:
+        out, self.applied = self.applied, []
+        return out
+
+    def view(self) -> View:
+        leader = self._getLeader()
+        leader_id = None if leader is None else getattr(leader, "id", str(leader))
+        is_leader = self._isLeader()
+        noop = getattr(self, "_SyncObj__noopIDx", None)
+        ready = bool(is_leader and noop is not None and self.raftLastApplied >= noop)
+        return View(
+            term=self.raftCurrentTerm,
+            leader=self._names.get(leader_id, leader_id) if leader_id else None,
+            is_leader=is_leader,
+            ready=ready,
+        )
+
+    def close(self) -> None:
+        self._destroy()
+
+
+def open_secret(path: str, create: bool) -> bytes:
+    """The fleet secret: 32 random bytes, mode 0600, made on first start of a fleet of one."""
+    try:
+        with open(path, "rb") as f:
+            secret = f.read()
+    except FileNotFoundError:
+        if not create:
+            raise SystemExit(f"meshd: no fleet secret at {path}: copy it from a member of the fleet") from None
+        secret = os.urandom(32)
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, secret)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+        dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return secret
+    if len(secret) != 32:
+        raise SystemExit(f"meshd: fleet secret {path} must be exactly 32 bytes, it has {len(secret)}")
+    mode = os.stat(path).st_mode & 0o777
+    if mode & 0o077:
+        raise SystemExit(f"meshd: fleet secret {path} is readable by others (mode {mode:o}): chmod 600 it")
+    return secret
+
+
+def fail_stop(log: Any, why: str, exc: BaseException | None = None,
+              exit_fn: Callable[[int], None] = os._exit) -> None:
+    """Stop the member at once: it must not run on with state it could not keep."""
+    code = 70
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        code = 71
+    try:
+        log.critical("fail_stop", why=why, error=repr(exc) if exc else None)
+    finally:
+        exit_fn(code)

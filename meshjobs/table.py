@@ -1,0 +1,630 @@
+"""The job table: the replicated state of a fleet.
+
+Theory of operation. Every change to a job is an entry that the leader proposes and a majority
+commits; every member applies the committed entries, in log order, to its own `JobTable`. The
+table is therefore a pure, deterministic function of the committed log: the same entries in the
+same order give the same table on every member, in the simulator and after a restart.
+
+Rule 1: pure. No IO, clock, randomness or threads. Time comes in as the entry's `t` (stamped by
+        the proposer, milliseconds since the epoch); the lease epoch is the entry's log index,
+        handed in by the caller of `apply`.
+Rule 2: `apply` is total. An entry that cannot be applied as it stands (an unknown job, a stale
+        lease epoch, a malformed body) becomes a recorded refusal: a returned outcome and a
+        counter, never an exception. pysyncobj stops applying for good after an exception in a
+        replicated method, so a refusal is the only safe answer to remote garbage.
+Rule 3: a broken invariant of the table's own making does raise: that is a bug, and a member
+        that runs on with a table it cannot trust is worse than one that stops.
+Rule 4: one transition table (`TRANSITIONS`) says which item state each entry kind may move an
+        item from and to; every move goes through `_move`, which checks it.
+Rule 5: a forgotten job id never comes back: its tombstone is part of the state and of every
+        snapshot.
+
+Items live in per-job parallel arrays (compact: a finished item costs a few dozen bytes) and a
+per-job queue of pending indexes: an item whose lease is revoked goes back to the head of that
+queue, as in goq; new and retried items keep their order.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from typing import Any
+
+from meshjobs import limits
+
+# Item states, stored as one byte each.
+PENDING, LEASED, DONE, FAILED, TIMEOUT, CANCELLED = range(6)
+ITEM_STATE_NAMES = ("pending", "leased", "done", "failed", "timeout", "cancelled")
+ITEM_STATE_CODES = {name: code for code, name in enumerate(ITEM_STATE_NAMES)}
+FINAL = frozenset({DONE, FAILED, TIMEOUT, CANCELLED})
+
+# Which entry kind may move an item from which state to which: the only legal item moves.
+TRANSITIONS: dict[str, frozenset[tuple[int, int]]] = {
+    "lease": frozenset({(PENDING, LEASED)}),
+    "result": frozenset({(LEASED, DONE), (LEASED, FAILED), (LEASED, TIMEOUT), (LEASED, PENDING)}),
+    "revoke": frozenset({(LEASED, PENDING)}),
+    "cancel": frozenset({(PENDING, CANCELLED), (LEASED, CANCELLED)}),
+}
+
+RC_NONE = -(2**31)  # "no exit code" in the rc array
+JOB_FINAL_STATES = frozenset({"done", "failed", "cancelled"})
+
+
+class Refused(Exception):
+    """An entry (or part of one) that cannot be applied; becomes a recorded refusal."""
+
+    def __init__(self, status: int, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.reason = reason
+
+
+def backoff_ms(fails: int) -> int:
+    """How long a failed item waits before its next try (exponential, capped)."""
+    return min(limits.retry_backoff_ms_base * (2 ** max(0, fails - 1)), limits.retry_backoff_ms_max)
+
+
+class Job:
+    """One job: its spec and knobs, and its items as parallel arrays."""
+
+    __slots__ = (
+        "id", "seq", "argv", "pool", "env", "cwd", "retries", "runtime_s", "tags", "priority",
+        "hold", "max_leases", "digest", "submitted_ms", "finished_ms", "cancelled", "n",
+        "st", "attempts", "fails", "epoch", "member", "rc", "sig", "stdin", "out", "err",
+        "started_ms", "ended_ms", "not_before", "queue", "n_pending", "n_leased", "n_done",
+        "n_failed", "n_cancelled", "started",
+    )
+
+    def __init__(self, job_id: str, seq: int, spec: dict, digest: bytes, stdin: list, t: int) -> None:
+        n = len(stdin)
+        self.id = job_id
+        self.seq = seq
+        self.argv: list[str] = spec["argv"]
+        self.pool: str = spec["pool"]
+        self.env: dict[str, str] = spec["env"]
+        self.cwd: str | None = spec["cwd"]
+        self.retries: int = spec["retries"]
+        self.runtime_s: float | None = spec["runtime_s"]
+        self.tags: list[str] = spec["tags"]
+        self.priority: int = spec["priority"]
+        self.hold: bool = spec["hold"]
+        self.max_leases: int | None = spec["max_leases"]
+        self.digest = digest
+        self.submitted_ms = t
+        self.finished_ms = 0
+        self.cancelled = False
+        self.n = n
+        self.st = bytearray(n)  # PENDING
+        self.attempts = array("I", bytes(4 * n))
+        self.fails = array("I", bytes(4 * n))
+        self.epoch = array("Q", bytes(8 * n))
+        self.member: list[str | None] = [None] * n
+        self.rc = array("i", [RC_NONE]) * n
+        self.sig = bytearray(n)
+        self.stdin: list[bytes | None] = stdin
+        self.out: list[bytes | None] = [None] * n
+        self.err: list[bytes | None] = [None] * n
+        self.started_ms = array("Q", bytes(8 * n))
+        self.ended_ms = array("Q", bytes(8 * n))
+        self.not_before: dict[int, int] = {}
+        self.queue: deque[int] = deque(range(n))
+        self.n_pending = n
+        self.n_leased = 0
+        self.n_done = 0
+        self.n_failed = 0
+        self.n_cancelled = 0
+        self.started = False  # any item ever leased: "running" rather than "queued"
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_ms != 0
+
+    @property
+    def state(self) -> str:
+        if self.cancelled:
+            return "cancelled"
+        if self.finished_ms:
+            return "failed" if self.n_failed else "done"
+        if self.hold:
+            return "held"
+        if not self.started:
+            return "queued"
+        return "running"
+
+    def spec_fields(self) -> dict:
+        return {
+            "argv": self.argv, "pool": self.pool, "env": self.env, "cwd": self.cwd,
+            "retries": self.retries, "runtime_s": self.runtime_s, "tags": self.tags,
+            "priority": self.priority, "hold": self.hold, "max_leases": self.max_leases,
+        }
+
+
+class JobTable:
+    """The replicated job table. `apply(entry, index)` is the only way it changes."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, Job] = {}
+        self.forgotten: set[str] = set()
+        self.seq = 0
+        self.applied_index = 0
+        # (job id, item index) -> (member, boot) of every item now leased.
+        self.leased: dict[tuple[str, int], tuple[str, str]] = {}
+        # Request id -> outcome of the change it named, so a retried change is not applied twice.
+        self.rids: dict[str, dict] = {}
+        self.counts: dict[str, int] = {}
+
+    # --- applying entries -------------------------------------------------------------------
+
+    def apply(self, entry: object, index: int) -> dict:
+        """Apply one committed entry at log index `index`; return its outcome (never raises on
+        a bad entry: the outcome says it was refused)."""
+        if index <= self.applied_index:
+            raise AssertionError(f"entry index {index} not after {self.applied_index}")
+        self.applied_index = index
+        self._count("entries")
+        if not isinstance(entry, dict) or entry.get("k") not in _APPLIERS:
+            return self._refuse(Refused(400, "malformed entry", "malformed"))
+        t = entry.get("t")
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            return self._refuse(Refused(400, "entry without a time stamp", "malformed"))
+        rid = entry.get("rid")
+        if rid is not None:
+            if not isinstance(rid, str) or len(rid) > limits.rid_chars_max:
+                return self._refuse(Refused(400, "malformed request id", "malformed"))
+            seen = self.rids.get(rid)
+            if seen is not None:
+                self._count("duplicate_rids")
+                return seen
+        try:
+            outcome = _APPLIERS[entry["k"]](self, entry, index, t)
+        except Refused as r:
+            outcome = self._refuse(r)
+        if rid is not None:
+            self.rids[rid] = outcome
+            while len(self.rids) > limits.rids_remembered_max:
+                del self.rids[next(iter(self.rids))]
+        return outcome
+
+    def _refuse(self, r: Refused) -> dict:
+        self._count("refused_" + r.reason)
+        return {"ok": False, "status": r.status, "error": r.message, "reason": r.reason}
+
+    def _count(self, name: str, n: int = 1) -> None:
+        self.counts[name] = self.counts.get(name, 0) + n
+
+    def _job(self, job_id: object) -> Job:
+        if not isinstance(job_id, str):
+            raise Refused(400, "malformed job id", "malformed")
+        job = self.jobs.get(job_id)
+        if job is None:
+            if job_id in self.forgotten:
+                raise Refused(404, f"job {job_id} was forgotten", "forgotten")
+            raise Refused(404, f"no job {job_id}", "unknown_job")
+        return job
+
+    def _move(self, kind: str, job: Job, i: int, to: int) -> None:
+        frm = job.st[i]
+        if (frm, to) not in TRANSITIONS[kind]:
+            raise AssertionError(f"illegal item move {kind}: {frm}->{to} for {job.id}[{i}]")
+        job.st[i] = to
+        for state, d in ((frm, -1), (to, +1)):
+            if state == PENDING:
+                job.n_pending += d
+            elif state == LEASED:
+                job.n_leased += d
+            elif state == DONE:
+                job.n_done += d
+            elif state in (FAILED, TIMEOUT):
+                job.n_failed += d
+            else:
+                job.n_cancelled += d
+        if frm == PENDING:
+            q = job.queue
+            if q and q[0] == i:
+                q.popleft()
+            else:
+                q.remove(i)
+            job.not_before.pop(i, None)
+        if frm == LEASED:
+            del self.leased[(job.id, i)]
+
+    def _finish_if_done(self, job: Job, t: int) -> None:
+        if not job.finished_ms and job.n_done + job.n_failed + job.n_cancelled == job.n:
+            job.finished_ms = max(t, 1)
+
+    def _apply_submit(self, e: dict, index: int, t: int) -> dict:
+        job_id = e.get("id")
+        spec = e.get("spec")
+        digest = e.get("dg")
+        stdin = e.get("items")
+        if not isinstance(job_id, str) or not job_id or len(job_id) > limits.job_id_chars_max:
+            raise Refused(400, "malformed job id", "malformed")
+        if not isinstance(spec, dict) or not _spec_ok(spec):
+            raise Refused(400, "malformed job spec", "malformed")
+        if not isinstance(digest, bytes) or not isinstance(stdin, list) or not stdin:
+            raise Refused(400, "malformed submit", "malformed")
+        if len(stdin) > limits.items_max or not all(
+            d is None or (isinstance(d, bytes) and len(d) == 32) for d in stdin
+        ):
+            raise Refused(400, "malformed item list", "malformed")
+        if job_id in self.forgotten:
+            raise Refused(409, f"job id {job_id} was used by a job that is now forgotten; "
+                               "submit with another id", "forgotten")
+        old = self.jobs.get(job_id)
+        if old is not None:
+            if old.digest == digest:
+                return {"ok": True, "id": job_id, "new": False}
+            raise Refused(409, f"a different job with id {job_id} exists; submit with another id "
+                               "or the same spec", "conflict")
+        self.seq += 1
+        self.jobs[job_id] = Job(job_id, self.seq, spec, digest, stdin, t)
+        self._count("jobs_submitted")
+        self._count("items_submitted", len(stdin))
+        return {"ok": True, "id": job_id, "new": True}
+
+    def _apply_lease(self, e: dict, index: int, t: int) -> dict:
+        grants = e.get("g")
+        if not isinstance(grants, list) or len(grants) > limits.lease_batch_max:
+            raise Refused(400, "malformed lease", "malformed")
+        granted = refused = 0
+        for g in grants:
+            if not (isinstance(g, list) and len(g) == 4 and isinstance(g[0], str)
+                    and isinstance(g[1], int) and isinstance(g[2], str) and isinstance(g[3], str)):
+                refused += 1
+                continue
+            job = self.jobs.get(g[0])
+            i = g[1]
+            if (job is None or not 0 <= i < job.n or job.st[i] != PENDING or job.hold
+                    or job.not_before.get(i, 0) > t
+                    or (job.max_leases is not None and job.n_leased >= job.max_leases)):
+                refused += 1
+                continue
+            self._move("lease", job, i, LEASED)
+            job.epoch[i] = index
+            job.attempts[i] += 1
+            job.member[i] = g[2]
+            job.started = True
+            job.started_ms[i] = t
+            job.ended_ms[i] = 0
+            self.leased[(job.id, i)] = (g[2], g[3])
+            granted += 1
+        self._count("leases_granted", granted)
+        self._count("leases_refused", refused)
+        return {"ok": True, "granted": granted, "refused": refused}
+
+    def _apply_result(self, e: dict, index: int, t: int) -> dict:
+        results = e.get("r")
+        if not isinstance(results, list) or len(results) > limits.result_batch_max:
+            raise Refused(400, "malformed result", "malformed")
+        accepted = refused = 0
+        for r in results:
+            if not _result_ok(r):
+                refused += 1
+                continue
+            job_id, i, epoch, state, rc, sig, out, err, started, ended = r
+            job = self.jobs.get(job_id)
+            if job is None or not 0 <= i < job.n or job.st[i] != LEASED or job.epoch[i] != epoch:
+                # A late result of a revoked lease, or a duplicate: never a second result.
+                refused += 1
+                continue
+            job.rc[i] = RC_NONE if rc is None else rc
+            job.sig[i] = sig or 0
+            job.out[i] = out
+            job.err[i] = err
+            job.started_ms[i] = started
+            job.ended_ms[i] = ended
+            if state == DONE:
+                self._move("result", job, i, DONE)
+            else:
+                job.fails[i] += 1
+                if job.fails[i] <= job.retries:
+                    self._move("result", job, i, PENDING)
+                    job.queue.append(i)
+                    job.not_before[i] = t + backoff_ms(job.fails[i])
+                    self._count("items_retried")
+                else:
+                    self._move("result", job, i, state)
+            accepted += 1
+            self._finish_if_done(job, t)
+        self._count("results_accepted", accepted)
+        self._count("results_refused", refused)
+        return {"ok": True, "accepted": accepted, "refused": refused}
+
+    def _apply_revoke(self, e: dict, index: int, t: int) -> dict:
+        leases = e.get("l")
+        if not isinstance(leases, list) or len(leases) > limits.lease_batch_max:
+            raise Refused(400, "malformed revoke", "malformed")
+        revoked = 0
+        for lease in reversed(leases):
+            if not (isinstance(lease, list) and len(lease) == 3 and isinstance(lease[0], str)
+                    and isinstance(lease[1], int) and isinstance(lease[2], int)):
+                continue
+            job = self.jobs.get(lease[0])
+            i = lease[1]
+            if job is None or not 0 <= i < job.n or job.st[i] != LEASED or job.epoch[i] != lease[2]:
+                continue
+            self._move("revoke", job, i, PENDING)
+            job.queue.appendleft(i)  # back to the head of the line
+            job.member[i] = None
+            revoked += 1
+        self._count("leases_revoked", revoked)
+        return {"ok": True, "revoked": revoked}
+
+    def _apply_cancel(self, e: dict, index: int, t: int) -> dict:
+        job = self._job(e.get("id"))
+        if job.finished:
+            raise Refused(409, f"job {job.id} has already ended ({job.state}); nothing to cancel",
+                          "finished")
+        for i in range(job.n):
+            if job.st[i] in (PENDING, LEASED):
+                self._move("cancel", job, i, CANCELLED)
+                job.ended_ms[i] = t
+        job.cancelled = True
+        job.finished_ms = max(t, 1)
+        self._count("jobs_cancelled")
+        return {"ok": True, "id": job.id}
+
+    def _apply_forget(self, e: dict, index: int, t: int) -> dict:
+        job = self._job(e.get("id"))
+        if not job.finished:
+            raise Refused(409, f"job {job.id} is {job.state}: cancel it first "
+                               f"(meshctl job cancel {job.id})", "not_finished")
+        del self.jobs[job.id]
+        self.forgotten.add(job.id)
+        self._count("jobs_forgotten")
+        return {"ok": True, "id": job.id}
+
+    def _apply_tone(self, e: dict, index: int, t: int) -> dict:
+        job = self._job(e.get("id"))
+        if job.finished:
+            raise Refused(409, f"job {job.id} has already ended ({job.state})", "finished")
+        changes = {}
+        if "priority" in e:
+            p = e["priority"]
+            if isinstance(p, bool) or not isinstance(p, int) or abs(p) > limits.priority_abs_max:
+                raise Refused(400, "malformed priority", "malformed")
+            changes["priority"] = p
+        if "hold" in e:
+            if not isinstance(e["hold"], bool):
+                raise Refused(400, "malformed hold", "malformed")
+            changes["hold"] = e["hold"]
+        if "max_leases" in e:
+            ml = e["max_leases"]
+            if ml is not None and (isinstance(ml, bool) or not isinstance(ml, int) or ml < 1):
+                raise Refused(400, "malformed max_leases", "malformed")
+            changes["max_leases"] = ml
+        if not changes:
+            raise Refused(400, "nothing to change", "malformed")
+        for k, v in changes.items():
+            setattr(job, k, v)
+        return {"ok": True, "id": job.id}
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def pick(self, pool: str, count: int, now_ms: int, skip: set[tuple[str, int]]) -> list[tuple[str, int]]:
+        """The next `count` items to lease in `pool`: priority first, then submit order, then
+        each job's queue order; items in `skip` (already being proposed) are passed over."""
+        if count <= 0:
+            return []
+        ready = [j for j in self.jobs.values()
+                 if j.pool == pool and j.n_pending and not j.hold and not j.finished_ms]
+        ready.sort(key=lambda j: (-j.priority, j.seq))
+        picked: list[tuple[str, int]] = []
+        for job in ready:
+            room = count - len(picked)
+            if job.max_leases is not None:
+                inflight = sum(1 for k in skip if k[0] == job.id)
+                room = min(room, job.max_leases - job.n_leased - inflight)
+            for i in job.queue:
+                if room <= 0:
+                    break
+                if (job.id, i) in skip or job.not_before.get(i, 0) > now_ms:
+                    continue
+                picked.append((job.id, i))
+                room -= 1
+            if len(picked) >= count:
+                break
+        return picked
+
+    def next_due_ms(self) -> int | None:
+        """The earliest time a backed-off item becomes leasable, if any."""
+        due = [t for j in self.jobs.values() if j.not_before and not j.hold for t in j.not_before.values()]
+        return min(due) if due else None
+
+    def leases_of(self, member: str) -> list[tuple[str, int, int, str]]:
+        """(job id, index, epoch, boot) of every item leased to `member`."""
+        return [(jid, i, self.jobs[jid].epoch[i], boot)
+                for (jid, i), (m, boot) in self.leased.items() if m == member]
+
+    def lease_current(self, job_id: str, i: int, epoch: int) -> bool:
+        job = self.jobs.get(job_id)
+        return job is not None and 0 <= i < job.n and job.st[i] == LEASED and job.epoch[i] == epoch
+
+    def record(self, job: Job, items: bool = False) -> dict:
+        """A job as clients see it (DESIGN.md: the job record)."""
+        rec = {
+            "id": job.id,
+            "state": job.state,
+            "priority": job.priority,
+            "hold": job.hold,
+            "tags": list(job.tags),
+            "pool": job.pool,
+            "argv": list(job.argv),
+            "env": dict(job.env),
+            "cwd": job.cwd,
+            "retries": job.retries,
+            "runtime_s": job.runtime_s,
+            "max_leases": job.max_leases,
+            "items_total": job.n,
+            "items_done": job.n_done,
+            "items_failed": job.n_failed,
+            "items_cancelled": job.n_cancelled,
+            "items_running": job.n_leased,
+            "items_pending": job.n_pending,
+            "submitted_at": job.submitted_ms / 1000.0,
+            "finished_at": job.finished_ms / 1000.0 if job.finished_ms else None,
+        }
+        if items:
+            rec["items"] = [self.item_record(job, i) for i in range(job.n)]
+        return rec
+
+    def item_record(self, job: Job, i: int) -> dict:
+        rc = job.rc[i]
+        return {
+            "index": i,
+            "state": ITEM_STATE_NAMES[job.st[i]],
+            "attempts": job.attempts[i],
+            "member": job.member[i],
+            "epoch": job.epoch[i] or None,
+            "rc": None if rc == RC_NONE else rc,
+            "signal": job.sig[i] or None,
+            "stdin": _hex(job.stdin[i]),
+            "stdout": _hex(job.out[i]),
+            "stderr": _hex(job.err[i]),
+            "started_at": job.started_ms[i] / 1000.0 if job.started_ms[i] else None,
+            "ended_at": job.ended_ms[i] / 1000.0 if job.ended_ms[i] else None,
+        }
+
+    # --- snapshots ------------------------------------------------------------------------------
+
+    def to_state(self) -> dict:
+        """Everything the table is, as msgpack-able plain data (for the full dump)."""
+        jobs = []
+        for j in self.jobs.values():
+            jobs.append([
+                j.id, j.seq, j.spec_fields(), j.digest, j.submitted_ms, j.finished_ms,
+                j.cancelled, j.n, bytes(j.st), j.attempts.tobytes(), j.fails.tobytes(),
+                j.epoch.tobytes(), j.member, j.rc.tobytes(), bytes(j.sig), j.stdin, j.out, j.err,
+                j.started_ms.tobytes(), j.ended_ms.tobytes(), list(j.not_before.items()),
+                list(j.queue), j.started,
+            ])
+        return {
+            "v": 1,
+            "jobs": jobs,
+            "forgotten": sorted(self.forgotten),
+            "seq": self.seq,
+            "applied_index": self.applied_index,
+            "leased": [[k[0], k[1], v[0], v[1]] for k, v in self.leased.items()],
+            "rids": list(self.rids.items()),
+            "counts": self.counts,
+        }
+
+    @classmethod
+    def from_state(cls, s: dict) -> JobTable:
+        if not isinstance(s, dict) or s.get("v") != 1:
+            raise ValueError("not a job table snapshot of format 1")
+        t = cls()
+        for row in s["jobs"]:
+            (jid, seq, spec, digest, sub, fin, canc, n, st, att, fails, ep, member, rc, sig,
+             stdin, out, err, started, ended, nb, queue, ever) = row
+            j = Job(jid, seq, spec, digest, list(stdin), sub)
+            j.finished_ms = fin
+            j.cancelled = canc
+            j.st = bytearray(st)
+            j.attempts = array("I", att)
+            j.fails = array("I", fails)
+            j.epoch = array("Q", ep)
+            j.member = list(member)
+            j.rc = array("i", rc)
+            j.sig = bytearray(sig)
+            j.out = list(out)
+            j.err = list(err)
+            j.started_ms = array("Q", started)
+            j.ended_ms = array("Q", ended)
+            j.not_before = {int(k): v for k, v in nb}
+            j.queue = deque(queue)
+            j.started = ever
+            j.n_pending = st.count(PENDING)
+            j.n_leased = st.count(LEASED)
+            j.n_done = st.count(DONE)
+            j.n_failed = st.count(FAILED) + st.count(TIMEOUT)
+            j.n_cancelled = st.count(CANCELLED)
+            if j.n != n:
+                raise ValueError(f"snapshot job {jid}: {j.n} items, header says {n}")
+            t.jobs[jid] = j
+        t.forgotten = set(s["forgotten"])
+        t.seq = s["seq"]
+        t.applied_index = s["applied_index"]
+        t.leased = {(a, b): (c, d) for a, b, c, d in s["leased"]}
+        t.rids = dict((k, v) for k, v in s["rids"])
+        t.counts = dict(s["counts"])
+        t.check()
+        return t
+
+    def load(self, other: JobTable) -> None:
+        """Become `other` (a snapshot was installed)."""
+        self.__dict__.update(other.__dict__)
+
+    # --- invariants -----------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Check every invariant of the table; raise AssertionError on the first broken one."""
+        leased_seen = set()
+        for jid, j in self.jobs.items():
+            assert jid not in self.forgotten, f"job {jid} is both live and forgotten"
+            assert len(j.st) == j.n == len(j.stdin) == len(j.out) == len(j.attempts), jid
+            counts = [j.st.count(s) for s in range(6)]
+            assert sum(counts) == j.n, f"{jid}: an item in no state"
+            assert counts[PENDING] == j.n_pending, f"{jid}: pending count"
+            assert counts[LEASED] == j.n_leased, f"{jid}: leased count"
+            assert counts[DONE] == j.n_done, f"{jid}: done count"
+            assert counts[FAILED] + counts[TIMEOUT] == j.n_failed, f"{jid}: failed count"
+            assert counts[CANCELLED] == j.n_cancelled, f"{jid}: cancelled count"
+            q = list(j.queue)
+            assert len(q) == len(set(q)) == j.n_pending, f"{jid}: queue holds each pending item once"
+            assert all(j.st[i] == PENDING for i in q), f"{jid}: queue holds a non-pending item"
+            for i in range(j.n):
+                if j.st[i] == LEASED:
+                    assert (jid, i) in self.leased, f"{jid}[{i}] leased but not in the lease map"
+                    leased_seen.add((jid, i))
+            done = j.n_done + j.n_failed + j.n_cancelled == j.n
+            assert bool(j.finished_ms) == (done or j.cancelled), f"{jid}: finished mark"
+        assert leased_seen == set(self.leased), "lease map and item states disagree"
+
+
+def _hex(d: bytes | None) -> str | None:
+    return None if d is None else d.hex()
+
+
+def _spec_ok(spec: dict) -> bool:
+    try:
+        return (
+            isinstance(spec["argv"], list) and bool(spec["argv"])
+            and all(isinstance(a, str) for a in spec["argv"])
+            and isinstance(spec["pool"], str)
+            and isinstance(spec["env"], dict)
+            and (spec["cwd"] is None or isinstance(spec["cwd"], str))
+            and isinstance(spec["retries"], int) and 0 <= spec["retries"] <= limits.retries_max
+            and (spec["runtime_s"] is None or isinstance(spec["runtime_s"], (int, float)))
+            and isinstance(spec["tags"], list)
+            and isinstance(spec["priority"], int) and not isinstance(spec["priority"], bool)
+            and isinstance(spec["hold"], bool)
+            and (spec["max_leases"] is None or (isinstance(spec["max_leases"], int) and spec["max_leases"] >= 1))
+        )
+    except (KeyError, TypeError):
+        return False
+
+
+def _result_ok(r: Any) -> bool:
+    return (
+        isinstance(r, list) and len(r) == 10
+        and isinstance(r[0], str) and isinstance(r[1], int) and isinstance(r[2], int)
+        and r[3] in (DONE, FAILED, TIMEOUT)
+        and (r[4] is None or (isinstance(r[4], int) and -(2**31) < r[4] < 2**31))
+        and (r[5] is None or (isinstance(r[5], int) and 0 <= r[5] < 256))
+        and (r[6] is None or (isinstance(r[6], bytes) and len(r[6]) == 32))
+        and (r[7] is None or (isinstance(r[7], bytes) and len(r[7]) == 32))
+        and isinstance(r[8], int) and isinstance(r[9], int) and 0 <= r[8] < 2**63 and 0 <= r[9] < 2**63
+    )
+
+
+_APPLIERS = {
+    "submit": JobTable._apply_submit,
+    "lease": JobTable._apply_lease,
+    "result": JobTable._apply_result,
+    "revoke": JobTable._apply_revoke,
+    "cancel": JobTable._apply_cancel,
+    "forget": JobTable._apply_forget,
+    "tone": JobTable._apply_tone,
+}
