@@ -46,10 +46,7 @@ driver_queue_max = 100_000  # commands queued to the driver
 driver_events_max = 100_000  # item ends queued back to the jobs thread
 cut_grace_ms = 2_000  # SIGTERM to a cut item's group, then SIGKILL after this
 
-# --- Blobs -------------------------------------------------------------------------------------
-blob_chunk_bytes = 1024 * 1024  # payloads are stored in chunks of this size
-blob_map_bytes_initial = 1 << 30  # the LMDB map starts this large and doubles when full
-blob_map_bytes_max = 1 << 40  # and never grows past this
+# Blob store limits live in blobstore/limits.py: that package stands alone.
 
 # --- The journal and snapshots -----------------------------------------------------------------
 journal_record_bytes_max = 256 * 1024 * 1024  # one journal record (one committed entry)

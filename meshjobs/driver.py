@@ -1,0 +1,494 @@
+"""The driver: runs the items this member leased as subprocesses and reports how each one ended.
+
+Theory of operation. The jobs thread hands the driver `RunItem`s (`start`) and revocations
+(`cut`); both only append to state guarded by one lock and wake the driver thread through a pipe.
+The driver thread (`run`) waits with one selector on that pipe and on a pidfd per running
+process, with a timeout equal to the nearest deadline (a runtime limit or the end of a cut's
+grace). It never polls.
+
+Rules:
+1. Only the driver thread spawns, signals and reaps processes; other threads talk to it through
+   the command state and the wake-up pipe.
+2. Each item runs in its own session, so its process group is its own. When the leader exits the
+   whole group is killed before the leader is reaped (a zombie leader keeps its pid, so the group
+   id cannot be reused under us): nothing an item started outlives it, unless it left the group
+   on purpose (setsid), which only a cgroup could stop.
+3. Output goes to spool files and from there into the blob store; the driver never holds an
+   item's output in memory. Stdin is spooled from its blob before the process starts.
+4. Every item accepted by `start` is reported through `on_end` exactly once, unless `stop` comes
+   first; after `stop` nothing more is reported.
+5. Spool files live only between a start and its report; leftovers of a previous run are removed
+   when a driver is constructed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import structlog
+
+from blobstore.errors import BlobError
+from meshjobs import limits
+
+RunKey = tuple[str, int, int]  # (job_id, index, epoch)
+
+_SPOOL_PREFIX = "item-"
+
+
+class BlobStore(Protocol):
+    """The part of the blob store the driver uses."""
+
+    def put_file(self, path: str) -> str: ...
+
+    def open(self, digest: str) -> Iterator[bytes] | None: ...
+
+
+@dataclass(frozen=True)
+class RunItem:
+    """A command from the jobs thread: run this item under this lease epoch."""
+
+    job_id: str
+    index: int
+    epoch: int
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str | None
+    stdin: str | None  # a blob digest, or None for an empty stdin
+    runtime_s: float | None
+
+    @property
+    def key(self) -> RunKey:
+        return (self.job_id, self.index, self.epoch)
+
+
+@dataclass(frozen=True)
+class ItemEnd:
+    """An event back to the jobs thread: how one run ended.
+
+    state is "done" (rc 0), "failed" (rc != 0, killed by a signal, or could not start),
+    "timeout" (its runtime limit passed) or "cut" (revoked by `Driver.cut`). stdout and stderr
+    are digests of the captured output (the empty payload has one too); they are None only
+    when no process ran, and then error says why.
+    """
+
+    job_id: str
+    index: int
+    epoch: int
+    state: str
+    rc: int | None
+    signal: int | None
+    stdout: str | None
+    stderr: str | None
+    started_ms: int
+    ended_ms: int
+    error: str | None
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class _Run:
+    """One running process; touched by the driver thread only."""
+
+    __slots__ = ("item", "proc", "pidfd", "paths", "started_ms", "deadline", "kill_at", "reason")
+
+    def __init__(
+        self,
+        item: RunItem,
+        proc: subprocess.Popen[bytes],
+        pidfd: int,
+        paths: tuple[str, str, str],
+        started_ms: int,
+        deadline: float | None,
+    ) -> None:
+        self.item = item
+        self.proc = proc
+        self.pidfd = pidfd
+        self.paths = paths  # stdin, stdout, stderr spool files
+        self.started_ms = started_ms
+        self.deadline = deadline  # time.monotonic() when the runtime limit passes
+        self.kill_at: float | None = None  # time.monotonic() when a cut's grace ends
+        self.reason: str | None = None  # "timeout" or "cut" once the driver ended it
+
+
+class Driver:
+    """Runs leased items as subprocesses; see the module docstring for its rules."""
+
+    def __init__(
+        self,
+        blobs: BlobStore,
+        spool_dir: str,
+        on_end: Callable[[ItemEnd], None],
+        clock_ms: Callable[[], int] = _wall_ms,
+        log: Any = None,
+    ) -> None:
+        self._blobs = blobs
+        self._spool_dir = spool_dir
+        self._on_end = on_end
+        self._clock_ms = clock_ms
+        self._log = log if log is not None else structlog.get_logger(__name__)
+        os.makedirs(spool_dir, exist_ok=True)
+        self._clear_spool()
+
+        # Shared with other threads, under _lock.
+        self._lock = threading.Lock()
+        self._starts: deque[RunItem] = deque()
+        self._cuts: set[RunKey] = set()
+        self._accepted: set[RunKey] = set()  # started and not yet reported ended
+        self._stopping = False
+        self._closed = False  # the wake-up pipe is closed; nobody may write to it
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+        # The driver thread's own.
+        self._runs: dict[RunKey, _Run] = {}
+        self._seq = 0
+        self._ran = False
+
+    # --- Other threads -------------------------------------------------------------------------
+
+    def start(self, item: RunItem) -> None:
+        """Queue an item to run; a no-op if that (job_id, index, epoch) is already accepted.
+
+        Raises queue.Full when limits.driver_queue_max items wait to be spawned.
+        """
+        with self._lock:
+            if self._stopping:
+                self._log.debug("item_dropped_stopping", job=item.job_id, index=item.index,
+                                epoch=item.epoch)
+                return
+            if item.key in self._accepted:
+                return
+            if len(self._starts) >= limits.driver_queue_max:
+                raise queue.Full(f"driver queue holds {limits.driver_queue_max} items")
+            self._starts.append(item)
+            self._accepted.add(item.key)
+            self._wake_locked()
+
+    def cut(self, job_id: str, index: int, epoch: int) -> None:
+        """End that run: SIGTERM to its group, SIGKILL after limits.cut_grace_ms; state "cut".
+
+        A no-op for a run that is not accepted. A run cut before it was spawned is reported
+        "cut" without a process (stdout and stderr None).
+        """
+        key = (job_id, index, epoch)
+        with self._lock:
+            if self._stopping or key not in self._accepted:
+                return
+            self._cuts.add(key)
+            self._wake_locked()
+
+    def running(self) -> set[RunKey]:
+        """The runs accepted and not yet reported ended (waiting to spawn or running)."""
+        with self._lock:
+            return set(self._accepted)
+
+    def stop(self) -> None:
+        """Make run() kill every group (SIGKILL), reap them and return, reporting nothing more."""
+        with self._lock:
+            self._stopping = True
+            self._wake_locked()
+
+    def _wake_locked(self) -> None:
+        if self._closed:
+            return
+        try:
+            os.write(self._wake_w, b"\0")
+        except BlockingIOError:
+            pass  # The pipe is full, so the driver thread is already bound to wake up.
+
+    # --- The driver thread ---------------------------------------------------------------------
+
+    def run(self) -> None:
+        """The driver thread's body; returns after stop()."""
+        if self._ran:
+            raise RuntimeError("Driver.run() may run once")
+        self._ran = True
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        try:
+            while True:
+                for key, _ in self._sel.select(self._next_timeout()):
+                    if key.data is None:
+                        self._drain_wake()
+                    else:
+                        self._reap(key.data)
+                with self._lock:
+                    if self._stopping:
+                        break
+                    starts = list(self._starts)
+                    self._starts.clear()
+                    cuts = self._cuts
+                    self._cuts = set()
+                for item in starts:
+                    if item.key in cuts:
+                        cuts.discard(item.key)
+                        now = self._clock_ms()
+                        self._report_unstarted(item, "cut", now, None)
+                    else:
+                        self._spawn(item)
+                for key in cuts:
+                    run = self._runs.get(key)
+                    if run is not None:
+                        self._cut_run(run)
+                self._check_deadlines()
+        finally:
+            # Also on an error (on_end raising, say): no item may outlive the driver.
+            self._shutdown()
+
+    def _next_timeout(self) -> float | None:
+        soonest: float | None = None
+        for run in self._runs.values():
+            for t in (run.deadline, run.kill_at):
+                if t is not None and (soonest is None or t < soonest):
+                    soonest = t
+        if soonest is None:
+            return None
+        return max(0.0, soonest - time.monotonic())
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _spool_paths(self) -> tuple[str, str, str]:
+        self._seq += 1
+        base = os.path.join(self._spool_dir, f"{_SPOOL_PREFIX}{self._seq}")
+        return (base + ".in", base + ".out", base + ".err")
+
+    def _spawn(self, item: RunItem) -> None:
+        started_ms = self._clock_ms()
+        argv0 = item.argv[0] if item.argv else ""
+        if not item.argv:
+            self._report_unstarted(item, "failed", started_ms, "empty argv: fix the job's argv")
+            return
+        paths = self._spool_paths()
+        error = self._spool_stdin(item, paths[0])
+        if error is not None:
+            self._remove(paths)
+            self._report_unstarted(item, "failed", started_ms, error)
+            return
+        env = {
+            **os.environ,
+            **item.env,
+            "MESH_JOB_ID": item.job_id,
+            "MESH_ITEM_INDEX": str(item.index),
+            "MESH_LEASE_EPOCH": str(item.epoch),
+        }
+        # The child holds its own copies of the spool files; ours are closed once it runs.
+        with contextlib.ExitStack() as files:
+            try:
+                stdin_f = None
+                if item.stdin is not None:
+                    stdin_f = files.enter_context(open(paths[0], "rb"))
+                out_f = files.enter_context(open(paths[1], "wb"))
+                err_f = files.enter_context(open(paths[2], "wb"))
+            except OSError as e:
+                files.close()
+                self._remove(paths)
+                error = f"could not open spool files on member ({e.strerror or e}): check its disk"
+                self._report_unstarted(item, "failed", started_ms, error)
+                return
+            try:
+                proc = subprocess.Popen(
+                    item.argv,
+                    stdin=stdin_f if stdin_f is not None else subprocess.DEVNULL,
+                    stdout=out_f,
+                    stderr=err_f,
+                    cwd=item.cwd,
+                    env=env,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            except (OSError, ValueError, TypeError) as e:
+                files.close()
+                self._remove(paths)
+                self._report_unstarted(item, "failed", started_ms, _start_error(item, argv0, e))
+                return
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError:
+            # Out of descriptors: the member cannot supervise anything more, so it stops here
+            # rather than leave a process it cannot watch.
+            _killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            self._remove(paths)
+            raise
+        deadline = None
+        if item.runtime_s is not None:
+            deadline = time.monotonic() + item.runtime_s
+        run = _Run(item, proc, pidfd, paths, started_ms, deadline)
+        self._runs[item.key] = run
+        self._sel.register(pidfd, selectors.EVENT_READ, run)
+        self._log.debug("item_started", job=item.job_id, index=item.index, epoch=item.epoch,
+                        pid=proc.pid)
+
+    def _spool_stdin(self, item: RunItem, path: str) -> str | None:
+        """Write the item's stdin blob to path; return why it could not, or None."""
+        if item.stdin is None:
+            return None
+        missing = f"stdin blob {item.stdin} is not on this member: submit its stdin again"
+        try:
+            with open(path, "wb") as f:
+                chunks = self._blobs.open(item.stdin)
+                if chunks is None:
+                    return missing
+                for chunk in chunks:
+                    f.write(chunk)
+        except KeyError:
+            return missing
+        except BlobError as e:
+            return f"stdin blob {item.stdin} is unreadable on this member ({e}): submit it again"
+        except OSError as e:
+            # A full or broken spool disk fails this item rather than the member, so one job's
+            # huge stdin cannot take members down one after another.
+            return f"could not spool stdin on member ({e.strerror or e}): free disk space"
+        return None
+
+    def _cut_run(self, run: _Run) -> None:
+        if run.reason is not None:
+            return  # Already being ended; the first reason stands.
+        run.reason = "cut"
+        run.deadline = None
+        run.kill_at = time.monotonic() + limits.cut_grace_ms / 1000
+        _killpg(run.proc.pid, signal.SIGTERM)
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        for run in self._runs.values():
+            if run.deadline is not None and now >= run.deadline:
+                run.deadline = None
+                run.reason = "timeout"
+                _killpg(run.proc.pid, signal.SIGKILL)
+            if run.kill_at is not None and now >= run.kill_at:
+                run.kill_at = None
+                _killpg(run.proc.pid, signal.SIGKILL)
+
+    def _reap(self, run: _Run) -> None:
+        """The leader exited: kill what it left in its group, reap it, report the end."""
+        self._sel.unregister(run.pidfd)
+        os.close(run.pidfd)
+        # The leader is a zombie until wait(), so its pid (the group id) is still ours.
+        _killpg(run.proc.pid, signal.SIGKILL)
+        returncode = run.proc.wait()
+        ended_ms = self._clock_ms()
+        del self._runs[run.item.key]
+        self._finish(run, returncode, ended_ms)
+
+    def _finish(self, run: _Run, returncode: int, ended_ms: int) -> None:
+        """Store the outputs (durable), report the end, drop the spool files.
+
+        Kept in one place so the puts can move to the blob writer threads.
+        """
+        item = run.item
+        rc: int | None = returncode
+        sig: int | None = None
+        if returncode < 0:
+            rc, sig = None, -returncode
+        if run.reason is not None:
+            state = run.reason
+        else:
+            state = "done" if returncode == 0 else "failed"
+        stdout = self._blobs.put_file(run.paths[1])
+        stderr = self._blobs.put_file(run.paths[2])
+        self._remove(run.paths)
+        self._log.debug("item_ended", job=item.job_id, index=item.index, epoch=item.epoch,
+                        pid=run.proc.pid, rc=rc, signal=sig, state=state)
+        self._report(ItemEnd(item.job_id, item.index, item.epoch, state, rc, sig, stdout, stderr,
+                             run.started_ms, ended_ms, None))
+
+    def _report_unstarted(self, item: RunItem, state: str, started_ms: int,
+                          error: str | None) -> None:
+        self._log.debug("item_ended", job=item.job_id, index=item.index, epoch=item.epoch,
+                        pid=None, rc=None, state=state, error=error)
+        self._report(ItemEnd(item.job_id, item.index, item.epoch, state, None, None, None, None,
+                             started_ms, self._clock_ms(), error))
+
+    def _report(self, end: ItemEnd) -> None:
+        key = (end.job_id, end.index, end.epoch)
+        with self._lock:
+            if self._stopping:
+                return
+        self._on_end(end)
+        # Forgotten only after on_end, so a running() snapshot never misses a run whose end
+        # is not yet in the jobs thread's inbox.
+        with self._lock:
+            self._accepted.discard(key)
+            self._cuts.discard(key)
+
+    def _shutdown(self) -> None:
+        for run in self._runs.values():
+            _killpg(run.proc.pid, signal.SIGKILL)
+        for run in self._runs.values():
+            run.proc.wait()
+            self._sel.unregister(run.pidfd)
+            os.close(run.pidfd)
+            self._remove(run.paths)
+        self._runs.clear()
+        self._sel.close()
+        with self._lock:
+            self._stopping = True
+            self._closed = True
+            self._starts.clear()
+            self._cuts.clear()
+            self._accepted.clear()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    # --- Spool files ---------------------------------------------------------------------------
+
+    def _clear_spool(self) -> None:
+        for name in os.listdir(self._spool_dir):
+            if name.startswith(_SPOOL_PREFIX):
+                try:
+                    os.unlink(os.path.join(self._spool_dir, name))
+                except FileNotFoundError:
+                    pass
+
+    @staticmethod
+    def _remove(paths: tuple[str, ...]) -> None:
+        for path in paths:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass  # The whole group is gone already.
+    except PermissionError:
+        pass  # Only members that changed their user remain; the rest got the signal.
+
+
+def _start_error(item: RunItem, argv0: str, e: Exception) -> str:
+    """Say why the item's program could not start, and what to do about it."""
+    if isinstance(e, OSError):
+        why = e.strerror or str(e)
+        if item.cwd is not None and e.filename == item.cwd and argv0 != item.cwd:
+            return (f"working directory '{item.cwd}' is not usable on member ({why}): "
+                    f"create it or fix the job's cwd")
+        if isinstance(e, FileNotFoundError):
+            return f"no such program '{argv0}' on member: install it or fix the job's argv"
+        if isinstance(e, PermissionError):
+            return (f"program '{argv0}' may not run on member ({why}): "
+                    f"make it executable or fix the job's argv")
+        return f"could not start '{argv0}' on member ({why}): fix the job's argv"
+    return f"could not start '{argv0}' ({e}): fix the job's argv or env"

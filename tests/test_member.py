@@ -1,0 +1,282 @@
+"""A fleet of one, end to end: real meshd processes, real meshctl, real subprocess items.
+
+The single-member list of the mesh-jobd seed: a job with payloads runs to the end (leases,
+results, durable payloads, commit, status); control answers and their errors; restart (the log
+replayed, a forgotten job stays forgotten, the blob store re-indexed).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+
+import blake3
+import pytest
+
+pytestmark = pytest.mark.fleet
+
+
+def _submit(m, *args: str) -> str:
+    r = m.ctl("job", "submit", *args)
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.decode().strip()
+    assert job_id and "\n" not in job_id
+    return job_id
+
+
+def test_hello_submit_wait_results(meshd):
+    """A plain command is a job of one item: submit prints the id, wait exits 0, results prints
+    the output; status --json has the fields of DESIGN.md."""
+    job = _submit(meshd, "--", "sh", "-c", "echo hello")
+    r = meshd.ctl("job", "wait", job)
+    assert r.returncode == 0, r.stderr
+    r = meshd.ctl("job", "results", job)
+    assert r.returncode == 0 and r.stdout == b"hello\n"
+    r = meshd.ctl("--json", "job", "status", job)
+    rec = json.loads(r.stdout)
+    for k in ("id", "state", "priority", "hold", "tags", "pool", "argv", "items_total",
+              "items_done", "items_failed", "submitted_at", "finished_at", "items"):
+        assert k in rec, k
+    item = rec["items"][0]
+    for k in ("index", "state", "attempts", "member", "epoch", "rc", "stdout", "stderr"):
+        assert k in item, k
+    assert rec["state"] == "done" and item["rc"] == 0 and item["member"] == "m1"
+    assert item["stdout"] == blake3.blake3(b"hello\n").hexdigest()
+    status, body = meshd.request("GET", f"/blobs/{item['stdout']}")
+    assert status == 200 and body == b"hello\n"
+    # The same with --json after the command.
+    r = meshd.ctl("job", "status", job, "--json")
+    assert json.loads(r.stdout)["id"] == job
+
+
+def test_items_from_dir_and_file(meshd, tmp_path):
+    """--items-from DIR: one item per file, sorted by name, bytes on stdin; results in item
+    order. --items-from FILE: one item per line."""
+    d = tmp_path / "in"
+    d.mkdir()
+    names = ["b.txt", "a.txt", "c.txt", "10.txt"]
+    for n in names:
+        (d / n).write_bytes(f"item {n}\n".encode())
+    job = _submit(meshd, "--items-from", str(d), "--", "tr", "a-z", "A-Z")
+    assert meshd.ctl("job", "wait", job).returncode == 0
+    r = meshd.ctl("job", "results", job)
+    assert r.stdout == b"".join(f"ITEM {n.upper()}\n".encode() for n in sorted(names))
+    lines = tmp_path / "lines.txt"
+    lines.write_text("one\ntwo\nthree\n")
+    job = _submit(meshd, "--items-from", str(lines), "--", "sh", "-c", "cat; echo \" $MESH_ITEM_INDEX\"")
+    assert meshd.ctl("job", "wait", job).returncode == 0
+    assert meshd.ctl("job", "results", job).stdout == b"one 0\ntwo 1\nthree 2\n"
+    out = tmp_path / "out"
+    assert meshd.ctl("job", "results", job, "--out", str(out)).returncode == 0
+    assert (out / "1.out").read_bytes() == b"two 1\n"
+
+
+def test_http_items_string_b64_blob(meshd):
+    """POST /jobs takes items as strings, {"b64"} and {"blob"}; answers once committed."""
+    raw = bytes(range(256))
+    status, rec = meshd.request("POST", "/jobs", {
+        "argv": ["sh", "-c", "wc -c"],
+        "items": ["abc", {"b64": base64.b64encode(raw).decode()}],
+        "tags": ["t1"]})
+    assert status in (200, 201), rec
+    done = meshd.wait_job(rec["id"])
+    digest = done["items"][1]["stdin"]
+    status, rec2 = meshd.request("POST", "/jobs", {"argv": ["wc", "-c"], "items": [{"blob": digest}]})
+    assert status in (200, 201), rec2
+    done2 = meshd.wait_job(rec2["id"])
+    outs = [meshd.request("GET", f"/blobs/{i['stdout']}")[1].strip()
+            for i in done["items"] + done2["items"]]
+    assert outs == [b"3", b"256", b"256"]
+    status, jobs = meshd.request("GET", "/jobs?tag=t1")
+    assert [j["id"] for j in jobs] == [rec["id"]]
+
+
+def test_retries_runtime_and_failure_exit_codes(meshd, tmp_path):
+    """--retries re-runs a failing item with backoff; --runtime kills the whole group and the
+    item ends as timeout; job wait exits 1 when the job failed."""
+    counter = tmp_path / "count"
+    job = _submit(meshd, "--retries", "2", "--", "sh", "-c",
+                  f"echo x >> {counter}; [ $(wc -l < {counter}) -ge 2 ]")
+    assert meshd.ctl("job", "wait", job).returncode == 0
+    rec = meshd.wait_job(job)
+    assert rec["items"][0]["attempts"] == 2 and rec["state"] == "done"
+    job = _submit(meshd, "--retries", "1", "--", "sh", "-c", "exit 3")
+    assert meshd.ctl("job", "wait", job).returncode == 1
+    rec = meshd.wait_job(job)
+    assert rec["state"] == "failed" and rec["items"][0]["rc"] == 3
+    assert rec["items"][0]["attempts"] == 2
+    pidfile = tmp_path / "grandchild.pid"
+    job = _submit(meshd, "--runtime", "0.5", "--", "sh", "-c",
+                  f"sleep 60 & echo $! > {pidfile}; wait")
+    rec = meshd.wait_job(job)
+    assert rec["state"] == "failed" and rec["items"][0]["state"] == "timeout"
+    pid = int(pidfile.read_text())
+    _assert_gone(pid)
+
+
+def _assert_gone(pid: int, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ", 1)[1].startswith("Z"):
+                    return  # a zombie waiting for init: dead
+        except FileNotFoundError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} still alive")
+
+
+def test_priority_hold_tone_and_max_leases(meshd_factory, tmp_path):
+    """Higher priority leases first; --hold keeps a job from running until tone --release;
+    --max-leases bounds how many items of a job run at once."""
+    m = meshd_factory(slots=1)
+    gate = tmp_path / "gate"
+    blocker = _submit(m, "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    low = _submit(m, "--priority", "1", "--", "true")
+    high = _submit(m, "--priority", "5", "--", "true")
+    held = _submit(m, "--hold", "--priority", "9", "--", "true")
+    assert json.loads(m.ctl("--json", "job", "status", held).stdout)["state"] == "held"
+    gate.write_text("go")
+    m.wait_job(blocker)
+    lo, hi = m.wait_job(low), m.wait_job(high)
+    assert hi["items"][0]["started_at"] <= lo["items"][0]["started_at"]
+    time.sleep(0.5)
+    assert json.loads(m.ctl("--json", "job", "status", held).stdout)["state"] == "held"
+    assert m.ctl("job", "tone", held, "--release").returncode == 0
+    assert m.wait_job(held)["state"] == "done"
+    # max-leases 1 on a two-slot member: no two items of the job overlap.
+    m2 = meshd_factory(name="m2", slots=2)
+    items = tmp_path / "items.txt"
+    items.write_text("a\nb\nc\nd\n")
+    job = _submit(m2, "--max-leases", "1", "--items-from", str(items), "--", "sh", "-c", "sleep 0.2")
+    rec = m2.wait_job(job)
+    spans = sorted((i["started_at"], i["ended_at"]) for i in rec["items"])
+    for (_s1, e1), (s2, _e2) in zip(spans, spans[1:]):
+        assert s2 >= e1 - 0.01, spans
+    # tone of priority and max-leases on a live job, then on a finished one (exit 2).
+    job = _submit(m2, "--hold", "--", "true")
+    assert m2.ctl("job", "tone", job, "--priority", "7", "--max-leases", "3").returncode == 0
+    rec = json.loads(m2.ctl("--json", "job", "status", job).stdout)
+    assert rec["priority"] == 7 and rec["max_leases"] == 3
+    assert m2.ctl("job", "tone", job, "--release").returncode == 0
+    m2.wait_job(job)
+    assert m2.ctl("job", "tone", job, "--priority", "1").returncode == 2
+
+
+def test_cancel_kills_and_forget(meshd, tmp_path):
+    """cancel kills running items' process groups and ends pending ones; forget removes a
+    finished job: status then exits 3, a new submit with its id is refused (exit 2)."""
+    pidfile = tmp_path / "pid"
+    items = tmp_path / "items.txt"
+    items.write_text("\n".join(str(i) for i in range(6)) + "\n")
+    job = _submit(meshd, "--id", "long", "--items-from", str(items), "--", "sh", "-c",
+                  f"sleep 60 & echo $! >> {pidfile}; wait")
+    deadline = time.monotonic() + 20
+    while not (pidfile.exists() and len(pidfile.read_text().split()) >= 2):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert meshd.ctl("job", "forget", job).returncode == 2  # running: cancel it first
+    assert meshd.ctl("job", "cancel", job).returncode == 0
+    rec = meshd.wait_job(job)
+    assert rec["state"] == "cancelled"
+    assert all(i["state"] == "cancelled" for i in rec["items"])
+    for pid in pidfile.read_text().split():
+        _assert_gone(int(pid))
+    assert meshd.ctl("job", "wait", job).returncode == 1
+    assert meshd.ctl("job", "cancel", job).returncode == 2  # already ended
+    assert meshd.ctl("job", "forget", job).returncode == 0
+    assert meshd.ctl("job", "status", job).returncode == 3
+    assert meshd.ctl("job", "forget", job).returncode == 3
+    r = meshd.ctl("job", "submit", "--id", "long", "--", "true")
+    assert r.returncode == 2 and b"forgotten" in r.stderr
+
+
+def test_idempotent_submit(meshd):
+    """Re-submitting --id with the same spec returns that job; with a different spec: exit 2."""
+    a = _submit(meshd, "--id", "same", "--tag", "x", "--", "echo", "1")
+    b = _submit(meshd, "--id", "same", "--tag", "x", "--", "echo", "1")
+    assert a == b == "same"
+    r = meshd.ctl("job", "submit", "--id", "same", "--", "echo", "2")
+    assert r.returncode == 2 and b"different" in r.stderr
+    status, jobs = meshd.request("GET", "/jobs")
+    assert [j["id"] for j in jobs] == ["same"]
+    # The same request id (a client retrying after an unknown outcome) is applied once.
+    spec = {"argv": ["true"]}
+    s1, r1 = meshd.request("POST", "/jobs", spec, headers={"Idempotency-Key": "retry-1"})
+    s2, r2 = meshd.request("POST", "/jobs", spec, headers={"Idempotency-Key": "retry-1"})
+    assert r1["id"] == r2["id"]
+    assert len(meshd.request("GET", "/jobs")[1]) == 2
+
+
+def test_restart_replays_log_and_forgotten_stays_forgotten(meshd):
+    """Restart: the log is replayed, outputs are served with the same digests, a forgotten job
+    stays forgotten, and SIGTERM stops the member with exit 0."""
+    keep = _submit(meshd, "--", "sh", "-c", "echo kept")
+    gone = _submit(meshd, "--", "sh", "-c", "echo gone")
+    rec = meshd.wait_job(keep)
+    meshd.wait_job(gone)
+    assert meshd.ctl("job", "forget", gone).returncode == 0
+    assert meshd.terminate() == 0
+    meshd.start()
+    rec2 = meshd.wait_job(keep)
+    assert rec2["items"][0]["stdout"] == rec["items"][0]["stdout"]
+    assert meshd.ctl("job", "results", keep).stdout == b"kept\n"
+    r = meshd.ctl("job", "status", gone)
+    assert r.returncode == 3 and b"forgotten" in r.stderr
+    meshd.kill9()
+    meshd.start()
+    assert meshd.ctl("job", "status", gone).returncode == 3
+    assert meshd.ctl("job", "results", keep).stdout == b"kept\n"
+
+
+def test_kill9_during_200_items(meshd_factory, tmp_path):
+    """kill -9 in the middle of a 200-item job, then restart: every item ends done with exactly
+    one result, and items that were running ran again under a new lease epoch."""
+    m = meshd_factory(slots=4)
+    items = tmp_path / "items.txt"
+    items.write_text("".join(f"{i}\n" for i in range(200)))
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    job = _submit(m, "--items-from", str(items), "--", "sh", "-c",
+                  f"read x; touch {runs}/$x.$MESH_LEASE_EPOCH; sleep 0.02; echo out-$x")
+    deadline = time.monotonic() + 30
+    while len(os.listdir(runs)) < 40:
+        assert time.monotonic() < deadline, "items did not start"
+        time.sleep(0.01)
+    m.kill9()
+    m.start()
+    rec = m.wait_job(job, timeout_s=120)
+    assert rec["state"] == "done" and rec["items_done"] == 200
+    out = m.ctl("job", "results", job).stdout.decode().split()
+    assert out == [f"out-{i}" for i in range(200)]
+    status, metrics = m.request("GET", "/metrics")
+    assert status == 200
+    # Items that ran before the kill and were re-leased ran under a new epoch.
+    reruns = [i for i in rec["items"] if i["attempts"] > 1]
+    for i in reruns:
+        mine = [f for f in os.listdir(runs) if f.split(".")[0] == str(i["index"])]
+        assert str(i["epoch"]) in [f.split(".")[1] for f in mine]
+
+
+def test_sigterm_exits_zero_and_cuts_items(meshd, tmp_path):
+    """SIGTERM stops the member cleanly (exit 0) and kills running items' groups."""
+    pidfile = tmp_path / "pid"
+    _submit(meshd, "--", "sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait")
+    deadline = time.monotonic() + 20
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert meshd.terminate() == 0
+    _assert_gone(int(pidfile.read_text()))
+
+
+def test_unreachable_member_exit_4(tmp_path):
+    """meshctl against a member that is not running exits 4 with what to do."""
+    from tests.fleet import Meshd, free_port
+    m = Meshd(str(tmp_path / "none"))
+    m.url = f"http://127.0.0.1:{free_port()}"
+    r = m.ctl("jobs")
+    assert r.returncode == 4 and b"meshd" in r.stderr
