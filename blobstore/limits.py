@@ -1,8 +1,7 @@
 """Every limit of the blob store, named in one place, with its unit last.
 
-The blob store is its own package and imports nothing of meshjobs; meshjobs/limits.py keeps its
-own copies (`blob_chunk_bytes`, `blob_map_bytes_initial`, `blob_map_bytes_max`) for the daemon's
-configuration, and the two must agree.
+The blob store is its own package and imports nothing of meshjobs, so its limits live here and
+meshjobs/limits.py points to this file instead of repeating them.
 """
 
 from __future__ import annotations
