@@ -20,6 +20,7 @@ import structlog
 
 from meshjobs import logs
 from meshjobs.config import Config, ConfigError, load_config
+from meshjobs.dumpfile import DumpCorrupt
 from meshjobs.failpoints import Failpoints
 from meshjobs.journal import JournalCorrupt
 from meshjobs.node import JobNode, NodeConfig
@@ -94,7 +95,7 @@ class Member:
         try:
             replica = Replica(cfg.raft_addr, [], cfg.data, secret, table, failpoints,
                               names={cfg.raft_addr: cfg.name}, election_s=(0.05, 0.1))
-        except JournalCorrupt as e:
+        except (JournalCorrupt, DumpCorrupt) as e:
             log.critical("journal_damaged", error=str(e))
             print(f"meshd: {e}", file=sys.stderr)
             return 70

@@ -126,6 +126,8 @@ class JobsThread:
         node, replica = self.node, self.replica
         while not self._stop.is_set():
             replica.tick(0.0)
+            if replica.dump_damage is not None:
+                raise replica.dump_damage
             busy = self._step_once()
             if busy or replica.needs_tick():
                 continue

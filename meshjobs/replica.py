@@ -37,7 +37,7 @@ from pysyncobj.pipe_notifier import PipeNotifier
 from pysyncobj.transport import TCPTransport
 
 from meshjobs import limits
-from meshjobs.dumpfile import make_dump_pair
+from meshjobs.dumpfile import DumpCorrupt, check_dump, make_dump_pair
 from meshjobs.failpoints import Failpoints
 from meshjobs.journal import DurableJournal
 from meshjobs.node import Applied, View
@@ -85,13 +85,22 @@ class Replica(SyncObj):
         self.applied: list[Applied] = []
         self._names = names or {}
         self._journal: DurableJournal | None = None
+        self.dump_damage: DumpCorrupt | None = None
+
+        def on_corrupt(exc: DumpCorrupt) -> None:
+            # pysyncobj swallows errors of a dump load; the jobs thread checks this after every
+            # tick and stops the member.
+            self.dump_damage = exc
+
         serializer, deserializer = make_dump_pair(
-            table.to_state, lambda s: table.load(JobTable.from_state(s)), failpoints)
+            table.to_state, lambda s: table.load(JobTable.from_state(s)), failpoints,
+            on_corrupt=on_corrupt)
+        dump_path = os.path.join(data_dir, "raft.dump")
         conf = SyncObjConf(
             autoTick=False,
             appendEntriesUseBatch=False,
             journalFile=os.path.join(data_dir, "raft.journal"),
-            fullDumpFile=os.path.join(data_dir, "raft.dump"),
+            fullDumpFile=dump_path,
             serializer=serializer,
             deserializer=deserializer,
             password=secret,
@@ -108,7 +117,13 @@ class Replica(SyncObj):
         )
 
         def make_journal(path: str) -> DurableJournal:
-            self._journal = DurableJournal(path, failpoints)
+            # A damaged dump stops the member here (pysyncobj would load it with its errors
+            # swallowed); a crash between writing a dump and trimming the journal is completed
+            # here too, before pysyncobj would clear the journal past the dump.
+            dump = check_dump(dump_path)
+            self._journal = DurableJournal(path, failpoints, dump_path=dump_path)
+            if dump is not None:
+                self._journal.complete_compaction(dump.prev, dump.last)
             return self._journal
 
         # pysyncobj builds its journal inside SyncObj.__init__ from a module-level factory; the

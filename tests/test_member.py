@@ -154,7 +154,7 @@ def test_priority_hold_tone_and_max_leases(meshd_factory, tmp_path):
     job = _submit(m2, "--max-leases", "1", "--items-from", str(items), "--", "sh", "-c", "sleep 0.2")
     rec = m2.wait_job(job)
     spans = sorted((i["started_at"], i["ended_at"]) for i in rec["items"])
-    for (_s1, e1), (s2, _e2) in zip(spans, spans[1:]):
+    for (_s1, e1), (s2, _e2) in zip(spans, spans[1:], strict=False):
         assert s2 >= e1 - 0.01, spans
     # tone of priority and max-leases on a live job, then on a finished one (exit 2).
     job = _submit(m2, "--hold", "--", "true")

@@ -1,0 +1,545 @@
+"""meshctl: the command line of meshjobs, a small HTTP client of any member.
+
+Rules:
+- Exit codes say what happened: 0 ok, 1 the job failed or was cancelled (`job wait`), 2 bad
+  usage or input (HTTP 400/409/413), 3 no such job or forgotten (404), 4 no leader or member
+  unreachable (503, refused, timeout). Messages go to stderr and say what to do; the words come
+  from the server's `error` when it gave one. No traceback for anything expected.
+- One Idempotency-Key per invocation, sent with every request, so the single retry after a
+  connection reset cannot apply a change twice.
+- Output bytes are streamed, never held whole in memory.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import http.client
+import io
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import IO, Any, NoReturn
+
+import click
+
+from meshjobs import limits
+from meshjobs.control import JOB_STATES
+
+DEFAULT_AT = "http://127.0.0.1:7700"
+TERMINAL = ("done", "failed", "cancelled")
+WAIT_POLL_S = 30
+# A change may wait ctl_commit_ms_max for its commit; the client waits a little longer.
+TIMEOUT_S = limits.ctl_commit_ms_max / 1000 + 5
+COPY_CHUNK_BYTES = 1 << 20
+
+
+class Failure(click.ClickException):
+    """An expected failure: a message for stderr and the exit code that classifies it."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"meshctl: {self.message}", err=True)
+
+
+def exit_code_for(status: int) -> int:
+    """The exit code for an HTTP status (see docs/contracts.md)."""
+    if 200 <= status < 300:
+        return 0
+    if status == 404:
+        return 3
+    if status in (502, 503, 504):
+        return 4
+    if 400 <= status < 500:
+        return 2
+    return 1
+
+
+class Client:
+    """A tiny HTTP client of one member; every call raises Failure for anything but 2xx."""
+
+    def __init__(self, at: str, key: str) -> None:
+        self.at = at.rstrip("/")
+        self.key = key
+
+    def _unreachable(self, why: str) -> Failure:
+        return Failure(
+            f"cannot reach meshd at {self.at} ({why}): is it running? "
+            "(start it with `meshd`, or pass --at)", 4)
+
+    def open(self, method: str, path: str, body: Any = None,
+             timeout: float = TIMEOUT_S) -> http.client.HTTPResponse:
+        """Send a request, return the open 2xx response; retry once after a reset."""
+        data = None
+        headers = {"Accept": "application/json", "Idempotency-Key": self.key,
+                   "User-Agent": "meshctl"}
+        if body is not None:
+            data = json.dumps(body).encode()
+            if len(data) > limits.http_body_bytes_max:
+                raise Failure(
+                    f"the request is {len(data)} bytes, over the limit of "
+                    f"{limits.http_body_bytes_max}: split the job, or refer to stored blobs", 2)
+            headers["Content-Type"] = "application/json"
+        for attempt in (1, 2):
+            req = urllib.request.Request(self.at + path, data=data, headers=headers, method=method)
+            try:
+                return urllib.request.urlopen(req, timeout=timeout)
+            except urllib.error.HTTPError as e:
+                raise self._failure(e) from None
+            except (ConnectionResetError, http.client.RemoteDisconnected, BrokenPipeError) as e:
+                if attempt == 2:
+                    raise self._unreachable(f"connection lost: {e}") from None
+            except urllib.error.URLError as e:
+                reason = e.reason
+                if isinstance(reason, (ConnectionResetError, BrokenPipeError)) and attempt == 1:
+                    continue
+                if isinstance(reason, TimeoutError):
+                    raise self._unreachable(f"no answer within {timeout:g} s") from None
+                raise self._unreachable(str(getattr(reason, "strerror", None) or reason)) from None
+            except TimeoutError:
+                raise self._unreachable(f"no answer within {timeout:g} s") from None
+            except (http.client.HTTPException, OSError) as e:
+                raise self._unreachable(str(e) or type(e).__name__) from None
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    def _failure(self, e: urllib.error.HTTPError) -> Failure:
+        try:
+            raw = e.read(64 * 1024)
+            message = json.loads(raw)["error"]
+            if not isinstance(message, str):
+                raise TypeError(message)
+        except Exception:
+            message = f"{self.at} answered HTTP {e.code} {e.reason}: is it a meshd?"
+        finally:
+            e.close()
+        if e.code in (502, 503, 504):
+            message += f" (meshd at {self.at}; try again, or pass --at another member)"
+        return Failure(message, exit_code_for(e.code))
+
+    def copy(self, resp: IO[bytes], out: IO[bytes]) -> None:
+        """Stream an answer's body to `out`; a cut or stalled transfer is a Failure (exit 4)."""
+        # http.client's read(n) returns short at a closed connection instead of raising, so the
+        # length is checked here.
+        length = resp.headers.get("Content-Length")
+        got = 0
+        while True:
+            try:
+                chunk = resp.read(COPY_CHUNK_BYTES)
+            except (http.client.HTTPException, TimeoutError, ConnectionError) as e:
+                raise Failure(f"the transfer from meshd at {self.at} broke off "
+                              f"({type(e).__name__}); try again", 4) from None
+            if not chunk:
+                break
+            got += len(chunk)
+            out.write(chunk)
+        if length is not None and length.isdigit() and got != int(length):
+            raise Failure(f"the transfer from meshd at {self.at} broke off after {got} of "
+                          f"{length} bytes; try again", 4)
+
+    def json(self, method: str, path: str, body: Any = None,
+             timeout: float = TIMEOUT_S) -> Any:
+        buf = io.BytesIO()
+        with self.open(method, path, body, timeout) as resp:
+            self.copy(resp, buf)
+        raw = buf.getvalue()
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise Failure(f"meshd at {self.at} answered something that is not JSON", 1) from None
+
+
+def _client(ctx: click.Context) -> Client:
+    obj = ctx.find_root().obj
+    return Client(obj["at"], obj["key"])
+
+
+def _wants_json(ctx: click.Context, local: bool) -> bool:
+    return local or bool(ctx.find_root().obj["json"])
+
+
+def _print_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=True))
+
+
+def _q(job_id: str) -> str:
+    return urllib.parse.quote(job_id, safe="")
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--at", envvar="MESHJOBS_AT", default=DEFAULT_AT, show_default=True,
+              help="URL of any meshd (env MESHJOBS_AT).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.version_option("0.1.0", prog_name="meshctl")
+@click.pass_context
+def cli(ctx: click.Context, at: str, as_json: bool) -> None:
+    """Drive a meshjobs fleet through any of its members."""
+    parsed = urllib.parse.urlsplit(at)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise click.BadParameter(f"{at!r} is not an http:// URL", param_hint="--at")
+    ctx.obj = {"at": at, "json": as_json, "key": uuid.uuid4().hex}
+
+
+@cli.group()
+def job() -> None:
+    """Submit and follow one job."""
+
+
+def _parse_env(values: tuple[str, ...]) -> dict[str, str]:
+    env = {}
+    for kv in values:
+        name, sep, value = kv.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{kv!r} is not NAME=VALUE", param_hint="--env")
+        env[name] = value
+    return env
+
+
+def _items_from(path: str) -> list[Any]:
+    """Item payloads from a directory (one per regular file) or a file (one per line)."""
+    if path == "-":
+        raw = sys.stdin.buffer.read()
+        return _lines(raw, "standard input")
+    p = Path(path)
+    if p.is_dir():
+        files = sorted((f for f in p.iterdir() if f.is_file()), key=lambda f: f.name)
+        if not files:
+            raise click.BadParameter(f"{path} has no regular files", param_hint="--items-from")
+        return [{"b64": base64.b64encode(f.read_bytes()).decode()} for f in files]
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise click.BadParameter(f"cannot read {path}: {e.strerror or e}",
+                                 param_hint="--items-from") from None
+    return _lines(raw, path)
+
+
+def _lines(raw: bytes, where: str) -> list[Any]:
+    if not raw:
+        raise click.BadParameter(f"{where} is empty", param_hint="--items-from")
+    lines = raw.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()  # The newline ending the last line does not start another item.
+    items: list[Any] = []
+    for line in lines:
+        try:
+            items.append(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            items.append({"b64": base64.b64encode(line).decode()})
+    return items
+
+
+@job.command("submit", context_settings={"allow_interspersed_args": False})
+@click.option("--id", "job_id", help="The job id (made up by meshd when absent).")
+@click.option("--pool", help="The pool to run in (default: default).")
+@click.option("--items-from", "items_from", metavar="PATH",
+              help="A directory (one item per file) or a file (one item per line; - for stdin).")
+@click.option("--retries", type=click.IntRange(0, limits.retries_max), help="Re-runs of a failing item.")
+@click.option("--runtime", type=click.FloatRange(0, limits.runtime_s_max, min_open=True),
+              metavar="S", help="Runtime limit of one item, in seconds.")
+@click.option("--priority", type=click.IntRange(-limits.priority_abs_max, limits.priority_abs_max))
+@click.option("--tag", "tags", multiple=True, help="A tag (repeatable).")
+@click.option("--hold", is_flag=True, help="Submit on hold (run nothing until released).")
+@click.option("--max-leases", type=click.IntRange(1, limits.max_leases_max),
+              help="At most N items of the job at once.")
+@click.option("--env", "env", multiple=True, metavar="K=V", help="An environment variable (repeatable).")
+@click.option("--cwd", metavar="DIR", help="Working directory (absolute).")
+@json_option
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_context
+def job_submit(ctx: click.Context, job_id: str | None, pool: str | None, items_from: str | None,
+               retries: int | None, runtime: float | None, priority: int | None,
+               tags: tuple[str, ...], hold: bool, max_leases: int | None, env: tuple[str, ...],
+               cwd: str | None, as_json: bool, argv: tuple[str, ...]) -> None:
+    """Submit a job: meshctl job submit [OPTIONS] -- PROGRAM [ARGS]...; prints its id."""
+    spec: dict[str, Any] = {"argv": list(argv)}
+    optional = {"id": job_id, "pool": pool, "retries": retries, "priority": priority,
+                "max_leases": max_leases, "cwd": cwd}
+    spec.update({k: v for k, v in optional.items() if v is not None})
+    if runtime is not None:
+        spec["runtime_s"] = runtime
+    if tags:
+        spec["tags"] = list(tags)
+    if hold:
+        spec["hold"] = True
+    if env:
+        spec["env"] = _parse_env(env)
+    if items_from is not None:
+        spec["items"] = _items_from(items_from)
+    record = _client(ctx).json("POST", "/jobs", spec)
+    if _wants_json(ctx, as_json):
+        _print_json(record)
+    else:
+        click.echo(record["id"])
+
+
+def _when(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = value / 1000 if value > 1e11 else value
+        try:
+            return dt.datetime.fromtimestamp(seconds).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+        except (OverflowError, OSError, ValueError):
+            pass
+    return str(value)
+
+
+@job.command("status")
+@click.argument("job_id", metavar="ID")
+@json_option
+@click.pass_context
+def job_status(ctx: click.Context, job_id: str, as_json: bool) -> None:
+    """A job's state and counts (--json: the record with its items)."""
+    want_json = _wants_json(ctx, as_json)
+    path = f"/jobs/{_q(job_id)}" + ("?items=1" if want_json else "")
+    record = _client(ctx).json("GET", path)
+    if want_json:
+        _print_json(record)
+        return
+    tags = ", ".join(record.get("tags") or []) or "-"
+    hold = " (on hold)" if record.get("hold") and record.get("state") != "held" else ""
+    rows = [
+        ("job", record.get("id")),
+        ("state", f"{record.get('state')}{hold}"),
+        ("items", f"{record.get('items_done', 0)} done, {record.get('items_failed', 0)} failed, "
+                  f"{record.get('items_total', 0)} total"),
+        ("pool", record.get("pool")),
+        ("priority", record.get("priority")),
+        ("tags", tags),
+        ("submitted", _when(record.get("submitted_at"))),
+        ("finished", _when(record.get("finished_at"))),
+    ]
+    for name, value in rows:
+        click.echo(f"{name:<10} {value}")
+
+
+@job.command("results")
+@click.argument("job_id", metavar="ID")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Write DIR/<index>.out per item instead of standard output.")
+@click.option("--stderr", "with_stderr", is_flag=True,
+              help="Also the items' stderr: DIR/<index>.err with --out, else to standard error.")
+@json_option
+@click.pass_context
+def job_results(ctx: click.Context, job_id: str, out_dir: Path | None, with_stderr: bool,
+                as_json: bool) -> None:
+    """Every item's stdout in item order, to standard output or files under --out."""
+    client = _client(ctx)
+    want_json = _wants_json(ctx, as_json)
+    if out_dir is None and not want_json:
+        for stream, out in (("stdout", "stdout"), ("stderr", "stderr"))[: 2 if with_stderr else 1]:
+            sink = click.get_binary_stream(out)
+            with client.open("GET", f"/jobs/{_q(job_id)}/results?stream={stream}") as resp:
+                client.copy(resp, sink)
+            sink.flush()
+        return
+    record = client.json("GET", f"/jobs/{_q(job_id)}?items=1")
+    items = sorted(record.get("items") or [], key=lambda it: it.get("index", 0))
+    if out_dir is None:
+        _print_json([{k: it.get(k) for k in ("index", "state", "rc", "stdout", "stderr")}
+                     for it in items])
+        return
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise Failure(f"cannot make {out_dir}: {e.strerror or e}", 2) from None
+    written = []
+    for it in items:
+        entry: dict[str, Any] = {"index": it.get("index")}
+        for stream, suffix in (("stdout", "out"), ("stderr", "err"))[: 2 if with_stderr else 1]:
+            path = out_dir / f"{it.get('index')}.{suffix}"
+            _fetch_blob(client, it.get(stream), path, it.get("index"))
+            entry[stream] = str(path)
+        written.append(entry)
+    if want_json:
+        _print_json(written)
+
+
+def _fetch_blob(client: Client, digest: str | None, path: Path, index: Any) -> None:
+    """Write a blob to a file (empty when the item has none), whole or not at all."""
+    tmp = path.with_name(path.name + ".part")
+    try:
+        with open(tmp, "wb") as f:
+            if digest is not None:
+                try:
+                    with client.open("GET", f"/blobs/{digest}") as resp:
+                        client.copy(resp, f)
+                except Failure as e:
+                    if e.exit_code == 3:
+                        raise Failure(f"item {index}: blob {digest} is not on meshd at "
+                                      f"{client.at} yet; try again or pass --at another member",
+                                      4) from None
+                    raise
+        os.replace(tmp, path)
+    except OSError as e:
+        raise Failure(f"cannot write {path}: {e.strerror or e}", 2) from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@job.command("wait")
+@click.argument("job_id", metavar="ID")
+@click.option("--timeout", type=click.FloatRange(0, min_open=False), metavar="S",
+              help="Give up after S seconds (exit 1).")
+@json_option
+@click.pass_context
+def job_wait(ctx: click.Context, job_id: str, timeout: float | None, as_json: bool) -> None:
+    """Wait until a job ends: exit 0 when done, 1 when failed or cancelled."""
+    client = _client(ctx)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    progress = sys.stderr.isatty() and not _wants_json(ctx, as_json)
+    wait = 0.0
+    while True:
+        record = client.json("GET", f"/jobs/{_q(job_id)}?wait={wait:g}", timeout=wait + TIMEOUT_S)
+        state = record.get("state")
+        if progress:
+            click.echo(f"\r{job_id}: {state} {record.get('items_done', 0)}/"
+                       f"{record.get('items_total', 0)}\x1b[K", nl=False, err=True)
+        if state in TERMINAL:
+            break
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            if progress:
+                click.echo("", err=True)
+            raise Failure(f"job {job_id} is still {state} after {timeout:g} s", 1)
+        wait = float(WAIT_POLL_S) if left is None else max(0.0, min(float(WAIT_POLL_S), left))
+    if progress:
+        click.echo("", err=True)
+    if _wants_json(ctx, as_json):
+        _print_json(record)
+    elif not progress:
+        click.echo(f"{job_id}: {state}")
+    ctx.exit(0 if state == "done" else 1)
+
+
+def _change(ctx: click.Context, method: str, path: str, body: Any, as_json: bool) -> None:
+    record = _client(ctx).json(method, path, body)
+    if _wants_json(ctx, as_json):
+        _print_json(record)
+    else:
+        click.echo(f"{record.get('id')}: {record.get('state')}")
+
+
+@job.command("cancel")
+@click.argument("job_id", metavar="ID")
+@json_option
+@click.pass_context
+def job_cancel(ctx: click.Context, job_id: str, as_json: bool) -> None:
+    """Cancel a job: pending items never run, running ones are cut."""
+    _change(ctx, "POST", f"/jobs/{_q(job_id)}/cancel", None, as_json)
+
+
+@job.command("forget")
+@click.argument("job_id", metavar="ID")
+@json_option
+@click.pass_context
+def job_forget(ctx: click.Context, job_id: str, as_json: bool) -> None:
+    """Forget a finished or cancelled job for good."""
+    _change(ctx, "DELETE", f"/jobs/{_q(job_id)}", None, as_json)
+
+
+def _max_leases(value: str | None) -> int | None | str:
+    if value is None:
+        return "unset"
+    if value.lower() in ("none", "off", "unlimited"):
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise click.BadParameter("give a number, or none for no limit",
+                                 param_hint="--max-leases") from None
+    if not 1 <= n <= limits.max_leases_max:
+        raise click.BadParameter(f"must be 1 to {limits.max_leases_max}, or none",
+                                 param_hint="--max-leases")
+    return n
+
+
+@job.command("tone")
+@click.argument("job_id", metavar="ID")
+@click.option("--priority", type=click.IntRange(-limits.priority_abs_max, limits.priority_abs_max))
+@click.option("--hold/--release", default=None, help="Put on hold, or release.")
+@click.option("--max-leases", "max_leases", metavar="N|none", help="At most N items at once.")
+@json_option
+@click.pass_context
+def job_tone(ctx: click.Context, job_id: str, priority: int | None, hold: bool | None,
+             max_leases: str | None, as_json: bool) -> None:
+    """Change a running job's priority, hold or most leases at once."""
+    body: dict[str, Any] = {}
+    if priority is not None:
+        body["priority"] = priority
+    if hold is not None:
+        body["hold"] = hold
+    ml = _max_leases(max_leases)
+    if ml != "unset":
+        body["max_leases"] = ml
+    if not body:
+        raise click.UsageError("nothing to change: give --priority, --hold/--release or --max-leases")
+    _change(ctx, "POST", f"/jobs/{_q(job_id)}/tone", body, as_json)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+
+
+@cli.command("jobs")
+@click.option("--state", type=click.Choice(JOB_STATES))
+@click.option("--tag", help="Only jobs with this tag.")
+@json_option
+@click.pass_context
+def jobs_cmd(ctx: click.Context, state: str | None, tag: str | None, as_json: bool) -> None:
+    """List jobs."""
+    query = {k: v for k, v in (("state", state), ("tag", tag)) if v}
+    query["format"] = "json"
+    listed = _client(ctx).json("GET", "/jobs?" + urllib.parse.urlencode(query))
+    if _wants_json(ctx, as_json):
+        _print_json(listed)
+        return
+    rows = [[str(j.get("id")), str(j.get("state")),
+             f"{j.get('items_done', 0)}/{j.get('items_total', 0)}", str(j.get("pool")),
+             str(j.get("priority")), ",".join(j.get("tags") or [])] for j in listed]
+    _table(["ID", "STATE", "DONE", "POOL", "PRIORITY", "TAGS"], rows)
+
+
+@cli.command("fleet")
+@json_option
+@click.pass_context
+def fleet_cmd(ctx: click.Context, as_json: bool) -> None:
+    """The fleet: term, leader and members."""
+    fleet = _client(ctx).json("GET", "/fleet")
+    if _wants_json(ctx, as_json):
+        _print_json(fleet)
+        return
+    click.echo(f"term {fleet.get('term')}  leader {fleet.get('leader') or '(none)'}")
+    rows = [[str(m.get("name")), str(m.get("role")), "yes" if m.get("alive") else "no"]
+            for m in fleet.get("members") or []]
+    _table(["MEMBER", "ROLE", "ALIVE"], rows)
+
+
+def main() -> NoReturn:
+    """The `meshctl` console script."""
+    try:
+        cli(prog_name="meshctl")
+    except BrokenPipeError:
+        # The reader went away (meshctl job results ID | head): quiet, as other tools are.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(1)
+    sys.exit(0)  # cli() exits itself; this is for type checkers.
+
+
+if __name__ == "__main__":
+    main()

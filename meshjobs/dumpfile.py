@@ -1,0 +1,204 @@
+"""Full dumps (snapshots) of the replicated state: pysyncobj's `serializer=`/`deserializer=` pair.
+
+A dump file is an 18-byte header (magic `MJD1`, format version u16, payload length u64, crc32 of
+the payload u32, little-endian) and a msgpack payload
+`{"state": ..., "last": [command, idx, term], "prev": [command, idx, term], "cluster": [node ids]}`.
+
+pysyncobj calls the serializer with `(tmp_path, (last_entry, prev_entry, cluster))` and renames
+the tmp file over the dump itself; it passes no state (a custom serializer gets None), so the
+state comes from `get_state()` and goes back through `set_state()`.
+
+Rules:
+- Rule 1: msgpack only, never pickle: a dump may come from a peer.
+- Rule 2: the serializer fsyncs the file before returning (failpoint `dump.fsync`); the folder is
+  fsynced by the journal before it drops the entries the dump replaces (see journal.py).
+- Rule 3: a damaged dump is `DumpCorrupt`, never ignored. pysyncobj swallows every exception of a
+  dump load and goes on with empty state, so the caller must also check the dump before starting
+  (`check_dump`) and pass `on_corrupt` to learn of a damaged dump received from a peer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import structlog
+
+from meshjobs import limits
+from meshjobs.failpoints import Failpoints
+
+log = structlog.get_logger(__name__)
+
+MAGIC = b"MJD1"
+FORMAT_VERSION = 1
+_HEADER = struct.Struct("<4sHQI")  # magic, format version, payload length, crc32 of payload
+HEADER_BYTES = _HEADER.size
+
+Entry = tuple[bytes, int, int]
+Serializer = Callable[[str, Any], None]
+Deserializer = Callable[[str], tuple[Entry, Entry, list[str]]]
+
+
+class DumpCorrupt(Exception):
+    """A dump file is damaged or is not a meshjobs dump."""
+
+
+@dataclass(frozen=True)
+class Dump:
+    """What one dump file holds."""
+
+    state: Any
+    last: Entry
+    prev: Entry
+    cluster: list[str]
+
+
+def write_dump(
+    path: str,
+    state: Any,
+    last: Entry,
+    prev: Entry,
+    cluster: list[str],
+    failpoints: Failpoints | None = None,
+) -> None:
+    """Write a dump file and fsync it (not its folder)."""
+    payload = msgpack.packb(
+        {
+            "state": state,
+            "last": _entry_out(last),
+            "prev": _entry_out(prev),
+            "cluster": list(cluster),
+        },
+        use_bin_type=True,
+    )
+    if len(payload) > limits.snapshot_bytes_max:
+        raise ValueError(
+            f"dump of {len(payload)} bytes is over snapshot_bytes_max ({limits.snapshot_bytes_max})"
+        )
+    header = _HEADER.pack(MAGIC, FORMAT_VERSION, len(payload), zlib.crc32(payload))
+    with open(path, "wb") as f:
+        f.write(header)
+        f.write(payload)
+        f.flush()
+        if failpoints is not None:
+            failpoints.hit("dump.fsync")
+        os.fsync(f.fileno())
+
+
+def read_dump(path: str) -> Dump:
+    """Read and verify a dump file; raise DumpCorrupt on any damage."""
+    with open(path, "rb") as f:
+        data = f.read(limits.snapshot_bytes_max + HEADER_BYTES + 1)
+    if len(data) < HEADER_BYTES:
+        raise _corrupt(path, f"{len(data)} bytes is shorter than the {HEADER_BYTES}-byte header")
+    magic, version, length, crc = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise _corrupt(path, f"bad magic {magic!r}")
+    if version != FORMAT_VERSION:
+        raise _corrupt(path, f"format version {version}, this build reads {FORMAT_VERSION}")
+    if length > limits.snapshot_bytes_max:
+        raise _corrupt(path, f"payload length {length} is over snapshot_bytes_max")
+    payload = memoryview(data)[HEADER_BYTES:]
+    if len(payload) != length:
+        raise _corrupt(path, f"payload length {length} but {len(payload)} bytes follow the header")
+    if zlib.crc32(payload) != crc:
+        raise _corrupt(path, "checksum mismatch")
+    try:
+        doc = msgpack.unpackb(payload, raw=False, strict_map_key=False, use_list=True)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
+        raise _corrupt(path, f"payload is not msgpack ({e})") from e
+    if not isinstance(doc, dict) or set(doc) != {"state", "last", "prev", "cluster"}:
+        raise _corrupt(path, "payload is not a dump document")
+    cluster = doc["cluster"]
+    if not isinstance(cluster, list) or not all(isinstance(n, str) for n in cluster):
+        raise _corrupt(path, "cluster is not a list of node ids")
+    return Dump(
+        state=doc["state"],
+        last=_entry_in(path, doc["last"]),
+        prev=_entry_in(path, doc["prev"]),
+        cluster=cluster,
+    )
+
+
+def check_dump(path: str) -> Dump | None:
+    """The dump at path (None if there is none); DumpCorrupt if it is damaged. Call it before
+    building the SyncObj, since pysyncobj would log a failed load and go on with empty state, and
+    hand its (prev, last) to `DurableJournal.complete_compaction`."""
+    if not os.path.exists(path):
+        return None
+    return read_dump(path)
+
+
+def make_dump_pair(
+    get_state: Callable[[], Any],
+    set_state: Callable[[Any], None],
+    failpoints: Failpoints | None = None,
+    *,
+    on_corrupt: Callable[[DumpCorrupt], None] | None = None,
+) -> tuple[Serializer, Deserializer]:
+    """pysyncobj's serializer and deserializer, writing and reading meshjobs dump files.
+
+    `on_corrupt` is called with the error before the deserializer raises it, because pysyncobj
+    swallows that exception; the caller uses it to stop the member.
+    """
+
+    def serializer(tmp_path: str, data: Any) -> None:
+        last, prev, cluster = data
+        try:
+            write_dump(
+                tmp_path,
+                get_state(),
+                last,
+                prev,
+                sorted(getattr(node, "id", node) for node in cluster),
+                failpoints,
+            )
+        except Exception as e:
+            # pysyncobj keeps only "Failed to store full dump" and drops the reason.
+            log.error("dump.write_failed", path=tmp_path, error=repr(e))
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_path)
+            raise
+
+    def deserializer(path: str) -> tuple[Entry, Entry, list[str]]:
+        try:
+            dump = read_dump(path)
+        except DumpCorrupt as e:
+            log.error("dump.corrupt", path=path, error=str(e))
+            if on_corrupt is not None:
+                on_corrupt(e)
+            raise
+        set_state(dump.state)
+        return dump.last, dump.prev, dump.cluster
+
+    return serializer, deserializer
+
+
+def _entry_out(entry: Entry) -> list[Any]:
+    command, idx, term = entry
+    return [bytes(command), int(idx), int(term)]
+
+
+def _entry_in(path: str, value: Any) -> Entry:
+    if (
+        not isinstance(value, list)
+        or len(value) != 3
+        or not isinstance(value[0], bytes)
+        or not isinstance(value[1], int)
+        or not isinstance(value[2], int)
+    ):
+        raise _corrupt(path, f"an entry is not [command, idx, term]: {value!r:.200}")
+    return value[0], value[1], value[2]
+
+
+def _corrupt(path: str, why: str) -> DumpCorrupt:
+    return DumpCorrupt(
+        f"dump {path} is damaged ({why}); the member will not start; restore this member's data "
+        f"folder from a peer"
+    )

@@ -1,0 +1,91 @@
+"""Deterministic fault injection: named points that fail on their Nth hit, off unless configured.
+
+A spec is a comma-separated list of `name=N` pairs, such as `journal.fsync=3,blob.fsync=10`: the
+point `name` fails on its Nth hit and on every hit after it, raising `OSError(EIO)` as a dying disk
+would. An empty spec (the default) turns every point off, and then `hit` costs one dict lookup.
+
+Rules:
+- Rule 1: the spec is checked whole when it is read; a malformed one is a `ValueError`, never a
+  silently ignored fault.
+- Rule 2: counting is exact across threads (one lock around the counters), so a test that says
+  "the third fsync fails" gets exactly that.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import threading
+
+ENV_VAR = "MESHJOBS_FAILPOINTS"
+
+# Every point that some module passes through. A spec naming any other point is refused, so a
+# misspelt name fails the test that uses it instead of injecting nothing. A module that adds a
+# point adds its name here.
+KNOWN_POINTS = frozenset({"journal.fsync", "dump.fsync", "blob.fsync"})
+
+# A point name is dotted words, as the places that call `hit` name them.
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
+
+
+class Failpoints:
+    """Named fault points, each failing from its Nth hit on."""
+
+    def __init__(self, spec: str = "") -> None:
+        self._due: dict[str, int] = _parse(spec)
+        self._hits: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self.spec = spec
+
+    @classmethod
+    def from_env(cls) -> Failpoints:
+        """The failpoints named by the environment variable MESHJOBS_FAILPOINTS (none if unset)."""
+        return cls(os.environ.get(ENV_VAR, ""))
+
+    @property
+    def active(self) -> bool:
+        """True when at least one point is configured."""
+        return bool(self._due)
+
+    def hit(self, name: str) -> None:
+        """Count one pass through point `name`; raise OSError(EIO) once it is due."""
+        due = self._due.get(name)
+        if due is None:
+            return
+        with self._lock:
+            count = self._hits.get(name, 0) + 1
+            self._hits[name] = count
+        if count >= due:
+            raise OSError(errno.EIO, f"injected failure at {name}")
+
+    def hits(self, name: str) -> int:
+        """How many times a configured point has been passed (0 for an unconfigured one)."""
+        with self._lock:
+            return self._hits.get(name, 0)
+
+    def __repr__(self) -> str:
+        return f"Failpoints({self.spec!r})"
+
+
+def _parse(spec: str) -> dict[str, int]:
+    due: dict[str, int] = {}
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, sep, count = part.partition("=")
+        name, count = name.strip(), count.strip()
+        if not sep or not _NAME_RE.match(name) or not count.isdigit() or int(count) < 1:
+            raise ValueError(
+                f"bad failpoint {part!r} in {spec!r}: expected name=N with a dotted lowercase "
+                f"name and N >= 1, for example 'journal.fsync=3'"
+            )
+        if name not in KNOWN_POINTS:
+            raise ValueError(
+                f"unknown failpoint {name!r} in {spec!r}; known points: {sorted(KNOWN_POINTS)}"
+            )
+        if name in due:
+            raise ValueError(f"failpoint {name!r} is named twice in {spec!r}")
+        due[name] = int(count)
+    return due

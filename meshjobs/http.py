@@ -1,0 +1,648 @@
+"""The HTTP API of a member: aiohttp on its own event loop, in its own thread.
+
+Rules:
+- Everything a client sends is garbage until checked; a bad request is answered with one JSON
+  shape, `{"error": "..."}` and a 4xx status, and is counted. No traceback reaches a client.
+- Reads and changes go to the jobs thread through `ControlPort.call`, whose future is awaited
+  without ever being cancelled: the control side may answer it late and must not trip over a
+  cancelled future. A future not answered in time is a 503 ("member busy, try again").
+- Blob store calls block (LMDB, disk), so they run in the loop's default executor, never on the
+  event loop thread. Payloads are streamed chunk by chunk, never read whole into memory.
+- Every size and time comes from `limits.py`, read when used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import concurrent.futures
+import datetime as dt
+import html
+import json
+import math
+import re
+import threading
+import urllib.parse
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Protocol
+
+import structlog
+from aiohttp import web
+
+from blobstore import BlobCorrupt, BlobGone, StoreFull
+from meshjobs import limits
+from meshjobs.control import (
+    JOB_STATES,
+    Answer,
+    ControlError,
+    is_digest,
+    parse_job_id,
+    parse_rid,
+    parse_submit,
+    parse_tone,
+)
+from meshjobs.openapi import openapi_document
+
+# The shortest answer a client gets when the jobs thread is slow: a change may wait up to
+# ctl_commit_ms_max for its commit, so the HTTP side waits that long plus some slack.
+CTL_SLACK_MS = 2_000
+
+_METRIC_NAME_BAD = re.compile(r"[^a-zA-Z0-9_]")
+
+
+class ControlPort(Protocol):
+    def call(self, request: dict) -> concurrent.futures.Future[Answer]: ...
+
+
+class BlobReader(Protocol):
+    def put(self, data: bytes) -> str: ...
+    def has(self, digest: str) -> bool: ...
+    def open(self, digest: str) -> Iterator[bytes] | None: ...
+    def size(self, digest: str) -> int | None: ...
+
+
+class HttpError(Exception):
+    """A request this layer refuses before it reaches the control port."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _loads(raw: bytes) -> Any:
+    return json.loads(raw, parse_constant=_no_constants)
+
+
+class HttpApi:
+    """Serves the member's HTTP API until `stop()`; `run` is the body of the http thread."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        control: ControlPort,
+        blobs: BlobReader,
+        member: str,
+        log: Any = None,
+    ) -> None:
+        self._host = host
+        self._port = port
+        self._control = control
+        self._blobs = blobs
+        self._member = member
+        self._log = log if log is not None else structlog.get_logger(__name__)
+        self._bound_port = 0
+        self._stopping = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        # Touched on the event loop thread only, so no lock.
+        self._by_class: dict[str, int] = {}
+        self._bad_requests = 0
+        self.error: BaseException | None = None
+
+    @property
+    def bound_port(self) -> int:
+        """The port the server listens on (the real one when the config asked for port 0)."""
+        return self._bound_port
+
+    def run(self, ready: threading.Event) -> None:
+        """Serve on a new event loop; set `ready` once bound; return after `stop()`.
+
+        If the server cannot start (the port is taken), `ready` is set all the same, `error`
+        holds the reason and `run` raises it, so that a waiter never waits for nothing.
+        """
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._serve(ready))
+        except BaseException as e:
+            self.error = e
+            raise
+        finally:
+            ready.set()
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    def stop(self) -> None:
+        """Ask the server to stop; safe from any thread, at any time, more than once."""
+        self._stopping.set()
+        loop = self._loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._on_stop)
+            except RuntimeError:
+                pass  # The loop has closed already: the server is down.
+
+    def _on_stop(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def make_app(self) -> web.Application:
+        app = web.Application(
+            client_max_size=limits.http_body_bytes_max,
+            middlewares=[self._middleware],
+        )
+        app.on_response_prepare.append(self._stamp)
+        r = app.router
+        r.add_get("/jobs", self._list_jobs)
+        r.add_post("/jobs", self._submit)
+        r.add_get("/jobs/{id}", self._get_job)
+        r.add_delete("/jobs/{id}", self._forget)
+        r.add_get("/jobs/{id}/results", self._results)
+        r.add_post("/jobs/{id}/cancel", self._cancel)
+        r.add_post("/jobs/{id}/tone", self._tone)
+        r.add_get("/blobs/{digest}", self._blob)
+        r.add_get("/fleet", self._fleet)
+        r.add_get("/healthz", self._health)
+        r.add_get("/metrics", self._metrics)
+        r.add_get("/openapi.json", self._openapi)
+        return app
+
+    async def _serve(self, ready: threading.Event) -> None:
+        self._wake = asyncio.Event()
+        runner = web.AppRunner(self.make_app(), access_log=None, shutdown_timeout=1.0)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self._host, self._port)
+            await site.start()
+            self._bound_port = runner.addresses[0][1]
+            self._log.info("http_listening", host=self._host, port=self._bound_port)
+            ready.set()
+            if not self._stopping.is_set():
+                await self._wake.wait()
+        finally:
+            await runner.cleanup()
+            self._log.info("http_stopped", port=self._bound_port)
+
+    # --- plumbing ---------------------------------------------------------------------------
+
+    @web.middleware
+    async def _middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        try:
+            resp = await handler(request)
+        except HttpError as e:
+            resp = _error(e.status, e.message)
+        except ControlError as e:
+            resp = _error(e.status, e.message)
+        except web.HTTPRequestEntityTooLarge:
+            resp = _error(413, f"the request body is larger than {limits.http_body_bytes_max} bytes; "
+                               "store large payloads as blobs and refer to them")
+        except web.HTTPException as e:
+            # aiohttp's own answers (no route, wrong method) in our JSON shape.
+            headers = {"Allow": e.headers["Allow"]} if "Allow" in e.headers else None
+            message = {404: f"no route {request.path}; see /openapi.json",
+                       405: f"{request.method} is not allowed on {request.path}"}.get(
+                e.status, e.reason)
+            resp = _error(e.status, message, headers)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self._log.exception("http_internal_error", method=request.method, path=request.path)
+            resp = _error(500, "internal error in meshd; see the member's log")
+        self._count(resp.status)
+        return resp
+
+    async def _stamp(self, request: web.Request, resp: web.StreamResponse) -> None:
+        resp.headers["X-Meshjobs-Member"] = self._member
+
+    def _count(self, status: int) -> None:
+        cls = f"{status // 100}xx"
+        self._by_class[cls] = self._by_class.get(cls, 0) + 1
+        if status in (400, 405, 413):
+            self._bad_requests += 1
+
+    async def _ask(self, request: dict, extra_ms: int = 0) -> Answer:
+        """Call the control port and wait for its answer, or raise HttpError(503)."""
+        loop = asyncio.get_running_loop()
+        try:
+            fut = self._control.call(request)
+        except ControlError as e:
+            return Answer(e.status, {"error": e.message})
+        waiter: asyncio.Future[Answer] = loop.create_future()
+
+        def transfer(done: concurrent.futures.Future[Answer]) -> None:
+            if waiter.done():
+                return
+            if done.cancelled():
+                waiter.set_exception(HttpError(503, "member busy, try again"))
+                return
+            exc = done.exception()
+            if exc is not None:
+                waiter.set_exception(exc)
+            else:
+                waiter.set_result(done.result())
+
+        def on_done(done: concurrent.futures.Future[Answer]) -> None:
+            try:
+                loop.call_soon_threadsafe(transfer, done)
+            except RuntimeError:
+                pass  # The loop closed while the answer was on its way; nobody waits for it.
+
+        fut.add_done_callback(on_done)
+        timeout_s = (limits.ctl_commit_ms_max + CTL_SLACK_MS + extra_ms) / 1000
+        try:
+            answer = await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            self._log.warning("http_control_timeout", op=request.get("op"), timeout_s=timeout_s)
+            raise HttpError(503, "member busy, try again") from None
+        except ControlError as e:
+            return Answer(e.status, {"error": e.message})
+        return Answer(int(answer[0]), answer[1])
+
+    async def _relay(self, request: dict, extra_ms: int = 0) -> web.Response:
+        answer = await self._ask(request, extra_ms)
+        return web.json_response(answer.body, status=answer.status)
+
+    async def _body_json(self, request: web.Request) -> Any:
+        if request.content_length is not None and request.content_length > limits.http_body_bytes_max:
+            raise web.HTTPRequestEntityTooLarge(
+                max_size=limits.http_body_bytes_max, actual_size=request.content_length)
+        raw = await request.read()
+        if not raw:
+            raise HttpError(400, "the request needs a JSON body")
+        try:
+            if len(raw) > 1 << 20:
+                # A big body would hold up every other request while it is parsed.
+                return await asyncio.get_running_loop().run_in_executor(None, _loads, raw)
+            return _loads(raw)
+        except (ValueError, RecursionError) as e:
+            raise HttpError(400, f"the body is not valid JSON: {str(e)[:200]}") from None
+
+    @staticmethod
+    def _job_id(request: web.Request) -> str:
+        return parse_job_id(request.match_info["id"])
+
+    @staticmethod
+    def _rid(request: web.Request) -> str:
+        key = request.headers.get("Idempotency-Key")
+        if key is None:
+            return uuid.uuid4().hex
+        return parse_rid(key)
+
+    async def _blob_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    # --- jobs -------------------------------------------------------------------------------
+
+    async def _list_jobs(self, request: web.Request) -> web.Response:
+        q = request.query
+        state = q.get("state") or None
+        if state is not None and state not in JOB_STATES:
+            raise HttpError(400, f"unknown state {state[:40]!r}: use one of {', '.join(JOB_STATES)}")
+        tag = q.get("tag") or None
+        if tag is not None and len(tag) > limits.tag_chars_max:
+            raise HttpError(400, f"a tag has at most {limits.tag_chars_max} characters")
+        fmt = q.get("format")
+        if fmt not in (None, "json", "html"):
+            raise HttpError(400, "format must be json or html")
+        want_json = fmt == "json" or (fmt is None and _prefers_json(request.headers.get("Accept", "")))
+        answer = await self._ask({"op": "list", "state": state, "tag": tag})
+        if want_json or answer.status != 200 or not isinstance(answer.body, list):
+            return web.json_response(answer.body, status=answer.status)
+        return web.Response(text=_jobs_page(self._member, answer.body, state, tag),
+                            content_type="text/html", charset="utf-8")
+
+    async def _submit(self, request: web.Request) -> web.Response:
+        body = await self._body_json(request)
+        rid = self._rid(request)
+        spec = dict(parse_submit(body))
+        raw_items = spec.pop("items", None)
+        if raw_items is None:
+            items: list[str | None] = [None]
+        else:
+            payloads = _decode_items(raw_items)
+            try:
+                items = await self._blob_call(self._store_items, payloads)
+            except StoreFull:
+                self._log.error("http_blob_store_full", items=len(payloads))
+                raise HttpError(503, "the blob store of this member is full; "
+                                     "try another member, or free space") from None
+        return await self._relay({"op": "submit", "rid": rid, "spec": spec, "items": items})
+
+    def _store_items(self, payloads: list[bytes | tuple[str, int]]) -> list[str | None]:
+        """Runs in the executor: store inline payloads, check referred blobs exist."""
+        digests: list[str | None] = []
+        for p in payloads:
+            if isinstance(p, tuple):
+                digest, index = p
+                if not self._blobs.has(digest):
+                    raise HttpError(400, f"no blob {digest} on this member (items[{index}])")
+                digests.append(digest)
+            else:
+                digests.append(self._blobs.put(p))
+        return digests
+
+    async def _get_job(self, request: web.Request) -> web.Response:
+        job_id = self._job_id(request)
+        items = _parse_flag(request.query.get("items"), "items")
+        wait_ms = _parse_wait_ms(request.query.get("wait"))
+        return await self._relay({"op": "get", "id": job_id, "items": items, "wait_ms": wait_ms},
+                                 extra_ms=wait_ms)
+
+    async def _cancel(self, request: web.Request) -> web.Response:
+        job_id = self._job_id(request)
+        return await self._relay({"op": "cancel", "rid": self._rid(request), "id": job_id})
+
+    async def _forget(self, request: web.Request) -> web.Response:
+        job_id = self._job_id(request)
+        return await self._relay({"op": "forget", "rid": self._rid(request), "id": job_id})
+
+    async def _tone(self, request: web.Request) -> web.Response:
+        job_id = self._job_id(request)
+        fields = parse_tone(await self._body_json(request))
+        return await self._relay({"op": "tone", "rid": self._rid(request), "id": job_id, **fields})
+
+    async def _results(self, request: web.Request) -> web.StreamResponse:
+        job_id = self._job_id(request)
+        which = request.query.get("stream", "stdout")
+        if which not in ("stdout", "stderr"):
+            raise HttpError(400, "stream must be stdout or stderr")
+        answer = await self._ask({"op": "get", "id": job_id, "items": True, "wait_ms": 0})
+        if answer.status != 200:
+            return web.json_response(answer.body, status=answer.status)
+        records = answer.body.get("items") or []
+        ordered = sorted(records, key=lambda it: it.get("index", 0))
+        digests = [it[which] for it in ordered if it.get(which) is not None]
+        sizes = await self._blob_call(lambda: [self._blobs.size(d) for d in digests])
+        for digest, size in zip(digests, sizes, strict=True):
+            if size is None:
+                raise HttpError(503, f"blob {digest} of job {job_id} is not on this member yet; "
+                                     "try again, or ask another member")
+        return await self._stream(request, digests, sum(sizes), job_id, gone_status=503)
+
+    # --- blobs ------------------------------------------------------------------------------
+
+    async def _blob(self, request: web.Request) -> web.StreamResponse:
+        digest = request.match_info["digest"]
+        if not is_digest(digest):
+            raise HttpError(400, "a blob digest is 64 lowercase hex characters (blake3-256)")
+        size = await self._blob_call(self._blobs.size, digest)
+        if size is None:
+            raise HttpError(404, f"no blob {digest} on this member")
+        return await self._stream(request, [digest], size, digest, gone_status=404)
+
+    async def _stream(self, request: web.Request, digests: list[str], size: int,
+                      what: str, gone_status: int) -> web.StreamResponse:
+        """Send blobs one after the other; damage before the first byte is still a 500."""
+        if request.method == "HEAD":
+            # aiohttp would send what a stream writes even to HEAD, so write nothing.
+            resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+            resp.content_length = size
+            await resp.prepare(request)
+            await resp.write_eof()
+            return resp
+        chunks = _chain(self._blobs, digests)
+        try:
+            first = await self._next_chunk(chunks, what, gone_status)
+            resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+            resp.content_length = size
+            await resp.prepare(request)
+            await self._pour(request, resp, first, chunks, what)
+            return resp
+        finally:
+            # A store may tie a read to its thread: close the reader where it ran.
+            await self._blob_call(chunks.close)
+
+    async def _next_chunk(self, chunks: Iterator[bytes], what: str, gone_status: int) -> bytes | None:
+        try:
+            return await self._blob_call(next, chunks, None)
+        except BlobCorrupt as e:
+            self._log.error("blob_damaged", what=what, error=str(e))
+            raise HttpError(500, "blob damaged") from None
+        except BlobGone as e:
+            raise HttpError(gone_status, f"blob {e.digest} is no longer on this member") from None
+        except ValueError as e:
+            # Digests here passed is_digest or came from the committed table.
+            raise HttpError(400, f"bad blob digest: {e}") from None
+
+    async def _pour(self, request: web.Request, resp: web.StreamResponse, first: bytes | None,
+                    chunks: Iterator[bytes], what: str) -> None:
+        """Write chunks after the headers went out; damage now can only cut the connection."""
+        chunk = first
+        while chunk is not None:
+            try:
+                await resp.write(chunk)
+            except ConnectionResetError:
+                return  # The client went away; nothing left to tell it.
+            try:
+                chunk = await self._blob_call(next, chunks, None)
+            except (BlobCorrupt, BlobGone) as e:
+                # The status is sent already: the short body (under Content-Length) tells the
+                # client that the transfer failed.
+                self._log.error("blob_damaged", what=what, error=str(e), sent_headers=True)
+                if request.transport is not None:
+                    request.transport.close()
+                return
+        try:
+            await resp.write_eof()
+        except ConnectionResetError:
+            pass
+
+    # --- fleet, health, metrics, docs -------------------------------------------------------
+
+    async def _fleet(self, request: web.Request) -> web.Response:
+        return await self._relay({"op": "fleet"})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        try:
+            answer = await self._ask({"op": "health"})
+        except HttpError:
+            return _error(503, f"member {self._member} does not answer: its jobs thread is busy or stuck")
+        except Exception as e:
+            self._log.warning("http_health_failed", error=repr(e))
+            return _error(503, f"member {self._member} is not healthy: {e}")
+        return web.json_response(answer.body, status=answer.status)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        answer = await self._ask({"op": "metrics"})
+        if answer.status != 200 or not isinstance(answer.body, dict):
+            return web.json_response(answer.body, status=answer.status)
+        text = _prometheus(answer.body, self._by_class, self._bad_requests)
+        return web.Response(body=text.encode(),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    async def _openapi(self, request: web.Request) -> web.Response:
+        return web.json_response(openapi_document())
+
+
+# --- helpers (pure) -------------------------------------------------------------------------
+
+
+def _chain(blobs: BlobReader, digests: list[str]) -> Iterator[bytes]:
+    """The chunks of several blobs, one after the other; opened lazily in the executor."""
+    for digest in digests:
+        chunks = blobs.open(digest)
+        if chunks is None:
+            raise BlobGone(digest)  # Collected between its size and its reading.
+        yield from chunks
+
+
+def _prefers_json(accept: str) -> bool:
+    """Whether an Accept header ranks application/json above text/html (ties go to HTML)."""
+    best = {"json": -1.0, "html": -1.0}
+    for part in accept.split(","):
+        fields = [f.strip() for f in part.split(";")]
+        media = fields[0].lower()
+        q = 1.0
+        for f in fields[1:]:
+            if f.startswith("q="):
+                try:
+                    q = float(f[2:])
+                except ValueError:
+                    q = 0.0
+        if media in ("application/json", "application/*"):
+            best["json"] = max(best["json"], q)
+        elif media in ("text/html", "text/*"):
+            best["html"] = max(best["html"], q)
+        elif media == "*/*":
+            best["json"] = max(best["json"], min(q, 0.001))
+            best["html"] = max(best["html"], q)
+    return best["json"] > best["html"]
+
+
+def _parse_flag(value: str | None, name: str) -> bool:
+    if value is None:
+        return False
+    v = value.lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("", "0", "false", "no", "off"):
+        return False
+    raise HttpError(400, f"{name} must be 1 or 0")
+
+
+def _parse_wait_ms(value: str | None) -> int:
+    if value is None or value == "":
+        return 0
+    try:
+        wait = float(value)
+    except ValueError:
+        wait = math.nan
+    if not 0 <= wait <= limits.http_wait_s_max:  # Also refuses NaN.
+        raise HttpError(400, f"wait must be a number of seconds from 0 to {limits.http_wait_s_max}")
+    return int(wait * 1000)
+
+
+def _decode_items(raw: list) -> list[bytes | tuple[str, int]]:
+    """Item entries (shape checked by parse_submit) as bytes to store or (digest, index) refs."""
+    out: list[bytes | tuple[str, int]] = []
+    for i, item in enumerate(raw):
+        if isinstance(item, str):
+            try:
+                out.append(item.encode("utf-8"))
+            except UnicodeEncodeError:
+                raise HttpError(400, f"items[{i}] is not valid Unicode text; send it as b64") from None
+        elif "b64" in item:
+            try:
+                out.append(base64.b64decode(item["b64"], validate=True))
+            except (binascii.Error, ValueError):
+                raise HttpError(400, f"items[{i}].b64 is not valid base64") from None
+        else:
+            digest = item["blob"]
+            if not is_digest(digest):
+                raise HttpError(400, f"items[{i}].blob must be a blob digest (64 lowercase hex characters)")
+            out.append((digest, i))
+    return out
+
+
+def _metric_name(name: str) -> str:
+    clean = _METRIC_NAME_BAD.sub("_", str(name))
+    return clean if clean.startswith("meshjobs_") else "meshjobs_" + clean
+
+
+def _prometheus(values: dict, by_class: dict[str, int], bad_requests: int) -> str:
+    lines: list[str] = []
+    for name in sorted(values, key=str):
+        v = values[name]
+        if isinstance(v, bool):
+            v = int(v)
+        if not isinstance(v, (int, float)):
+            continue  # Only numbers are metrics; anything else has no Prometheus form.
+        metric = _metric_name(name)
+        lines.append(f"# TYPE {metric} gauge")
+        lines.append(f"{metric} {_number(v)}")
+    lines.append("# TYPE meshjobs_http_requests_total counter")
+    for cls in sorted(by_class):
+        lines.append(f'meshjobs_http_requests_total{{class="{cls}"}} {by_class[cls]}')
+    lines.append("# TYPE meshjobs_http_bad_requests_total counter")
+    lines.append(f"meshjobs_http_bad_requests_total {bad_requests}")
+    return "\n".join(lines) + "\n"
+
+
+def _number(v: float) -> str:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "NaN"
+        if math.isinf(v):
+            return "+Inf" if v > 0 else "-Inf"
+    return repr(v)
+
+
+def _when(value: object) -> str:
+    """A time from a job record, readable; numbers are Unix seconds (milliseconds if huge)."""
+    if value is None:
+        return ""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = value / 1000 if value > 1e11 else value
+        try:
+            return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        except (OverflowError, OSError, ValueError):
+            return str(value)
+    return str(value)
+
+
+_PAGE_STYLE = (
+    "body{font-family:system-ui,sans-serif;margin:2em;color:#222}"
+    "table{border-collapse:collapse}th,td{padding:.3em .8em;text-align:left;"
+    "border-bottom:1px solid #ddd}th{background:#f4f4f4}td.n{text-align:right}"
+    ".done{color:#080}.failed,.cancelled{color:#b00}.running{color:#06c}"
+)
+
+
+def _jobs_page(member: str, jobs: list, state: str | None, tag: str | None) -> str:
+    e = html.escape
+    rows = []
+    for job in jobs:
+        if not isinstance(job, dict):
+            continue
+        jid = str(job.get("id", ""))
+        st = str(job.get("state", ""))
+        tags = job.get("tags") or []
+        rows.append(
+            "<tr>"
+            f'<td><a href="/jobs/{e(urllib.parse.quote(jid, safe=""))}">{e(jid)}</a></td>'
+            f'<td class="{e(st)}">{e(st)}</td>'
+            f"<td>{e(str(job.get('pool', '')))}</td>"
+            f"<td class=\"n\">{e(str(job.get('items_done', 0)))}/{e(str(job.get('items_total', 0)))}</td>"
+            f"<td class=\"n\">{e(str(job.get('priority', 0)))}</td>"
+            f"<td>{e(', '.join(str(t) for t in tags) if isinstance(tags, list) else str(tags))}</td>"
+            f"<td>{e(_when(job.get('submitted_at')))}</td>"
+            "</tr>"
+        )
+    shown = " ".join(f"{k}={v}" for k, v in (("state", state), ("tag", tag)) if v)
+    return (
+        "<!doctype html>\n<html><head><meta charset=\"utf-8\">"
+        f"<title>meshjobs: jobs on {e(member)}</title><style>{_PAGE_STYLE}</style></head>\n"
+        f"<body><h1>Jobs on {e(member)}</h1>\n"
+        f"<p>{len(rows)} job(s){' with ' + e(shown) if shown else ''}. "
+        '<a href="/jobs?format=json">JSON</a> · <a href="/fleet">fleet</a> · '
+        '<a href="/openapi.json">API</a></p>\n'
+        "<table><thead><tr><th>id</th><th>state</th><th>pool</th><th>items done/total</th>"
+        "<th>priority</th><th>tags</th><th>submitted (UTC)</th></tr></thead>\n<tbody>\n"
+        + "\n".join(rows)
+        + "\n</tbody></table></body></html>\n"
+    )
+

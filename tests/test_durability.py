@@ -1,0 +1,105 @@
+"""Durability of a real meshd: fsync failure stops the member, damaged journals are handled."""
+
+from __future__ import annotations
+
+import os
+import time
+import urllib.error
+
+import pytest
+
+pytestmark = pytest.mark.fleet
+
+
+def test_fsync_failure_fail_stops_and_acknowledges_nothing_after(meshd_factory):
+    """An fsync error stops the member at once with a non-zero exit; every submit acknowledged
+    before it is there after a restart, and nothing is acknowledged after it."""
+    m = meshd_factory(env={"MESHJOBS_FAILPOINTS": "journal.fsync=25"})
+    acked: list[str] = []
+    failed_at = None
+    for i in range(200):
+        try:
+            status, rec = m.request("POST", "/jobs", {"argv": ["true"], "id": f"j{i}"}, timeout_s=15)
+        except (urllib.error.URLError, ConnectionError, OSError):
+            failed_at = i
+            break
+        if status in (200, 201):
+            acked.append(rec["id"])
+        else:
+            failed_at = i
+            break
+    assert failed_at is not None, "the injected fsync failure never happened"
+    assert m.proc.wait(15) not in (0, None), "the member must exit non-zero"
+    assert acked, "some submits should have been acknowledged before the failure"
+    # Nothing after the failure was acknowledged: the member is gone.
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+        m.request("GET", "/healthz", timeout_s=2)
+    m.extra_env = {}
+    m.start()
+    status, jobs = m.request("GET", "/jobs")
+    have = {j["id"] for j in jobs}
+    assert set(acked) <= have, f"acknowledged but lost: {sorted(set(acked) - have)}"
+
+
+def _journal(m) -> str:
+    return os.path.join(m.data, "raft.journal")
+
+
+def _fill(m, n: int) -> list[str]:
+    ids = []
+    for i in range(n):
+        status, rec = m.request("POST", "/jobs", {"argv": ["true"], "id": f"t{i}"})
+        assert status in (200, 201), rec
+        ids.append(rec["id"])
+    for job_id in ids:
+        m.wait_job(job_id)
+    return ids
+
+
+def test_torn_last_record_is_dropped(meshd):
+    """A journal whose last record is torn (power lost mid-write) opens: the tail is dropped and
+    everything before it is intact."""
+    ids = _fill(meshd, 6)
+    assert meshd.terminate() == 0
+    path = _journal(meshd)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size - 3)
+    meshd.start()
+    status, jobs = meshd.request("GET", "/jobs")
+    assert status == 200
+    assert set(ids[:5]) <= {j["id"] for j in jobs}
+    # and the member still takes work
+    status, rec = meshd.request("POST", "/jobs", {"argv": ["true"]})
+    assert status in (200, 201)
+    assert meshd.wait_job(rec["id"])["state"] == "done"
+
+
+def test_garbage_tail_is_dropped(meshd):
+    """Half-written bytes after the last record (a record header with no body) are a torn tail."""
+    ids = _fill(meshd, 3)
+    meshd.kill9()
+    with open(_journal(meshd), "ab") as f:
+        f.write(b"\x00\x07garbage-that-never-synced")
+    meshd.start()
+    status, jobs = meshd.request("GET", "/jobs")
+    assert set(ids) <= {j["id"] for j in jobs}
+
+
+def test_flipped_byte_in_the_middle_stops_the_member(meshd):
+    """One flipped byte inside a record with valid records after it is damage, not a torn tail:
+    the member refuses to start, loudly, and says what to do."""
+    _fill(meshd, 10)
+    assert meshd.terminate() == 0
+    path = _journal(meshd)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.seek(size // 3)
+        b = f.read(1)
+        f.seek(size // 3)
+        f.write(bytes([b[0] ^ 0x40]))
+    with pytest.raises(RuntimeError) as e:
+        meshd.start()
+    assert meshd.proc.returncode not in (0, None)
+    assert "journal" in str(e.value).lower()
+    time.sleep(0.1)
