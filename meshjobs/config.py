@@ -20,6 +20,11 @@ DEFAULT_DATA = "meshjobs-data"
 DEFAULT_HTTP = "127.0.0.1:7700"
 DEFAULT_PEER = "127.0.0.1:7701"
 DEFAULT_RAFT = "127.0.0.1:7702"
+DEFAULT_BLOB_MEM_MAX = 256 << 20  # [blobs] mem_max: payload bytes waiting to be stored
+DEFAULT_GC_GRACE_S = 3600.0  # [blobs] gc_grace_s: an unpinned blob lives this long
+DEFAULT_GC_EVERY_S = 60.0  # [blobs] gc_every_s: how often unpinned blobs are collected
+DEFAULT_KEEP_S = 7 * 86400.0  # [retention] keep_s: finished jobs are forgotten after this
+DEFAULT_KEEP_JOBS = 100_000  # [retention] keep_jobs: and at most this many are kept
 TOP_KEYS = {"name", "data", "http", "peer", "raft", "secret_file", "fleet", "pools", "blobs",
             "retention", "log"}
 POOL_KEYS = {"kind", "slots", "runtime_s", "hold", "drain"}
@@ -41,6 +46,11 @@ class Config:
     voters: list[dict[str, str]] = field(default_factory=list)
     join: str | None = None
     pools: dict[str, Pool] = field(default_factory=dict)
+    blob_mem_max_bytes: int = DEFAULT_BLOB_MEM_MAX
+    blob_gc_grace_s: float = DEFAULT_GC_GRACE_S
+    blob_gc_every_s: float = DEFAULT_GC_EVERY_S
+    keep_s: float | None = DEFAULT_KEEP_S
+    keep_jobs: int | None = DEFAULT_KEEP_JOBS
 
     @property
     def secret_path(self) -> str:
@@ -94,6 +104,28 @@ def _pools(raw: Any) -> dict[str, Pool]:
     return pools
 
 
+def _number(table: dict, key: str, where: str, default: Any, integer: bool = False,
+            allow_none: bool = False) -> Any:
+    value = table.get(key, default)
+    if value is None and allow_none:
+        return None
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok or value < 0:
+        kind = "a non-negative integer" if integer else "a non-negative number"
+        raise ConfigError(f"[{where}] {key} must be {kind}, not {value!r}")
+    return value
+
+
+def _section(raw: dict, name: str, keys: set[str]) -> dict:
+    sec = raw.get(name, {})
+    if not isinstance(sec, dict):
+        raise ConfigError(f"[{name}] must be a table")
+    unknown = set(sec) - keys
+    if unknown:
+        raise ConfigError(f"[{name}]: unknown key(s) {', '.join(sorted(unknown))}")
+    return sec
+
+
 def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
     """Read the TOML file at `path` (None: the defaults of a fleet of one), then apply overrides
     given on meshd's command line (name, data, http, raft, peer)."""
@@ -136,7 +168,16 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         parse_addr(join, "fleet.join")
     pools = _pools(raw["pools"]) if "pools" in raw else {
         "default": Pool(name="default", kind="command", slots=os.cpu_count() or 1)}
+    blobs = _section(raw, "blobs", {"mem_max", "gc_grace_s", "gc_every_s"})
+    retention = _section(raw, "retention", {"keep_s", "keep_jobs"})
+    keep_s = _number(retention, "keep_s", "retention", DEFAULT_KEEP_S)
+    keep_jobs = _number(retention, "keep_jobs", "retention", DEFAULT_KEEP_JOBS, integer=True)
     return Config(
+        blob_mem_max_bytes=_number(blobs, "mem_max", "blobs", DEFAULT_BLOB_MEM_MAX, integer=True),
+        blob_gc_grace_s=float(_number(blobs, "gc_grace_s", "blobs", DEFAULT_GC_GRACE_S)),
+        blob_gc_every_s=max(0.5, float(_number(blobs, "gc_every_s", "blobs", DEFAULT_GC_EVERY_S))),
+        keep_s=float(keep_s) if keep_s else None,
+        keep_jobs=keep_jobs if keep_jobs else None,
         name=name,
         data=os.path.abspath(data),
         http=parse_addr(raw.get("http", DEFAULT_HTTP), "http"),

@@ -14,6 +14,7 @@ import random
 import signal
 import sys
 import threading
+import time
 import uuid
 
 import structlog
@@ -90,7 +91,8 @@ class Member:
         blobs = LmdbBlobStore(os.path.join(cfg.data, "blobs"), failpoints=failpoints)
         table = JobTable()
         boot = uuid.uuid4().hex[:12]
-        node = JobNode(table, NodeConfig(member=cfg.name, boot=boot, pools=cfg.pools),
+        node = JobNode(table, NodeConfig(member=cfg.name, boot=boot, pools=cfg.pools,
+                                         keep_s=cfg.keep_s, keep_jobs=cfg.keep_jobs),
                        random.Random())
         try:
             replica = Replica(cfg.raft_addr, [], cfg.data, secret, table, failpoints,
@@ -148,8 +150,15 @@ class Member:
         log.info("meshd_ready", member=cfg.name, http=f"http://{addr}", raft=cfg.raft_addr,
                  data=cfg.data, pools={p.name: p.slots for p in cfg.pools.values()}, boot=boot)
 
+        # The main thread's own work while it waits for a signal: collecting blobs whose pins are
+        # all gone (forgotten jobs), once the grace period has passed.
+        next_gc = time.monotonic() + cfg.blob_gc_every_s
         while not stop.wait(1.0):
-            pass
+            if time.monotonic() >= next_gc:
+                next_gc = time.monotonic() + cfg.blob_gc_every_s
+                removed = blobs.collect(cfg.blob_gc_grace_s, time.time())
+                if removed:
+                    log.info("blobs_collected", blobs=removed)
         log.info("meshd_stopping")
         http.stop()
         t_http.join(10)

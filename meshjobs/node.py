@@ -63,6 +63,13 @@ class View:
 
 
 @dataclass(frozen=True)
+class Pressure:
+    """The blob store holds more payload bytes in memory than it may (on), or drained (off)."""
+
+    on: bool
+
+
+@dataclass(frozen=True)
 class ItemEnded:
     job_id: str
     index: int
@@ -147,6 +154,8 @@ class NodeConfig:
     member: str
     boot: str  # this incarnation of the member; leases name it
     pools: dict[str, Pool] = field(default_factory=dict)
+    keep_s: float | None = None  # retention: forget finished jobs older than this
+    keep_jobs: int | None = None  # retention: keep at most this many finished jobs
 
 
 def spec_digest(spec: dict, items: list[bytes | None]) -> bytes:
@@ -174,6 +183,9 @@ class JobNode:
         self._results_sent: dict[tuple[str, int, int], int] = {}
         self._revoking: dict[tuple[str, int, int], int] = {}
         self._was_ready = False
+        self._pressure = False
+        self._expiring: dict[str, int] = {}
+        self._next_housekeeping_ms = 0
         self.counts: dict[str, int] = {}
 
     # --- stepping ---------------------------------------------------------------------------
@@ -190,6 +202,9 @@ class JobNode:
             self.view = ev
         elif isinstance(ev, ItemEnded):
             self._ended(ev)
+        elif isinstance(ev, Pressure):
+            self._pressure = ev.on
+            self._count("pressure_on" if ev.on else "pressure_off")
         else:
             raise AssertionError(f"unknown event {ev!r}")
 
@@ -371,9 +386,12 @@ class JobNode:
         elif kind == "revoke":
             for lease in e["l"]:
                 self._revoking.pop(tuple(lease), None)
-        elif kind in ("cancel", "forget"):
-            if kind == "forget":
-                self._out.append(Unpin(e["id"]))
+        elif kind == "forget":
+            self._out.append(Unpin(e["id"]))
+        elif kind == "expire":
+            for job_id in out["expired"]:
+                self._expiring.pop(job_id, None)
+                self._out.append(Unpin(job_id))
 
     def _ended(self, ev: ItemEnded) -> None:
         key = (ev.job_id, ev.index, ev.epoch)
@@ -416,6 +434,7 @@ class JobNode:
             self._propose_revokes()
             self._propose_leases()
             self._propose_results()
+            self._propose_expiry()
         self._follow_own_leases()
 
     def _answer_waiters(self) -> None:
@@ -472,7 +491,9 @@ class JobNode:
         for _sent, pool in self._inflight.values():
             used[pool] = used.get(pool, 0) + 1
         grants = []
-        for pool in self.cfg.pools.values():
+        # Under blob backpressure this member takes no new leases until the store drains.
+        pools = () if self._pressure else self.cfg.pools.values()
+        for pool in pools:
             free = min(pool.slots - used.get(pool.name, 0), limits.lease_batch_max - len(grants))
             if free <= 0:
                 continue
@@ -497,6 +518,31 @@ class JobNode:
         if rows:
             self._count("results_proposed", len(rows))
             self._out.append(Propose({"k": "result", "t": now, "r": rows}))
+
+    def _propose_expiry(self) -> None:
+        """Retention: forget the oldest finished jobs past `keep_s` or beyond `keep_jobs`."""
+        now = self.now_ms
+        keep_s, keep_jobs = self.cfg.keep_s, self.cfg.keep_jobs
+        if now < self._next_housekeeping_ms or (keep_s is None and keep_jobs is None):
+            return
+        self._next_housekeeping_ms = now + limits.publish_ms
+        finished = self.table.finished
+        excess = len(finished) - keep_jobs if keep_jobs is not None else 0
+        cutoff = now - int(keep_s * 1000) if keep_s is not None else None
+        ids = []
+        for job_id, finished_ms in finished.items():  # oldest first
+            if len(ids) >= limits.lease_batch_max:
+                break
+            if excess <= 0 and (cutoff is None or finished_ms > cutoff):
+                break
+            excess -= 1
+            sent = self._expiring.get(job_id)
+            if sent is None or now - sent >= limits.proposal_retry_ms:
+                self._expiring[job_id] = now
+                ids.append(job_id)
+        if ids:
+            self._count("expiries_proposed", len(ids))
+            self._out.append(Propose({"k": "expire", "t": now, "ids": ids}))
 
     def _follow_own_leases(self) -> None:
         table = self.table
@@ -538,6 +584,7 @@ class JobNode:
                 "pools": {p.name: {"kind": p.kind, "slots": p.slots} for p in self.cfg.pools.values()},
                 "slots": sum(p.slots for p in self.cfg.pools.values()),
                 "running": running,
+                "blob_pressure": self._pressure,
                 "last_seen": self.now_ms / 1000.0,
             }],
         }

@@ -153,6 +153,9 @@ class JobTable:
         # Request id -> outcome of the change it named, so a retried change is not applied twice.
         self.rids: dict[str, dict] = {}
         self.counts: dict[str, int] = {}
+        # Finished jobs in the order they finished: what retention forgets first. Derived from
+        # the jobs (rebuilt on load), so it is not part of a snapshot.
+        self.finished: dict[str, int] = {}
 
     # --- applying entries -------------------------------------------------------------------
 
@@ -232,6 +235,7 @@ class JobTable:
     def _finish_if_done(self, job: Job, t: int) -> None:
         if not job.finished_ms and job.n_done + job.n_failed + job.n_cancelled == job.n:
             job.finished_ms = max(t, 1)
+            self.finished[job.id] = job.finished_ms
 
     def _apply_submit(self, e: dict, index: int, t: int) -> dict:
         job_id = e.get("id")
@@ -362,6 +366,7 @@ class JobTable:
                 job.ended_ms[i] = t
         job.cancelled = True
         job.finished_ms = max(t, 1)
+        self.finished[job.id] = job.finished_ms
         self._count("jobs_cancelled")
         return {"ok": True, "id": job.id}
 
@@ -370,10 +375,29 @@ class JobTable:
         if not job.finished:
             raise Refused(409, f"job {job.id} is {job.state}: cancel it first "
                                f"(meshctl job cancel {job.id})", "not_finished")
+        self._forget(job)
+        return {"ok": True, "id": job.id}
+
+    def _forget(self, job: Job) -> None:
         del self.jobs[job.id]
+        del self.finished[job.id]
         self.forgotten.add(job.id)
         self._count("jobs_forgotten")
-        return {"ok": True, "id": job.id}
+
+    def _apply_expire(self, e: dict, index: int, t: int) -> dict:
+        """Retention: forget finished jobs the leader found too old or too many. A job that is
+        not finished (or already gone) is passed over: the entry may be stale."""
+        ids = e.get("ids")
+        if not isinstance(ids, list) or len(ids) > limits.lease_batch_max:
+            raise Refused(400, "malformed expire", "malformed")
+        expired = []
+        for job_id in ids:
+            job = self.jobs.get(job_id) if isinstance(job_id, str) else None
+            if job is not None and job.finished:
+                self._forget(job)
+                expired.append(job_id)
+        self._count("jobs_expired", len(expired))
+        return {"ok": True, "expired": expired}
 
     def _apply_tone(self, e: dict, index: int, t: int) -> dict:
         job = self._job(e.get("id"))
@@ -549,6 +573,8 @@ class JobTable:
         t.leased = {(a, b): (c, d) for a, b, c, d in s["leased"]}
         t.rids = dict((k, v) for k, v in s["rids"])
         t.counts = dict(s["counts"])
+        for j in sorted((j for j in t.jobs.values() if j.finished_ms), key=lambda j: (j.finished_ms, j.seq)):
+            t.finished[j.id] = j.finished_ms
         t.check()
         return t
 
@@ -581,6 +607,8 @@ class JobTable:
             done = j.n_done + j.n_failed + j.n_cancelled == j.n
             assert bool(j.finished_ms) == (done or j.cancelled), f"{jid}: finished mark"
         assert leased_seen == set(self.leased), "lease map and item states disagree"
+        assert set(self.finished) == {jid for jid, j in self.jobs.items() if j.finished_ms}, \
+            "finished index and jobs disagree"
 
 
 def _hex(d: bytes | None) -> str | None:
@@ -627,4 +655,5 @@ _APPLIERS = {
     "cancel": JobTable._apply_cancel,
     "forget": JobTable._apply_forget,
     "tone": JobTable._apply_tone,
+    "expire": JobTable._apply_expire,
 }

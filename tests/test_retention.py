@@ -1,0 +1,97 @@
+"""Retention and collection on a real member: old finished jobs are forgotten automatically and
+their blobs collected once unpinned; pinned blobs survive collection across restarts."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from tests.fleet import Meshd
+
+pytestmark = pytest.mark.fleet
+
+
+def _member(tmp_path, keep_s: float | None, gc_grace_s: float = 0.0, keep_jobs: int | None = None) -> Meshd:
+    cfg = tmp_path / "meshd.toml"
+    retention = []
+    if keep_s is not None:
+        retention.append(f"keep_s = {keep_s}")
+    if keep_jobs is not None:
+        retention.append(f"keep_jobs = {keep_jobs}")
+    cfg.write_text(
+        'name = "m1"\n'
+        "[pools.default]\nslots = 2\n"
+        f"[blobs]\ngc_grace_s = {gc_grace_s}\ngc_every_s = 0.5\n"
+        "[retention]\n" + "\n".join(retention) + "\n")
+    m = Meshd(str(tmp_path / "m1"), config=str(cfg))
+    return m
+
+
+def _wait_for(pred, timeout_s: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not reached within {timeout_s} s")
+
+
+def test_old_jobs_are_forgotten_and_their_blobs_collected(tmp_path):
+    """keep_s: a finished job older than it is forgotten (status 404 "forgotten"); its output
+    blob loses its pin and is collected after gc_grace_s; a job still running is kept."""
+    m = _member(tmp_path, keep_s=1.0)
+    try:
+        m.start()
+        status, rec = m.request("POST", "/jobs", {"argv": ["sh", "-c", "echo retained-$$"]})
+        done = m.wait_job(rec["id"])
+        digest = done["items"][0]["stdout"]
+        assert m.request("GET", f"/blobs/{digest}")[0] == 200
+        status, slow = m.request("POST", "/jobs", {"argv": ["sleep", "4"]})
+        _wait_for(lambda: m.request("GET", f"/jobs/{rec['id']}")[0] == 404, what="expiry")
+        status, body = m.request("GET", f"/jobs/{rec['id']}")
+        assert "forgotten" in body["error"]
+        _wait_for(lambda: m.request("GET", f"/blobs/{digest}")[0] == 404, what="collection")
+        assert m.request("GET", f"/jobs/{slow['id']}")[0] == 200  # running: kept
+    finally:
+        m.stop()
+
+
+def test_keep_jobs_bounds_the_table(tmp_path):
+    """keep_jobs: only the newest N finished jobs stay."""
+    m = _member(tmp_path, keep_s=None, keep_jobs=3)
+    try:
+        m.start()
+        ids = []
+        for i in range(6):
+            status, rec = m.request("POST", "/jobs", {"argv": ["true"], "id": f"k{i}"})
+            m.wait_job(rec["id"])
+            ids.append(rec["id"])
+        _wait_for(lambda: len(m.request("GET", "/jobs")[1]) == 3, what="trim to 3 jobs")
+        assert [j["id"] for j in m.request("GET", "/jobs")[1]] == ids[3:]
+    finally:
+        m.stop()
+
+
+def test_pinned_blobs_survive_collection_across_restart(tmp_path):
+    """A blob pinned by a live job is never collected, also after a restart; once its job is
+    forgotten it goes."""
+    m = _member(tmp_path, keep_s=None)
+    try:
+        m.start()
+        status, rec = m.request("POST", "/jobs", {"argv": ["sh", "-c", "echo pinned"], "items": ["in"]})
+        done = m.wait_job(rec["id"])
+        out, inp = done["items"][0]["stdout"], done["items"][0]["stdin"]
+        m.kill9()
+        m.start()
+        time.sleep(2.0)  # several collections with a grace of 0
+        assert m.request("GET", f"/blobs/{out}") == (200, b"pinned\n")
+        assert m.request("GET", f"/blobs/{inp}") == (200, b"in")
+        assert m.ctl("job", "forget", rec["id"]).returncode == 0
+        _wait_for(lambda: m.request("GET", f"/blobs/{out}")[0] == 404, what="collection")
+        assert m.request("GET", f"/blobs/{inp}")[0] == 404
+        assert os.path.isdir(os.path.join(m.data, "blobs"))
+    finally:
+        m.stop()
