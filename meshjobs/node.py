@@ -218,7 +218,7 @@ class JobNode:
         """When the node next needs a tick even if nothing happens."""
         ds = [c.deadline_ms for c in self._changes.values()]
         ds += [w[2] for ws in self._waiters.values() for w in ws]
-        due = self.table.next_due_ms()
+        due = self.table.next_due_ms(self.now_ms)
         if due is not None:
             ds.append(due)
         return min(ds) if ds else None

@@ -31,6 +31,7 @@ from collections import deque
 from typing import Any
 
 from meshjobs import limits
+from meshjobs.control import ControlError, parse_submit
 
 # Item states, stored as one byte each.
 PENDING, LEASED, DONE, FAILED, TIMEOUT, CANCELLED = range(6)
@@ -166,7 +167,8 @@ class JobTable:
             raise AssertionError(f"entry index {index} not after {self.applied_index}")
         self.applied_index = index
         self._count("entries")
-        if not isinstance(entry, dict) or entry.get("k") not in _APPLIERS:
+        kind = entry.get("k") if isinstance(entry, dict) else None
+        if not isinstance(kind, str) or kind not in _APPLIERS:
             return self._refuse(Refused(400, "malformed entry", "malformed"))
         t = entry.get("t")
         if isinstance(t, bool) or not isinstance(t, int) or t < 0:
@@ -180,7 +182,7 @@ class JobTable:
                 self._count("duplicate_rids")
                 return seen
         try:
-            outcome = _APPLIERS[entry["k"]](self, entry, index, t)
+            outcome = _APPLIERS[kind](self, entry, index, t)
         except Refused as r:
             outcome = self._refuse(r)
         if rid is not None:
@@ -274,7 +276,7 @@ class JobTable:
         granted = refused = 0
         for g in grants:
             if not (isinstance(g, list) and len(g) == 4 and isinstance(g[0], str)
-                    and isinstance(g[1], int) and isinstance(g[2], str) and isinstance(g[3], str)):
+                    and _is_int(g[1]) and isinstance(g[2], str) and isinstance(g[3], str)):
                 refused += 1
                 continue
             job = self.jobs.get(g[0])
@@ -342,7 +344,7 @@ class JobTable:
         revoked = 0
         for lease in reversed(leases):
             if not (isinstance(lease, list) and len(lease) == 3 and isinstance(lease[0], str)
-                    and isinstance(lease[1], int) and isinstance(lease[2], int)):
+                    and _is_int(lease[1]) and _is_int(lease[2])):
                 continue
             job = self.jobs.get(lease[0])
             i = lease[1]
@@ -451,9 +453,11 @@ class JobTable:
                 break
         return picked
 
-    def next_due_ms(self) -> int | None:
-        """The earliest time a backed-off item becomes leasable, if any."""
-        due = [t for j in self.jobs.values() if j.not_before and not j.hold for t in j.not_before.values()]
+    def next_due_ms(self, now_ms: int) -> int | None:
+        """The earliest time still to come at which a backed-off item becomes leasable, if any
+        (a backoff already over needs no wake-up: the item waits for a slot like any other)."""
+        due = [t for j in self.jobs.values() if j.not_before and not j.hold
+               for t in j.not_before.values() if t > now_ms]
         return min(due) if due else None
 
     def leases_of(self, member: str) -> list[tuple[str, int, int, str]]:
@@ -616,34 +620,29 @@ def _hex(d: bytes | None) -> str | None:
 
 
 def _spec_ok(spec: dict) -> bool:
-    try:
-        return (
-            isinstance(spec["argv"], list) and bool(spec["argv"])
-            and all(isinstance(a, str) for a in spec["argv"])
-            and isinstance(spec["pool"], str)
-            and isinstance(spec["env"], dict)
-            and (spec["cwd"] is None or isinstance(spec["cwd"], str))
-            and isinstance(spec["retries"], int) and 0 <= spec["retries"] <= limits.retries_max
-            and (spec["runtime_s"] is None or isinstance(spec["runtime_s"], (int, float)))
-            and isinstance(spec["tags"], list)
-            and isinstance(spec["priority"], int) and not isinstance(spec["priority"], bool)
-            and isinstance(spec["hold"], bool)
-            and (spec["max_leases"] is None or (isinstance(spec["max_leases"], int) and spec["max_leases"] >= 1))
-        )
-    except (KeyError, TypeError):
+    """A committed spec passes the same checks a client's does, and is already normalized."""
+    if "id" in spec or "items" in spec:
         return False
+    try:
+        return parse_submit(spec) == {**spec, "id": None}
+    except ControlError:
+        return False
+
+
+def _is_int(x: Any) -> bool:
+    return type(x) is int  # not bool, not float: remote garbage must not pass as a number
 
 
 def _result_ok(r: Any) -> bool:
     return (
         isinstance(r, list) and len(r) == 10
-        and isinstance(r[0], str) and isinstance(r[1], int) and isinstance(r[2], int)
-        and r[3] in (DONE, FAILED, TIMEOUT)
-        and (r[4] is None or (isinstance(r[4], int) and -(2**31) < r[4] < 2**31))
-        and (r[5] is None or (isinstance(r[5], int) and 0 <= r[5] < 256))
+        and isinstance(r[0], str) and _is_int(r[1]) and _is_int(r[2])
+        and _is_int(r[3]) and r[3] in (DONE, FAILED, TIMEOUT)
+        and (r[4] is None or (_is_int(r[4]) and -(2**31) < r[4] < 2**31))
+        and (r[5] is None or (_is_int(r[5]) and 0 <= r[5] < 256))
         and (r[6] is None or (isinstance(r[6], bytes) and len(r[6]) == 32))
         and (r[7] is None or (isinstance(r[7], bytes) and len(r[7]) == 32))
-        and isinstance(r[8], int) and isinstance(r[9], int) and 0 <= r[8] < 2**63 and 0 <= r[9] < 2**63
+        and _is_int(r[8]) and _is_int(r[9]) and 0 <= r[8] < 2**63 and 0 <= r[9] < 2**63
     )
 
 

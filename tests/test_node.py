@@ -1,0 +1,519 @@
+"""Tests of the job node (meshjobs/node.py), driven directly as the pure state machine it is.
+
+A tiny "fleet of one" harness stands in for Raft: it takes the node's effects, applies every
+proposed entry to a real `JobTable` at the next log index (after a msgpack round trip, as the log
+would carry it), and steps the node with `Applied`. Time moves only by `Tick`.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import msgpack
+import pytest
+
+from meshjobs import limits
+from meshjobs.control import Answer
+from meshjobs.node import (
+    Applied,
+    Ctl,
+    Cut,
+    ItemEnded,
+    JobNode,
+    NodeConfig,
+    Pool,
+    Propose,
+    Reply,
+    Run,
+    Tick,
+    View,
+    spec_digest,
+)
+from meshjobs.table import JobTable, backoff_ms
+
+LEADER = View(term=1, leader="m1", is_leader=True, ready=True)
+DIGEST_OUT = "ab" * 32
+
+
+class Fleet1:
+    """One member, its table and a log that commits whatever the node proposes when told to."""
+
+    def __init__(self, slots: int = 2, seed: int = 7) -> None:
+        self.table = JobTable()
+        cfg = NodeConfig(member="m1", boot="b1", pools={"default": Pool("default", slots=slots)})
+        self.node = JobNode(self.table, cfg, random.Random(seed))
+        self.index = 0
+        self.now = 1_700_000_000_000
+        self.replies: dict[int, list[Answer]] = {}
+        self.runs: list[Run] = []
+        self.cuts: list[Cut] = []
+        self.pending: list[dict] = []  # proposed, not yet committed
+        self.proposed: list[dict] = []  # every proposal ever
+        self.node.step(LEADER)
+        self.tick(0)
+
+    def tick(self, ms: int) -> None:
+        self.now += ms
+        self.node.step(Tick(self.now))
+
+    def ctl(self, token: int, req: Any) -> None:
+        self.node.step(Ctl(token, req))
+
+    def take(self) -> list[Any]:
+        effects = self.node.take()
+        for eff in effects:
+            if isinstance(eff, Propose):
+                self.pending.append(eff.entry)
+                self.proposed.append(eff.entry)
+            elif isinstance(eff, Reply):
+                self.replies.setdefault(eff.token, []).append(eff.answer)
+            elif isinstance(eff, Run):
+                self.runs.append(eff)
+            elif isinstance(eff, Cut):
+                self.cuts.append(eff)
+        return effects
+
+    def commit(self, entry: dict) -> int:
+        self.index += 1
+        e = msgpack.unpackb(msgpack.packb(entry, use_bin_type=True), raw=False,
+                            strict_map_key=False)
+        out = self.table.apply(e, self.index)
+        self.node.step(Applied(self.index, e, out))
+        return self.index
+
+    def commit_pending(self) -> None:
+        while self.pending:
+            self.commit(self.pending.pop(0))
+
+    def settle(self, rounds: int = 20) -> None:
+        """Take and commit until the node proposes nothing more."""
+        for _ in range(rounds):
+            self.take()
+            if not self.pending:
+                return
+            self.commit_pending()
+        raise AssertionError("the node kept proposing")
+
+    def pending_of(self, kind: str) -> list[dict]:
+        return [e for e in self.pending if e["k"] == kind]
+
+    def answer(self, token: int) -> Answer:
+        got = self.replies.get(token, [])
+        assert len(got) == 1, f"token {token} answered {len(got)} times: {got}"
+        return got[0]
+
+    def end(self, run: Run, state: str = "done", rc: int | None = 0) -> None:
+        self.node.step(ItemEnded(run.job_id, run.index, run.epoch, state, rc, None, DIGEST_OUT,
+                                 None, self.now - 5, self.now))
+
+
+def submit_req(rid: str = "r1", job_id: str | None = "j1", n: int = 1, **spec: Any) -> dict:
+    s: dict[str, Any] = {"argv": ["echo", "hi"], **spec}
+    if job_id is not None:
+        s["id"] = job_id
+    return {"op": "submit", "rid": rid, "spec": s, "items": [None] * n}
+
+
+def submitted(f: Fleet1, token: int = 1, **kw: Any) -> dict:
+    """Submit a job and commit it (leases proposed with it stay pending); return its record."""
+    f.ctl(token, submit_req(**kw))
+    f.take()
+    [entry] = f.pending_of("submit")
+    f.pending.remove(entry)
+    f.commit(entry)
+    f.take()
+    ans = f.answer(token)
+    assert ans.status == 201, ans
+    return ans.body
+
+
+# --- control ----------------------------------------------------------------------------------
+
+
+def test_submit_answered_only_after_applied() -> None:
+    """Rule 4: a submit is answered (201, the job record) only once its entry is applied."""
+    f = Fleet1()
+    f.ctl(1, submit_req(n=2, tags=["t"]))
+    f.take()
+    assert 1 not in f.replies
+    [entry] = f.pending
+    assert entry["k"] == "submit" and entry["rid"] == "r1" and entry["id"] == "j1"
+    assert entry["t"] == f.now and entry["items"] == [None, None] and "id" not in entry["spec"]
+    f.tick(10)
+    f.take()
+    assert 1 not in f.replies
+    f.commit_pending()
+    f.take()
+    ans = f.answer(1)
+    assert ans.status == 201
+    assert ans.body["id"] == "j1" and ans.body["items_total"] == 2 and ans.body["tags"] == ["t"]
+    assert ans.body == f.table.record(f.table.jobs["j1"])
+
+
+def test_submit_without_id_gets_one() -> None:
+    """submit: without an id the node makes one from the injected generator (same seed, same id)."""
+    ids = []
+    for _ in range(2):
+        f = Fleet1(seed=42)
+        f.ctl(1, submit_req(job_id=None))
+        f.settle()
+        ids.append(f.answer(1).body["id"])
+    assert ids[0] == ids[1] and ids[0] in f.table.jobs
+
+
+def test_get_unknown_and_forgotten() -> None:
+    """get: an unknown job is 404; a forgotten one 404 saying it was forgotten."""
+    f = Fleet1()
+    f.ctl(1, {"op": "get", "id": "nope"})
+    f.take()
+    assert f.answer(1).status == 404
+    submitted(f, token=2)
+    f.ctl(3, {"op": "cancel", "rid": "c", "id": "j1"})
+    f.settle()
+    assert f.answer(3).status == 200 and f.answer(3).body["state"] == "cancelled"
+    f.ctl(4, {"op": "forget", "rid": "f", "id": "j1"})
+    f.settle()
+    assert f.answer(4) == Answer(200, {"id": "j1", "forgotten": True})
+    f.ctl(5, {"op": "get", "id": "j1"})
+    f.take()
+    ans = f.answer(5)
+    assert ans.status == 404 and "forgotten" in ans.body["error"]
+    f.ctl(6, {"op": "cancel", "rid": "c2", "id": "j1"})
+    f.take()
+    assert f.answer(6).status == 404 and not f.pending
+
+
+def test_get_and_list_read_the_table() -> None:
+    """get and list are answered at once from the table, with items when asked."""
+    f = Fleet1()
+    submitted(f, n=2, tags=["x"])
+    f.ctl(2, {"op": "get", "id": "j1", "items": True})
+    f.ctl(3, {"op": "list", "tag": "x"})
+    f.ctl(4, {"op": "list", "tag": "y"})
+    f.ctl(5, {"op": "list", "state": "done"})
+    f.take()
+    assert [it["index"] for it in f.answer(2).body["items"]] == [0, 1]
+    assert [r["id"] for r in f.answer(3).body] == ["j1"]
+    assert f.answer(4).body == [] and f.answer(5).body == []
+
+
+@pytest.mark.parametrize("req", [
+    None, [], {}, {"op": "nope"}, {"op": "submit", "rid": "r", "spec": {}, "items": [None]},
+    {"op": "submit", "spec": {"argv": ["x"]}, "items": [None]},
+    {"op": "submit", "rid": "r", "spec": {"argv": ["x"]}, "items": []},
+    {"op": "submit", "rid": "r", "spec": {"argv": ["x"]}, "items": ["zz"]},
+    {"op": "submit", "rid": "r", "spec": {"argv": ["x"], "priority": True}, "items": [None]},
+    {"op": "submit", "rid": "r", "spec": {"argv": ["x"], "bogus": 1}, "items": [None]},
+    {"op": "cancel", "rid": "r", "id": "a b"}, {"op": "forget", "rid": "r"},
+    {"op": "cancel", "rid": "bad rid", "id": "j1"},
+    {"op": "tone", "rid": "r", "id": "j1", "priority": "1"},
+    {"op": "tone", "rid": "r", "id": "j1"},
+    {"op": "get", "id": "j1", "wait_ms": -1}, {"op": "list", "state": "weird"},
+])
+def test_bad_request_400_without_proposing(req: Any) -> None:
+    """Bad requests are answered 400 and nothing is proposed."""
+    f = Fleet1()
+    submitted(f)
+    f.settle()
+    before = len(f.proposed)
+    f.ctl(9, req)
+    f.take()
+    assert f.answer(9).status == 400
+    assert "error" in f.answer(9).body
+    assert len(f.proposed) == before
+
+
+def test_unknown_pool_400() -> None:
+    """submit: a pool this fleet does not have is 400, naming the pools it has."""
+    f = Fleet1()
+    f.ctl(1, submit_req(pool="gpu"))
+    f.take()
+    ans = f.answer(1)
+    assert ans.status == 400 and "default" in ans.body["error"] and not f.pending
+
+
+@pytest.mark.parametrize("view", [
+    View(term=2, leader="m2", is_leader=False, ready=False),
+    View(term=2, leader=None, is_leader=False, ready=False),
+    View(term=2, leader="m1", is_leader=True, ready=False),
+])
+def test_not_leader_503(view: View) -> None:
+    """Rule 3: a member that is not a ready leader answers changes 503 and proposes nothing;
+    reads are still served from its table."""
+    f = Fleet1()
+    submitted(f)
+    f.settle()
+    f.node.step(view)
+    before = len(f.proposed)
+    reqs = [submit_req(rid="s2", job_id="j2"), {"op": "cancel", "rid": "c", "id": "j1"},
+            {"op": "forget", "rid": "f", "id": "j1"},
+            {"op": "tone", "rid": "t", "id": "j1", "priority": 3}]
+    for token, req in enumerate(reqs, start=10):
+        f.ctl(token, req)
+    f.ctl(20, {"op": "get", "id": "j1"})
+    f.take()
+    for token in range(10, 10 + len(reqs)):
+        assert f.answer(token).status == 503
+    assert f.answer(20).status == 200
+    assert len(f.proposed) == before
+
+
+def test_change_not_applied_in_time_503() -> None:
+    """A change not applied within ctl_commit_ms_max is answered 503 (and only once)."""
+    f = Fleet1()
+    f.ctl(1, submit_req())
+    f.take()
+    [entry] = f.pending
+    f.pending.clear()  # lost: never committed in time
+    assert f.node.next_deadline_ms() == f.now + limits.ctl_commit_ms_max
+    f.tick(limits.ctl_commit_ms_max - 1)
+    f.take()
+    assert 1 not in f.replies
+    f.tick(1)
+    f.take()
+    assert f.answer(1).status == 503
+    # Committed late after all: no second answer to the first token; a retry with the same
+    # request id is answered as the change went.
+    f.commit(entry)
+    f.take()
+    assert f.answer(1).status == 503
+    f.ctl(2, submit_req())
+    f.take()
+    assert f.answer(2).status == 201 and not f.pending_of("submit")
+
+
+def test_same_rid_twice_one_proposal() -> None:
+    """The same request id twice in flight: one proposal, both tokens answered alike."""
+    f = Fleet1()
+    f.ctl(1, submit_req(rid="r7", job_id=None))
+    f.ctl(2, submit_req(rid="r7", job_id=None))
+    f.take()
+    assert len(f.pending_of("submit")) == 1
+    f.settle()
+    a, b = f.answer(1), f.answer(2)
+    assert a.status == b.status == 201 and a.body["id"] == b.body["id"]
+    assert len(f.table.jobs) == 1
+    assert len([e for e in f.proposed if e["k"] == "submit"]) == 1
+
+
+def test_idempotent_submit() -> None:
+    """submit: the same id and spec again is 200 with the same job; another spec is 409; a
+    forgotten id is 409; none of them proposes."""
+    f = Fleet1()
+    first = submitted(f, rid="a", n=2, priority=3)
+    before = len(f.proposed)
+    f.ctl(2, submit_req(rid="b", n=2, priority=3))
+    f.ctl(3, submit_req(rid="c", n=2, priority=4))
+    f.ctl(4, submit_req(rid="d", n=3, priority=3))
+    f.take()
+    assert f.answer(2).status == 200 and f.answer(2).body["id"] == first["id"]
+    assert f.answer(3).status == 409 and f.answer(4).status == 409
+    assert len(f.proposed) == before
+    assert f.table.jobs["j1"].digest == spec_digest(_normal_spec(priority=3), [None, None])
+
+
+def _normal_spec(**kw: Any) -> dict:
+    from meshjobs.control import parse_submit
+
+    return parse_submit({"argv": ["echo", "hi"], "id": "j1", **kw})
+
+
+def test_submit_of_forgotten_id_409() -> None:
+    """submit: an id that was forgotten is refused 409 at once."""
+    f = Fleet1()
+    submitted(f)
+    for token, req in ((2, {"op": "cancel", "rid": "c", "id": "j1"}),
+                       (3, {"op": "forget", "rid": "f", "id": "j1"})):
+        f.ctl(token, req)
+        f.settle()
+    before = len(f.proposed)
+    f.ctl(4, submit_req(rid="again"))
+    f.take()
+    assert f.answer(4).status == 409 and "forgotten" in f.answer(4).body["error"]
+    assert len(f.proposed) == before
+
+
+def test_tone_answered_with_record() -> None:
+    """tone: applied, then answered 200 with the changed record."""
+    f = Fleet1()
+    submitted(f)
+    f.ctl(2, {"op": "tone", "rid": "t", "id": "j1", "priority": 9, "hold": True})
+    f.settle()
+    body = f.answer(2).body
+    assert f.answer(2).status == 200 and body["priority"] == 9 and body["state"] == "held"
+
+
+# --- leases, runs and results -------------------------------------------------------------------
+
+
+def test_leases_up_to_free_slots_and_runs_after_lease() -> None:
+    """Leases are proposed up to the free slots only; Run effects come after the lease is applied."""
+    f = Fleet1(slots=2)
+    submitted(f, n=5)
+    [lease] = f.pending_of("lease")
+    assert len(lease["g"]) == 2 and all(g[2:] == ["m1", "b1"] for g in lease["g"])
+    assert f.runs == []
+    f.take()
+    assert f.pending_of("lease") == [lease], "no second lease while the first is in flight"
+    f.commit_pending()
+    epoch = f.index
+    f.take()
+    assert [(r.job_id, r.index, r.epoch) for r in f.runs] == [("j1", 0, epoch), ("j1", 1, epoch)]
+    assert f.runs[0].argv == ["echo", "hi"] and f.runs[0].stdin is None
+    assert not f.pending
+    f.tick(limits.proposal_retry_ms * 2)
+    f.take()
+    assert not f.pending and len(f.runs) == 2, "full slots: nothing more leased, nothing rerun"
+    f.end(f.runs[0])
+    f.take()
+    assert [e["k"] for e in f.pending] == ["result"]
+    f.commit_pending()
+    f.take()
+    [lease2] = f.pending_of("lease")
+    assert [g[:2] for g in lease2["g"]] == [["j1", 2]]
+
+
+def test_item_end_to_job_done_answers_waiter() -> None:
+    """ItemEnded -> result proposal -> job done -> the long-poll waiter is answered."""
+    f = Fleet1()
+    submitted(f, n=1)
+    f.ctl(2, {"op": "get", "id": "j1", "wait_ms": 60_000, "items": True})
+    f.settle()
+    assert 2 not in f.replies
+    [run] = f.runs
+    f.tick(100)
+    f.end(run, "done", 0)
+    f.take()
+    [res] = f.pending_of("result")
+    assert res["r"][0][:4] == ["j1", 0, run.epoch, 2]
+    assert 2 not in f.replies
+    f.commit_pending()
+    f.take()
+    ans = f.answer(2)
+    assert ans.status == 200 and ans.body["state"] == "done"
+    assert ans.body["items"][0]["stdout"] == DIGEST_OUT
+    assert f.cuts == [] and not f.pending
+    f.ctl(3, {"op": "get", "id": "j1", "wait_ms": 60_000})
+    f.take()
+    assert f.answer(3).body["state"] == "done", "a finished job is answered at once"
+
+
+def test_failed_item_retried_after_backoff() -> None:
+    """A failed item with retries left is leased and run again once its backoff is over."""
+    f = Fleet1(slots=1)
+    submitted(f, n=1, retries=1)
+    f.settle()
+    [run] = f.runs
+    f.end(run, "failed", 1)
+    f.settle()
+    assert f.table.jobs["j1"].st[0] == 0 and len(f.runs) == 1
+    assert f.node.next_deadline_ms() == f.now + backoff_ms(1)
+    f.tick(backoff_ms(1))
+    f.settle()
+    assert len(f.runs) == 2 and f.runs[1].epoch > run.epoch
+    f.end(f.runs[1], "done", 0)
+    f.settle()
+    assert f.table.jobs["j1"].state == "done"
+
+
+def test_waiter_answered_at_deadline() -> None:
+    """A long-poll waiter of a job that does not finish is answered at its deadline."""
+    f = Fleet1()
+    submitted(f, n=1)
+    f.settle()
+    f.ctl(2, {"op": "get", "id": "j1", "wait_ms": 5000})
+    f.take()
+    assert f.node.next_deadline_ms() == f.now + 5000
+    f.tick(4999)
+    f.take()
+    assert 2 not in f.replies
+    f.tick(1)
+    f.take()
+    ans = f.answer(2)
+    assert ans.status == 200 and ans.body["state"] == "running"
+
+
+def test_waiter_of_forgotten_job_404() -> None:
+    """A long-poll waiter whose job is forgotten meanwhile is answered 404."""
+    f = Fleet1()
+    submitted(f, n=1)
+    f.ctl(2, {"op": "get", "id": "j1", "wait_ms": 60_000})
+    f.take()
+    # Cancel and forget in one batch, so the waiter sees the job gone rather than ended.
+    f.ctl(3, {"op": "cancel", "rid": "c", "id": "j1"})
+    f.take()
+    f.commit_pending()
+    f.ctl(4, {"op": "forget", "rid": "f", "id": "j1"})
+    f.commit({"k": "forget", "rid": "f", "t": f.now, "id": "j1"})
+    f.take()
+    assert f.answer(2).status == 404
+    assert f.answer(4).status == 200
+
+
+def test_lease_of_other_boot_revoked_then_released() -> None:
+    """A lease naming an earlier boot of this member is revoked, then leased under a new epoch."""
+    f = Fleet1()
+    f.commit({"k": "submit", "t": f.now, "id": "j1",
+              "spec": {k: v for k, v in _normal_spec().items() if k != "id"},
+              "dg": b"x", "items": [None]})
+    old = f.commit({"k": "lease", "t": f.now, "g": [["j1", 0, "m1", "b0"]]})
+    f.take()
+    assert f.runs == [], "a lease of an earlier boot is never run"
+    [rev] = f.pending_of("revoke")
+    assert rev["l"] == [["j1", 0, old]]
+    assert not f.pending_of("lease")
+    f.commit_pending()
+    f.take()
+    [lease] = f.pending_of("lease")
+    assert lease["g"] == [["j1", 0, "m1", "b1"]]
+    f.commit_pending()
+    f.take()
+    [run] = f.runs
+    assert run.epoch > old and (run.job_id, run.index) == ("j1", 0)
+
+
+def test_cancel_running_job_cuts() -> None:
+    """cancel of a running job: a Cut for each running item, and a 200 cancelled record."""
+    f = Fleet1(slots=2)
+    submitted(f, n=3)
+    f.settle()
+    assert len(f.runs) == 2
+    f.ctl(2, {"op": "cancel", "rid": "c", "id": "j1"})
+    f.settle()
+    assert sorted((c.job_id, c.index, c.epoch) for c in f.cuts) == \
+        sorted((r.job_id, r.index, r.epoch) for r in f.runs)
+    assert f.answer(2).status == 200 and f.answer(2).body["state"] == "cancelled"
+    # The cut items' ends (as the driver reports them) propose no result.
+    for run in f.runs:
+        f.node.step(ItemEnded(run.job_id, run.index, run.epoch, "cut", None, 15, None, None,
+                              f.now, f.now))
+    f.take()
+    assert not f.pending_of("result")
+
+
+def test_cancel_finished_job_409() -> None:
+    """cancel of a job that already ended is answered with the table's 409."""
+    f = Fleet1()
+    submitted(f)
+    f.ctl(2, {"op": "cancel", "rid": "c1", "id": "j1"})
+    f.settle()
+    f.ctl(3, {"op": "cancel", "rid": "c2", "id": "j1"})
+    f.settle()
+    assert f.answer(3).status == 409
+
+
+def test_next_deadline_never_in_the_past() -> None:
+    """next_deadline_ms names a time still to come once the node's effects are taken (a past
+    deadline makes the jobs thread wake at once, again and again)."""
+    f = Fleet1(slots=1)
+    submitted(f, n=2, retries=1)
+    f.settle()
+    [run] = f.runs
+    f.end(run, "failed", 1)
+    f.settle()  # item 0 backs off; item 1 takes the only slot
+    assert len(f.runs) == 2
+    f.tick(backoff_ms(1) + 1000)
+    f.settle()
+    deadline = f.node.next_deadline_ms()
+    assert deadline is None or deadline > f.now

@@ -1,0 +1,133 @@
+"""The pure core stays pure: a static check of meshjobs.table, meshjobs.node and meshjobs.control.
+
+Rule (STYLE.md): the job node, the job table and control parsing import no `os`, `socket`,
+`threading`, `time`, `random`, `lmdb`, `pysyncobj` or `subprocess`. The node may import `random`
+for the type of its injected generator only: it never calls a module-level `random` function and
+never makes a generator of its own. The check reads the source with `ast`, so it fails as soon as
+someone adds such an import or use, wherever in the module it is.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import meshjobs
+
+PURE = ("table", "node", "control")
+FORBIDDEN = frozenset({
+    "os", "socket", "threading", "time", "random", "lmdb", "pysyncobj", "subprocess",
+    # Other ways to reach the world, the clock or entropy from a module that must not.
+    "uuid", "secrets", "select", "selectors", "signal", "asyncio", "multiprocessing",
+    "concurrent", "shutil", "pathlib", "_thread",
+})
+# The pure modules may lean on each other and on the limits, and on nothing else of meshjobs.
+PURE_SIBLINGS = frozenset({"meshjobs", "meshjobs.limits", "meshjobs.table", "meshjobs.control"})
+# What a module may use of `random`: the type name, never a call.
+RANDOM_TYPE_ONLY = {"node": {"Random"}}
+
+
+def violations(source: str, module: str) -> list[str]:
+    """Every impure import or use in `source` (the text of meshjobs.<module>)."""
+    tree = ast.parse(source)
+    allowed_random = RANDOM_TYPE_ONLY.get(module, set())
+    found: list[str] = []
+    aliases: dict[str, str] = {}  # local name -> forbidden module it stands for
+    called: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            called.add(id(node.func))
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            if name in ("__import__", "import_module", "eval", "exec"):
+                found.append(f"line {node.lineno}: calls {name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                top = a.name.split(".")[0]
+                if top == "importlib":
+                    found.append(f"line {node.lineno}: imports importlib")
+                if top in FORBIDDEN:
+                    aliases[(a.asname or top)] = top
+                    if not (top == "random" and allowed_random and a.name == "random"):
+                        found.append(f"line {node.lineno}: imports {a.name}")
+                if top == "meshjobs" and a.name not in PURE_SIBLINGS:
+                    found.append(f"line {node.lineno}: imports impure {a.name}")
+        elif isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            top = mod.split(".")[0]
+            if top in FORBIDDEN or top == "importlib":
+                found.append(f"line {node.lineno}: imports from {mod}")
+            if top == "meshjobs":
+                for a in node.names:
+                    full = mod if mod != "meshjobs" else f"meshjobs.{a.name}"
+                    if full not in PURE_SIBLINGS:
+                        found.append(f"line {node.lineno}: imports impure {full}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            target = aliases.get(node.value.id)
+            if target is None:
+                continue
+            if target == "random" and node.attr in allowed_random and id(node) not in called:
+                continue  # the injected generator's type, in an annotation
+            found.append(f"line {node.lineno}: uses {node.value.id}.{node.attr}")
+        elif isinstance(node, ast.Name) and node.id in aliases and id(node) in called:
+            found.append(f"line {node.lineno}: calls {node.id}")
+    return found
+
+
+def source_of(module: str) -> str:
+    return (Path(meshjobs.__file__).parent / f"{module}.py").read_text()
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_pure_module_touches_no_world(module: str) -> None:
+    """Pure core: no IO, clock, threads or module-level randomness in meshjobs.<module>."""
+    assert violations(source_of(module), module) == []
+
+
+def test_pure_modules_import_no_impure_meshjobs() -> None:
+    """Pure core: what the pure modules import of meshjobs is pure too (checked the same way)."""
+    imported = set()
+    for module in PURE:
+        for node in ast.walk(ast.parse(source_of(module))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("meshjobs"):
+                imported.add(node.module)
+    assert imported <= PURE_SIBLINGS
+
+
+@pytest.mark.parametrize("source,module", [
+    ("import time\n", "table"),
+    ("import os.path\n", "control"),
+    ("from time import monotonic\n", "node"),
+    ("import socket as s\n", "table"),
+    ("def f():\n    import threading\n", "table"),
+    ("import random\n", "table"),
+    ("import random\nx = random.random()\n", "node"),
+    ("import random\nrng = random.Random()\n", "node"),
+    ("import random\nrandom.seed(1)\n", "node"),
+    ("from random import Random\n", "node"),
+    ("import random as r\nr.choice([1])\n", "node"),
+    ("import lmdb\n", "table"),
+    ("from pysyncobj import SyncObj\n", "node"),
+    ("import subprocess\n", "control"),
+    ("x = __import__('os')\n", "table"),
+    ("import importlib\n", "table"),
+    ("from meshjobs import driver\n", "node"),
+    ("from meshjobs.jobsd import JobsThread\n", "node"),
+])
+def test_checker_catches_impurity(source: str, module: str) -> None:
+    """The checker itself: each of these impure sources is caught (so the test above can fail)."""
+    assert violations(source, module) != []
+
+
+@pytest.mark.parametrize("source,module", [
+    ("import random\n\ndef f(rng: random.Random) -> None:\n    rng.random()\n", "node"),
+    ("from meshjobs import limits\nfrom meshjobs.table import JobTable\n", "node"),
+    ("import re\nfrom array import array\n", "table"),
+])
+def test_checker_allows_pure(source: str, module: str) -> None:
+    """The checker itself: pure sources, the injected generator's type included, pass."""
+    assert violations(source, module) == []
