@@ -54,3 +54,25 @@ entry_bytes_max = 64 * 1024 * 1024  # one proposed entry
 snapshot_bytes_max = 16 * 1024 * 1024 * 1024  # one full dump of the table
 log_compaction_entries_min = 20_000  # compact the log past this many entries
 log_compaction_s_min = 600  # or past this age
+
+# --- Frames and links between members (frames.py, links.py) -----------------------------------
+frame_bytes_max = 4 * 1024 * 1024  # one frame, header and MAC included (a 1 MiB blob chunk fits)
+frame_clock_skew_ms_max = 30_000  # a frame's sent_ms may differ from the receiver's clock this much
+nonce_cache_max = 262_144  # nonces a member remembers to refuse replays (~20 MiB)
+link_queue_frames_max = 1024  # frames queued to one peer (and as many table frames waiting)
+link_queue_bytes_max = 8 * 1024 * 1024  # bytes queued to one peer (and as many waiting)
+table_frame_wait_ms = 2_000  # a table frame waits this long for room, then its batch's rest drops
+link_connect_backoff_ms_base = 100  # first redial of a peer that is down waits this long
+link_connect_backoff_ms_max = 5_000  # and no redial waits longer than this
+link_idle_ms = 1_000  # a connection with nothing to send gets an F_PING this often
+link_silent_ms_max = 10_000  # a connection that received nothing for this long is closed
+link_hello_ms_max = 5_000  # a new connection must complete its F_HELLO within this
+link_pending_conns_max = 64  # accepted connections that have not said F_HELLO yet
+link_io_bytes = 256 * 1024  # one recv or send call on a member link
+
+# --- The fleet ---------------------------------------------------------------------------------
+member_dead_ms = 3_000  # a member not heard from for this long has its leases revoked
+blob_copies = 2  # members that hold a result's blobs before the result is proposed
+state_entries_max = 512  # committed entries in one F_JOB_STATE frame
+state_ring_entries_max = 20_000  # committed entries a voter keeps to catch workers up
+have_ms = 250  # members report what they have (F_JOB_HAVE) this often

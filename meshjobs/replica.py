@@ -153,8 +153,9 @@ class Replica(SyncObj):
             entry = msgpack.unpackb(raw, raw=False, strict_map_key=False, use_list=True)
         except Exception:  # remote garbage (a hostile or broken proposer): a refusal, not a crash
             entry = None
+        prev = self.table.applied_index
         outcome = self.table.apply(entry, index)
-        self.applied.append(Applied(index, entry, outcome))
+        self.applied.append(Applied(index, entry, outcome, prev))
 
     def propose(self, entry: dict) -> None:
         raw = msgpack.packb(entry, use_bin_type=True)

@@ -26,6 +26,7 @@ from meshjobs.node import (
     Propose,
     Reply,
     Run,
+    Send,
     Tick,
     View,
     spec_digest,
@@ -252,9 +253,18 @@ def test_not_leader_503(view: View) -> None:
     for token, req in enumerate(reqs, start=10):
         f.ctl(token, req)
     f.ctl(20, {"op": "get", "id": "j1"})
-    f.take()
-    for token in range(10, 10 + len(reqs)):
-        assert f.answer(token).status == 503
+    effects = f.take()
+    forwarded = [e for e in effects if isinstance(e, Send) and e.ftype == "F_CTL"]
+    if view.leader is not None and not view.is_leader:
+        # Another member leads: each change goes to it as F_CTL, answered when it replies.
+        assert [e.to for e in forwarded] == [view.leader] * len(reqs)
+        assert [e.body["rid"] for e in forwarded] == [r["rid"] for r in reqs]
+        for token in range(10, 10 + len(reqs)):
+            assert token not in f.replies
+    else:
+        assert not forwarded
+        for token in range(10, 10 + len(reqs)):
+            assert f.answer(token).status == 503
     assert f.answer(20).status == 200
     assert len(f.proposed) == before
 

@@ -1,136 +1,59 @@
 """The job node: one member's decisions, as a pure state machine.
 
 Theory of operation. The node reads the committed job table and takes events: control requests,
-committed entries (with their outcomes), changes of the Raft view, ends of items the driver ran,
-and ticks of time. It answers with effects: entries to propose, answers to clients, items to run
-or cut, blobs to pin or unpin. The jobs thread (`jobsd.py`) feeds it and carries its effects out
-through the durability gate: every effect but a proposal waits until the journal it depends on is
-fsynced.
+committed entries (with their outcomes), changes of the Raft view, frames from other members,
+ends of items the driver ran, and ticks of time. It answers with effects: entries to propose,
+answers to clients, frames to send, items to run or cut, blobs to pin, unpin or copy. The jobs
+thread (`jobsd.py`) feeds it and carries its effects out through the durability gate: every effect
+but a proposal waits until the journal it depends on is fsynced.
 
 Rule 1: pure. No IO, threads, clocks or randomness: time comes in events, ids come from the
         injected `random.Random`.
 Rule 2: level-triggered. After every batch of events, `take()` compares what the table says with
         what this member is doing (items leased to it and not running, runs whose lease is gone,
-        leases of incarnations that are gone, pending items and free slots) and emits what closes
-        the gap. An effect that is lost (a proposal that never commits, a frame that never arrives)
-        is made again later; the table, deduplicating by request id and lease epoch, makes a
-        repeat harmless.
+        leases of members or incarnations that are gone, pending items and free slots) and emits
+        what closes the gap. An effect that is lost (a proposal that never commits, a frame that
+        never arrives) is made again later; the table, deduplicating by request id and lease
+        epoch, makes a repeat harmless.
 Rule 3: only the leader proposes leases, revokes and results, and only while it is ready (its
-        table holds every committed entry of its term).
-Rule 4: a change is answered only once its entry is applied; a read is answered from the table.
+        table holds every committed entry of its term). Other members report to it, forward
+        changes to it and send it their results (`follow.py`).
+Rule 4: a change is answered only once its entry is applied; a read is answered from this
+        member's own committed table.
 """
 
 from __future__ import annotations
 
 import random
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import blake3
-import msgpack
-
 from meshjobs import limits
 from meshjobs.control import Answer, ControlError, parse_request
+from meshjobs.node.events import (
+    Applied,
+    BlobsCopied,
+    CopyBlobs,
+    Ctl,
+    Cut,
+    FrameIn,
+    ItemEnded,
+    NodeConfig,
+    PeerLink,
+    Pin,
+    Pressure,
+    Propose,
+    Run,
+    Tick,
+    Unpin,
+    UnpinAllBut,
+    View,
+    spec_digest,
+)
+from meshjobs.node.follow import Following
+from meshjobs.node.leader import LeaderDuties, Member
 from meshjobs.table import DONE, FAILED, TIMEOUT, JobTable
-
-# --- events -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Tick:
-    now_ms: int
-
-
-@dataclass(frozen=True)
-class Ctl:
-    token: int
-    req: Any
-
-
-@dataclass(frozen=True)
-class Applied:
-    index: int
-    entry: Any
-    outcome: dict
-
-
-@dataclass(frozen=True)
-class View:
-    term: int = 0
-    leader: str | None = None
-    is_leader: bool = False
-    ready: bool = False  # leader: its table holds every committed entry of its term
-
-
-@dataclass(frozen=True)
-class Pressure:
-    """The blob store holds more payload bytes in memory than it may (on), or drained (off)."""
-
-    on: bool
-
-
-@dataclass(frozen=True)
-class ItemEnded:
-    job_id: str
-    index: int
-    epoch: int
-    state: str  # done | failed | timeout | cut
-    rc: int | None
-    signal: int | None
-    stdout: str | None
-    stderr: str | None
-    started_ms: int
-    ended_ms: int
-    error: str | None = None
-
-
-# --- effects ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Propose:
-    entry: dict
-
-
-@dataclass(frozen=True)
-class Reply:
-    token: int
-    answer: Answer
-
-
-@dataclass(frozen=True)
-class Run:
-    job_id: str
-    index: int
-    epoch: int
-    argv: list[str]
-    env: dict[str, str]
-    cwd: str | None
-    stdin: str | None
-    runtime_s: float | None
-
-
-@dataclass(frozen=True)
-class Cut:
-    job_id: str
-    index: int
-    epoch: int
-
-
-@dataclass(frozen=True)
-class Pin:
-    owner: str
-    digests: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Unpin:
-    owner: str
-
-
-@dataclass(frozen=True)
-class UnpinAllBut:
-    keep: frozenset[str]
 
 
 @dataclass
@@ -139,33 +62,21 @@ class _Change:
     deadline_ms: int
     op: str
     job_id: str | None
+    req: dict | None = None
+    sent_ms: int = 0
 
 
 @dataclass
-class Pool:
-    name: str
-    kind: str = "command"
-    slots: int = 1
-    runtime_s: float | None = None
+class _Copies:
+    """Blob copies a result waits for before it may be proposed."""
+
+    owner: str
+    digests: tuple[str, ...]
+    have: set[str] = field(default_factory=set)  # members that confirmed every digest
+    asked: dict[str, int] = field(default_factory=dict)  # member -> when
 
 
-@dataclass
-class NodeConfig:
-    member: str
-    boot: str  # this incarnation of the member; leases name it
-    pools: dict[str, Pool] = field(default_factory=dict)
-    keep_s: float | None = None  # retention: forget finished jobs older than this
-    keep_jobs: int | None = None  # retention: keep at most this many finished jobs
-
-
-def spec_digest(spec: dict, items: list[bytes | None]) -> bytes:
-    """What makes two submits "the same job": everything but the id, items included."""
-    body = msgpack.packb([sorted((k, v) for k, v in spec.items() if k != "id"), items],
-                         use_bin_type=True)
-    return blake3.blake3(body).digest()
-
-
-class JobNode:
+class JobNode(LeaderDuties, Following):
     """One member's job node. Feed it with `step`, collect its effects with `take`."""
 
     def __init__(self, table: JobTable, config: NodeConfig, rng: random.Random) -> None:
@@ -176,16 +87,28 @@ class JobNode:
         self.view = View()
         self._out: list[Any] = []
         self._changes: dict[str, _Change] = {}
+        self._forwarded: dict[str, _Change] = {}
+        self._remote: dict[int, tuple[str, str]] = {}  # token -> (member, rid) of a forwarded change
+        self._next_remote = 0
         self._waiters: dict[str, list[tuple[int, bool, int]]] = {}
-        self._inflight: dict[tuple[str, int], tuple[int, str]] = {}  # grant -> (proposed ms, pool)
+        self._inflight: dict[tuple[str, int], tuple[int, str, str]] = {}  # grant -> (ms, pool, member)
         self._running: dict[tuple[str, int, int], bool] = {}  # run -> ended
         self._results: dict[tuple[str, int, int], list] = {}
+        self._result_from: dict[tuple[str, int, int], str] = {}
         self._results_sent: dict[tuple[str, int, int], int] = {}
+        self._awaiting_copies: dict[tuple[str, int, int], _Copies] = {}
         self._revoking: dict[tuple[str, int, int], int] = {}
         self._was_ready = False
+        self._leader_since_ms = 0
+        self._leader_seen_ms = 0
         self._pressure = False
         self._expiring: dict[str, int] = {}
-        self._next_housekeeping_ms = 0
+        self._next_expiry_ms = 0
+        self._next_have_ms = 0
+        self._links: dict[str, bool] = {}
+        self.members: dict[str, Member] = {}
+        # Recent committed entries (prev table index, index, entry), to catch workers up.
+        self._ring: deque[tuple[int, int, Any]] = deque(maxlen=limits.state_ring_entries_max)
         self.counts: dict[str, int] = {}
 
     # --- stepping ---------------------------------------------------------------------------
@@ -199,9 +122,20 @@ class JobNode:
         elif isinstance(ev, Applied):
             self._applied(ev)
         elif isinstance(ev, View):
+            if ev.is_leader and not self.view.is_leader:
+                self._leader_since_ms = self.now_ms
+                self.members.clear()  # soft state of an earlier reign is stale
+            if ev.leader is not None:
+                self._leader_seen_ms = self.now_ms
             self.view = ev
         elif isinstance(ev, ItemEnded):
             self._ended(ev)
+        elif isinstance(ev, FrameIn):
+            self._frame(ev.peer, ev.ftype, ev.body)
+        elif isinstance(ev, PeerLink):
+            self._links[ev.peer] = ev.up
+        elif isinstance(ev, BlobsCopied):
+            self._copied(ev.member, ev.digests)
         elif isinstance(ev, Pressure):
             self._pressure = ev.on
             self._count("pressure_on" if ev.on else "pressure_off")
@@ -217,6 +151,7 @@ class JobNode:
     def next_deadline_ms(self) -> int | None:
         """When the node next needs a tick even if nothing happens."""
         ds = [c.deadline_ms for c in self._changes.values()]
+        ds += [c.deadline_ms for c in self._forwarded.values()]
         ds += [w[2] for ws in self._waiters.values() for w in ws]
         due = self.table.next_due_ms(self.now_ms)
         if due is not None:
@@ -227,16 +162,23 @@ class JobNode:
         self.counts[name] = self.counts.get(name, 0) + n
 
     def _reply(self, token: int, status: int, body: Any) -> None:
-        self._out.append(Reply(token, Answer(status, body)))
+        self._answer(token, Answer(status, body))
+
+    def _leading(self) -> bool:
+        return self.view.is_leader and self.view.ready
+
+    def _new_change(self, tokens: list[int], op: str, job_id: str | None,
+                    req: dict | None = None) -> _Change:
+        return _Change(tokens, self.now_ms + limits.ctl_commit_ms_max, op, job_id, req)
 
     # --- control ------------------------------------------------------------------------------
 
-    def _ctl(self, token: int, raw: Any) -> None:
+    def _ctl(self, token: int, raw: Any, forwarded: bool = False) -> None:
         try:
             req = parse_request(raw)
         except ControlError as e:
             self._count("ctl_bad")
-            self._out.append(Reply(token, e.answer()))
+            self._answer(token, e.answer())
             return
         op = req["op"]
         self._count("ctl_" + op)
@@ -252,8 +194,10 @@ class JobNode:
             self._reply(token, 200, self.health())
         elif op == "metrics":
             self._reply(token, 200, self.metrics())
-        else:
+        elif self._leading() or forwarded:
             self._change(token, req)
+        else:
+            self._forward(token, req)
 
     def _get(self, token: int, req: dict) -> None:
         job = self.table.jobs.get(req["id"])
@@ -281,10 +225,10 @@ class JobNode:
         if seen is not None:  # already applied: answer as then
             self._answer_change(token, req["op"], req.get("id"), seen)
             return
-        if not (self.view.is_leader and self.view.ready):
+        if not self._leading():
             self._count("ctl_no_leader")
-            self._reply(token, 503, {"error": "this member cannot commit changes now (no leader, "
-                                              "or the leader is still starting): try again shortly"})
+            self._reply(token, 503, {"error": "this member does not lead now (an election is "
+                                              "under way); try again shortly"})
             return
         if len(self._changes) >= limits.ctl_pending_max:
             self._reply(token, 503, {"error": "too many changes in flight: try again shortly"})
@@ -305,12 +249,20 @@ class JobNode:
                 for k in ("priority", "hold", "max_leases"):
                     if k in req:
                         entry[k] = req[k]
-        self._changes[rid] = _Change([token], self.now_ms + limits.ctl_commit_ms_max, op, job_id)
+        self._changes[rid] = self._new_change([token], op, job_id)
         self._out.append(Propose(entry))
+
+    def _pools(self) -> set[str]:
+        """The pools some member of the fleet offers (as far as this member knows)."""
+        pools = set(self.cfg.pools)
+        for name, m in self.members.items():
+            if self._alive(name, m.boot):
+                pools.update(m.pools)
+        return pools
 
     def _submit_entry(self, token: int, req: dict, entry: dict) -> str | None:
         spec = dict(req["spec"])
-        pools = self.cfg.pools
+        pools = self._pools()
         if spec["pool"] not in pools:
             self._reply(token, 400, {"error": f"unknown pool {spec['pool']!r}: this fleet has "
                                               f"{', '.join(sorted(pools)) or 'no pools'}"})
@@ -361,6 +313,8 @@ class JobNode:
 
     def _applied(self, ev: Applied) -> None:
         e, out = ev.entry, ev.outcome
+        if self.cfg.role == "voter" and ev.prev is not None:
+            self._ring.append((ev.prev, ev.index, e))
         if not isinstance(e, dict):
             return
         kind = e.get("k")
@@ -383,6 +337,8 @@ class JobNode:
                 key = (r[0], r[1], r[2])
                 self._results.pop(key, None)
                 self._results_sent.pop(key, None)
+                self._result_from.pop(key, None)
+                self._awaiting_copies.pop(key, None)
         elif kind == "revoke":
             for lease in e["l"]:
                 self._revoking.pop(tuple(lease), None)
@@ -413,28 +369,75 @@ class JobNode:
             None if ev.stderr is None else bytes.fromhex(ev.stderr),
             ev.started_ms, ev.ended_ms,
         ]
+        if outs and self.cfg.blob_copies > 1 and self._others():
+            self._awaiting_copies[key] = _Copies(ev.job_id, tuple(sorted(set(outs))))
+
+    # --- blob copies --------------------------------------------------------------------------
+
+    def _copied(self, member: str, digests: tuple[str, ...]) -> None:
+        got = set(digests)
+        for copies in self._awaiting_copies.values():
+            if got.issuperset(copies.digests):
+                copies.have.add(member)
+
+    def _others(self) -> set[str]:
+        """The other members this member knows of."""
+        return ({v for v in self.cfg.voters} | set(self.members)) - {self.cfg.member}
+
+    def _ask_copies(self) -> None:
+        """A result's outputs must be on `blob_copies` members before it is proposed: ask
+        linked members for copies, and release the result once enough have confirmed."""
+        if not self._awaiting_copies:
+            return
+        now = self.now_ms
+        need = min(self.cfg.blob_copies - 1, len(self._others()))
+        linked = sorted(p for p, up in self._links.items() if up and p != self.cfg.member)
+        for key, copies in list(self._awaiting_copies.items()):
+            if len(copies.have) >= need:
+                del self._awaiting_copies[key]
+                continue
+            waiting = sum(1 for p, t in copies.asked.items()
+                          if p not in copies.have and now - t < limits.proposal_retry_ms)
+            want = need - len(copies.have) - waiting
+            for to in linked:
+                if want <= 0:
+                    break
+                if to in copies.have:
+                    continue
+                asked = copies.asked.get(to)
+                if asked is not None and now - asked < limits.proposal_retry_ms:
+                    continue
+                copies.asked[to] = now
+                want -= 1
+                self._out.append(CopyBlobs(to, copies.owner, copies.digests))
 
     # --- reconciling --------------------------------------------------------------------------
 
     def _reconcile(self) -> None:
         now = self.now_ms
-        for rid, ch in list(self._changes.items()):
-            if ch.deadline_ms <= now:
-                del self._changes[rid]
-                self._count("ctl_timeouts")
-                for token in ch.tokens:
-                    self._reply(token, 503, {
-                        "error": "the change was not committed in time (no leader or no quorum); "
-                                 "it may still be applied: retry with the same request id"})
+        for pending in (self._changes, self._forwarded):
+            for rid, ch in list(pending.items()):
+                if rid in self.table.rids and pending is self._changes:
+                    del pending[rid]
+                    for token in ch.tokens:
+                        self._answer_change(token, ch.op, ch.job_id, self.table.rids[rid])
+                elif ch.deadline_ms <= now:
+                    del pending[rid]
+                    self._count("ctl_timeouts")
+                    for token in ch.tokens:
+                        self._reply(token, 503, {
+                            "error": "the change was not committed in time (no leader or no "
+                                     "quorum); it may still be applied: retry with the same "
+                                     "request id"})
         self._answer_waiters()
-        if self.view.is_leader and self.view.ready:
+        self._ask_copies()
+        if self._leading():
             if not self._was_ready:
                 self._was_ready = True
                 self._out.append(UnpinAllBut(frozenset(self.table.jobs)))
-            self._propose_revokes()
-            self._propose_leases()
-            self._propose_results()
-            self._propose_expiry()
+            self._lead()
+        else:
+            self._follow()
         self._follow_own_leases()
 
     def _answer_waiters(self) -> None:
@@ -457,93 +460,6 @@ class JobNode:
             else:
                 del self._waiters[job_id]
 
-    def _live(self, member: str, boot: str) -> bool:
-        return member == self.cfg.member and boot == self.cfg.boot
-
-    def _propose_revokes(self) -> None:
-        now = self.now_ms
-        dead = []
-        for (jid, i), (member, boot) in self.table.leased.items():
-            if self._live(member, boot):
-                continue
-            key = (jid, i, self.table.jobs[jid].epoch[i])
-            sent = self._revoking.get(key)
-            if sent is not None and now - sent < limits.proposal_retry_ms:
-                continue
-            self._revoking[key] = now
-            dead.append(list(key))
-            if len(dead) >= limits.lease_batch_max:
-                break
-        if dead:
-            self._count("revokes_proposed", len(dead))
-            self._out.append(Propose({"k": "revoke", "t": now, "l": dead}))
-
-    def _propose_leases(self) -> None:
-        now = self.now_ms
-        for key, (sent, _pool) in list(self._inflight.items()):
-            if now - sent >= limits.proposal_retry_ms:
-                del self._inflight[key]
-        used: dict[str, int] = {}
-        for (jid, _i), (member, _boot) in self.table.leased.items():
-            if member == self.cfg.member:
-                pool = self.table.jobs[jid].pool
-                used[pool] = used.get(pool, 0) + 1
-        for _sent, pool in self._inflight.values():
-            used[pool] = used.get(pool, 0) + 1
-        grants = []
-        # Under blob backpressure this member takes no new leases until the store drains.
-        pools = () if self._pressure else self.cfg.pools.values()
-        for pool in pools:
-            free = min(pool.slots - used.get(pool.name, 0), limits.lease_batch_max - len(grants))
-            if free <= 0:
-                continue
-            for jid, i in self.table.pick(pool.name, free, now, set(self._inflight)):
-                self._inflight[(jid, i)] = (now, pool.name)
-                grants.append([jid, i, self.cfg.member, self.cfg.boot])
-        if grants:
-            self._count("leases_proposed", len(grants))
-            self._out.append(Propose({"k": "lease", "t": now, "g": grants}))
-
-    def _propose_results(self) -> None:
-        now = self.now_ms
-        rows = []
-        for key, row in self._results.items():
-            sent = self._results_sent.get(key)
-            if sent is not None and now - sent < limits.proposal_retry_ms:
-                continue
-            self._results_sent[key] = now
-            rows.append(row)
-            if len(rows) >= limits.result_batch_max:
-                break
-        if rows:
-            self._count("results_proposed", len(rows))
-            self._out.append(Propose({"k": "result", "t": now, "r": rows}))
-
-    def _propose_expiry(self) -> None:
-        """Retention: forget the oldest finished jobs past `keep_s` or beyond `keep_jobs`."""
-        now = self.now_ms
-        keep_s, keep_jobs = self.cfg.keep_s, self.cfg.keep_jobs
-        if now < self._next_housekeeping_ms or (keep_s is None and keep_jobs is None):
-            return
-        self._next_housekeeping_ms = now + limits.publish_ms
-        finished = self.table.finished
-        excess = len(finished) - keep_jobs if keep_jobs is not None else 0
-        cutoff = now - int(keep_s * 1000) if keep_s is not None else None
-        ids = []
-        for job_id, finished_ms in finished.items():  # oldest first
-            if len(ids) >= limits.lease_batch_max:
-                break
-            if excess <= 0 and (cutoff is None or finished_ms > cutoff):
-                break
-            excess -= 1
-            sent = self._expiring.get(job_id)
-            if sent is None or now - sent >= limits.proposal_retry_ms:
-                self._expiring[job_id] = now
-                ids.append(job_id)
-        if ids:
-            self._count("expiries_proposed", len(ids))
-            self._out.append(Propose({"k": "expire", "t": now, "ids": ids}))
-
     def _follow_own_leases(self) -> None:
         table = self.table
         for key, ended in list(self._running.items()):
@@ -551,6 +467,7 @@ class JobNode:
                 del self._running[key]
                 self._results.pop(key, None)
                 self._results_sent.pop(key, None)
+                self._awaiting_copies.pop(key, None)
                 if not ended:
                     self._out.append(Cut(*key))
         # A lease naming this incarnation's boot id was made after this process started, so it
@@ -572,32 +489,59 @@ class JobNode:
 
     # --- reads ----------------------------------------------------------------------------------
 
+    def _role(self, name: str) -> str:
+        if name == self.view.leader:
+            return "leader"
+        if name in self.cfg.voters or (name == self.cfg.member and self.cfg.role == "voter"):
+            return "follower"
+        return "worker"
+
     def fleet(self) -> dict:
         running = sum(1 for ended in self._running.values() if not ended)
-        return {
-            "term": self.view.term,
-            "leader": self.view.leader,
-            "members": [{
-                "name": self.cfg.member,
-                "role": "leader" if self.view.is_leader else "follower",
-                "alive": True,
-                "pools": {p.name: {"kind": p.kind, "slots": p.slots} for p in self.cfg.pools.values()},
-                "slots": sum(p.slots for p in self.cfg.pools.values()),
-                "running": running,
-                "blob_pressure": self._pressure,
-                "last_seen": self.now_ms / 1000.0,
-            }],
+        me = {
+            "name": self.cfg.member,
+            "role": self._role(self.cfg.member),
+            "alive": True,
+            "pools": {p.name: p.slots for p in self.cfg.pools.values()},
+            "slots": sum(p.slots for p in self.cfg.pools.values()),
+            "running": running,
+            "blob_pressure": self._pressure,
+            "last_seen": self.now_ms / 1000.0,
         }
+        members = {self.cfg.member: me}
+        for name in self.cfg.voters:
+            if name not in members:
+                members[name] = {"name": name, "role": self._role(name), "alive": None,
+                                 "pools": {}, "slots": 0, "running": 0, "last_seen": None}
+        for name, m in self.members.items():
+            if name == self.cfg.member:
+                continue
+            members[name] = {
+                "name": name,
+                "role": self._role(name),
+                "alive": self._alive(name, m.boot),
+                "pools": dict(m.pools),
+                "slots": sum(m.pools.values()),
+                "running": m.running,
+                "blob_pressure": m.pressure,
+                "blob_bytes": m.blob_bytes,
+                "last_seen": m.last_ms / 1000.0 if m.last_ms else None,
+            }
+        return {"term": self.view.term, "leader": self.view.leader,
+                "members": sorted(members.values(), key=lambda r: r["name"])}
 
     def health(self) -> dict:
         return {
             "ok": True,
             "member": self.cfg.member,
+            "role": self.cfg.role,
             "leader": self.view.leader,
             "is_leader": self.view.is_leader,
-            "ready": self.view.ready,
+            "ready": self._leading() or (self.view.leader is not None and (
+                self.cfg.role == "voter" or self.view.ready)),
             "term": self.view.term,
             "applied_index": self.table.applied_index,
+            "leader_seen_ms_ago": (self.now_ms - self._leader_seen_ms) if self._leader_seen_ms else None,
             "jobs": len(self.table.jobs),
         }
 
@@ -608,9 +552,9 @@ class JobNode:
         m["jobs_forgotten_total"] = len(self.table.forgotten)
         m["items_leased"] = len(self.table.leased)
         m["items_running"] = sum(1 for ended in self._running.values() if not ended)
-        m["changes_in_flight"] = len(self._changes)
+        m["changes_in_flight"] = len(self._changes) + len(self._forwarded)
         m["raft_term"] = self.view.term
         m["is_leader"] = 1 if self.view.is_leader else 0
         m["applied_index"] = self.table.applied_index
+        m["members_known"] = len(self.members)
         return m
-

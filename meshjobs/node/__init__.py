@@ -1,0 +1,33 @@
+"""The job node (pure): events in, effects out. See `core.py` for its theory of operation."""
+
+from meshjobs.node.core import JobNode
+from meshjobs.node.events import (
+    Applied,
+    BlobsCopied,
+    CopyBlobs,
+    Ctl,
+    Cut,
+    FrameIn,
+    ItemEnded,
+    NodeConfig,
+    PeerLink,
+    Pin,
+    Pool,
+    Pressure,
+    Propose,
+    Reply,
+    Run,
+    Send,
+    Tick,
+    Unpin,
+    UnpinAllBut,
+    View,
+    spec_digest,
+)
+from meshjobs.node.leader import Member
+
+__all__ = [
+    "Applied", "BlobsCopied", "CopyBlobs", "Ctl", "Cut", "FrameIn", "ItemEnded", "JobNode",
+    "Member", "NodeConfig", "PeerLink", "Pin", "Pool", "Pressure", "Propose", "Reply", "Run",
+    "Send", "Tick", "Unpin", "UnpinAllBut", "View", "spec_digest",
+]

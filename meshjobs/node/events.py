@@ -1,0 +1,193 @@
+"""What goes into the job node (events) and what comes out of it (effects), and its config.
+
+All plain, frozen data: the jobs thread, the tests and the simulator build and read them alike.
+Frame types are named by strings here (`"F_RESULT"`, ...) so the pure core needs nothing of the
+wire codec; `meshjobs.frames.FrameType[name]` maps them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import blake3
+import msgpack
+
+from meshjobs import limits
+from meshjobs.control import Answer
+
+# --- events -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tick:
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class Ctl:
+    token: int
+    req: Any
+
+
+@dataclass(frozen=True)
+class Applied:
+    index: int
+    entry: Any
+    outcome: dict
+    prev: int | None = None  # the table's position before this entry (None: not known)
+
+
+@dataclass(frozen=True)
+class View:
+    term: int = 0
+    leader: str | None = None
+    is_leader: bool = False
+    ready: bool = False  # leader: its table holds every committed entry of its term
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """The blob store holds more payload bytes in memory than it may (on), or drained (off)."""
+
+    on: bool
+
+
+@dataclass(frozen=True)
+class ItemEnded:
+    job_id: str
+    index: int
+    epoch: int
+    state: str  # done | failed | timeout | cut
+    rc: int | None
+    signal: int | None
+    stdout: str | None
+    stderr: str | None
+    started_ms: int
+    ended_ms: int
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class FrameIn:
+    """A frame from another member (already authenticated and decoded by the links)."""
+
+    peer: str
+    ftype: str
+    body: Any
+
+
+@dataclass(frozen=True)
+class PeerLink:
+    """A link to a member came up or went down."""
+
+    peer: str
+    up: bool
+
+
+@dataclass(frozen=True)
+class BlobsCopied:
+    """`member` confirmed that these blobs are durable in its store."""
+
+    member: str
+    digests: tuple[str, ...]
+
+
+# --- effects ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Propose:
+    entry: dict
+
+
+@dataclass(frozen=True)
+class Reply:
+    token: int
+    answer: Answer
+
+
+@dataclass(frozen=True)
+class Run:
+    job_id: str
+    index: int
+    epoch: int
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str | None
+    stdin: str | None
+    runtime_s: float | None
+
+
+@dataclass(frozen=True)
+class Cut:
+    job_id: str
+    index: int
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Pin:
+    owner: str
+    digests: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Unpin:
+    owner: str
+
+
+@dataclass(frozen=True)
+class UnpinAllBut:
+    keep: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Send:
+    """A frame to another member. `table` frames may wait for room in the link's queue."""
+
+    to: str
+    ftype: str
+    body: Any
+    table: bool = False
+
+
+@dataclass(frozen=True)
+class CopyBlobs:
+    """Copy these blobs (durable here) to `to`, which pins them for `owner` (a job) and answers
+    with BlobsCopied once they are durable there."""
+
+    to: str
+    owner: str
+    digests: tuple[str, ...]
+
+
+# --- configuration ------------------------------------------------------------------------------
+
+
+@dataclass
+class Pool:
+    name: str
+    kind: str = "command"
+    slots: int = 1
+    runtime_s: float | None = None
+
+
+@dataclass
+class NodeConfig:
+    member: str
+    boot: str  # this incarnation of the member; leases name it
+    pools: dict[str, Pool] = field(default_factory=dict)
+    keep_s: float | None = None  # retention: forget finished jobs older than this
+    keep_jobs: int | None = None  # retention: keep at most this many finished jobs
+    role: str = "voter"  # voter (takes part in Raft) or worker (follows the leader's table)
+    voters: tuple[str, ...] = ()  # the fleet's voters; empty: a fleet of one
+    dead_ms: int = limits.member_dead_ms
+    blob_copies: int = limits.blob_copies
+
+
+def spec_digest(spec: dict, items: list[bytes | None]) -> bytes:
+    """What makes two submits "the same job": everything but the id, items included."""
+    body = msgpack.packb([sorted((k, v) for k, v in spec.items() if k != "id"), items],
+                         use_bin_type=True)
+    return blake3.blake3(body).digest()

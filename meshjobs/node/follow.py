@@ -1,0 +1,191 @@
+"""A member that does not lead: it reports to the leader, forwards changes, sends results, and —
+a worker member — follows the leader's table through F_JOB_STATE.
+
+Frames are hints that make things faster; none is needed for correctness. A lost F_RESULT is
+sent again until the member's table shows the lease ended; a lost F_CTL times out with 503 and
+the client retries with the same request id; a lost F_JOB_STATE is sent again when the worker's
+next F_JOB_HAVE shows it behind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshjobs import limits
+from meshjobs.control import Answer
+from meshjobs.node.events import Applied, Reply, Send, View
+from meshjobs.table import JobTable
+
+
+def _rows_ok(rows: Any) -> bool:
+    return isinstance(rows, list) and len(rows) <= limits.result_batch_max and all(
+        isinstance(r, list) and len(r) == 10 and isinstance(r[0], str) and type(r[1]) is int
+        and type(r[2]) is int for r in rows)
+
+
+class Following:
+    """Mixed into JobNode: frames between members, seen from both ends."""
+
+    def _frame(self, peer: str, ftype: str, body: Any) -> None:
+        self._count("frames_in_" + ftype)
+        handler = {
+            "F_JOB_HAVE": self._on_have,
+            "F_JOB_STATE": self._on_state,
+            "F_LEASE": self._on_lease,
+            "F_RESULT": self._on_result,
+            "F_CTL": self._on_ctl,
+            "F_CTL_REPLY": self._on_ctl_reply,
+        }.get(ftype)
+        if handler is None:
+            self._count("frames_unhandled")
+            return
+        handler(peer, body)
+
+    # --- at the leader -------------------------------------------------------------------------
+
+    def _on_have(self, peer: str, body: Any) -> None:
+        if self._leading():
+            self._have(peer, body)
+        elif self.cfg.role == "voter" and isinstance(body, dict) and body.get("role") == "worker":
+            # Tell a worker who leads, so that it reports there.
+            self._out.append(Send(peer, "F_JOB_STATE", {
+                "term": self.view.term, "leader": self.view.leader, "voters": list(self.cfg.voters)}))
+
+    def _on_result(self, peer: str, body: Any) -> None:
+        rows = body.get("r") if isinstance(body, dict) else None
+        if not _rows_ok(rows):
+            self._count("frames_bad_result")
+            return
+        if not self._leading():
+            return  # the member sends it again to whoever leads
+        for r in rows:
+            key = (r[0], r[1], r[2])
+            if key not in self._results and self.table.lease_current(*key):
+                self._results[key] = r
+                self._result_from[key] = peer
+
+    def _on_ctl(self, peer: str, body: Any) -> None:
+        if not isinstance(body, dict) or not isinstance(body.get("rid"), str):
+            self._count("frames_bad_ctl")
+            return
+        self._next_remote -= 1
+        token = self._next_remote
+        self._remote[token] = (peer, body["rid"])
+        self._ctl(token, body.get("req"), forwarded=True)
+
+    # --- at the member -------------------------------------------------------------------------
+
+    def _on_ctl_reply(self, peer: str, body: Any) -> None:
+        if not isinstance(body, dict) or type(body.get("status")) is not int:
+            self._count("frames_bad_ctl_reply")
+            return
+        ch = self._forwarded.pop(body.get("rid"), None)
+        if ch is None:
+            return  # answered already (a duplicate, or after our deadline)
+        for token in ch.tokens:
+            self._answer(token, Answer(body["status"], body.get("body")))
+
+    def _on_lease(self, peer: str, body: Any) -> None:
+        index = body.get("index") if isinstance(body, dict) else None
+        if type(index) is int and index > self.table.applied_index:
+            self._next_have_ms = 0  # behind: report now, the leader sends what is missing
+
+    def _on_state(self, peer: str, body: Any) -> None:
+        if self.cfg.role != "worker" or not isinstance(body, dict):
+            return
+        term, leader = body.get("term"), body.get("leader")
+        if type(term) is not int or not (leader is None or isinstance(leader, str)):
+            self._count("frames_bad_state")
+            return
+        if term < self.view.term:
+            return  # from a deposed leader
+        self.view = View(term=term, leader=leader, is_leader=False, ready=True)
+        self._leader_seen_ms = self.now_ms
+        if "snapshot" in body:
+            try:
+                table = JobTable.from_state(body["snapshot"])
+            except Exception:  # remote garbage: a table we cannot load is not installed
+                self._count("frames_bad_state")
+                return
+            self.table.load(table)
+            self._count("state_snapshots_installed")
+            return
+        entries, prev = body.get("entries"), body.get("prev")
+        if not isinstance(entries, list) or type(prev) is not int:
+            return
+        if prev != self.table.applied_index:
+            self._count("state_gaps")
+            self._next_have_ms = 0
+            return
+        for e in entries:
+            if not (isinstance(e, list) and len(e) == 2 and type(e[0]) is int
+                    and e[0] > self.table.applied_index):
+                self._count("frames_bad_state")
+                return
+            prev = self.table.applied_index
+            outcome = self.table.apply(e[1], e[0])
+            self._applied(Applied(e[0], e[1], outcome, prev))
+
+    # --- what every non-leader does each round -------------------------------------------------
+
+    def _follow(self) -> None:
+        now = self.now_ms
+        leader = self.view.leader if self.view.leader != self.cfg.member else None
+        if now >= self._next_have_ms:
+            self._next_have_ms = now + limits.have_ms
+            body = {
+                "boot": self.cfg.boot, "role": self.cfg.role, "pos": self.table.applied_index,
+                "pools": {} if self._pressure else {p.name: p.slots for p in self.cfg.pools.values()},
+                "pressure": self._pressure,
+                "running": sum(1 for ended in self._running.values() if not ended),
+            }
+            targets = [leader] if leader else [v for v in self.cfg.voters if v != self.cfg.member]
+            for to in targets:
+                self._out.append(Send(to, "F_JOB_HAVE", body))
+        if leader is None:
+            return
+        rows = []
+        for key, row in self._results.items():
+            if key in self._awaiting_copies:
+                continue
+            sent = self._results_sent.get(key)
+            if sent is not None and now - sent < limits.proposal_retry_ms:
+                continue
+            self._results_sent[key] = now
+            rows.append(row)
+        for k in range(0, len(rows), limits.result_batch_max):
+            self._out.append(Send(leader, "F_RESULT", {"r": rows[k:k + limits.result_batch_max]}))
+        for rid, ch in self._forwarded.items():
+            if now - ch.sent_ms >= limits.proposal_retry_ms:
+                ch.sent_ms = now
+                self._out.append(Send(leader, "F_CTL", {"rid": rid, "req": ch.req}))
+
+    def _forward(self, token: int, req: dict) -> None:
+        """A change asked of a member that does not lead: send it to the leader (F_CTL)."""
+        leader = self.view.leader
+        if leader is None or leader == self.cfg.member:
+            self._count("ctl_no_leader")
+            self._reply(token, 503, {"error": "no leader: the fleet cannot commit changes now "
+                                              "(an election is under way, or a majority of voters "
+                                              "is unreachable); try again shortly"})
+            return
+        rid = req["rid"]
+        ch = self._forwarded.get(rid)
+        if ch is not None:
+            ch.tokens.append(token)
+            return
+        self._forwarded[rid] = self._new_change([token], req["op"], req.get("id"), req)
+        self._forwarded[rid].sent_ms = self.now_ms
+        self._count("ctl_forwarded")
+        self._out.append(Send(leader, "F_CTL", {"rid": rid, "req": req}))
+
+    def _answer(self, token: int, answer: Answer) -> None:
+        """Every answer goes out here: to a local client, or back to the member that forwarded
+        the request (F_CTL_REPLY)."""
+        remote = self._remote.pop(token, None)
+        if remote is None:
+            self._out.append(Reply(token, answer))
+        else:
+            peer, rid = remote
+            self._out.append(Send(peer, "F_CTL_REPLY", {"rid": rid, "status": answer.status,
+                                                        "body": answer.body}))

@@ -1,0 +1,250 @@
+"""The leader's duties: members' liveness and room, leases, revokes, results, retention, and
+keeping worker members' tables up to date.
+
+Only a leader whose table holds every committed entry of its term (`view.ready`) does any of
+this, and only through proposals: a lease, revoke or result counts when it is committed, never
+when it is decided. Everything here is level-triggered: run it again and it proposes what is
+still missing, and the table's epochs and request ids make a repeat harmless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshjobs import limits
+from meshjobs.node.events import Propose, Send
+
+
+@dataclass
+class Member:
+    """What the leader knows of a member, from its F_JOB_HAVE reports (soft state)."""
+
+    name: str
+    boot: str = ""
+    role: str = "worker"
+    pools: dict[str, int] = field(default_factory=dict)
+    pressure: bool = False
+    pos: int = 0
+    running: int = 0
+    blob_bytes: int = 0
+    last_ms: int = 0
+    sent_upto: int = 0  # the table position F_JOB_STATE has been sent up to (workers)
+    sent_ms: int = 0
+
+
+def parse_have(body: Any) -> dict | None:
+    """A member's F_JOB_HAVE body, checked; None for garbage (counted by the caller)."""
+    if not isinstance(body, dict):
+        return None
+    boot, role, pos, pools = body.get("boot"), body.get("role"), body.get("pos"), body.get("pools")
+    if not (isinstance(boot, str) and 0 < len(boot) <= 64 and role in ("voter", "worker")
+            and type(pos) is int and pos >= 0 and isinstance(pools, dict)
+            and len(pools) <= 256
+            and all(isinstance(k, str) and type(v) is int and 0 <= v <= 100_000
+                    for k, v in pools.items())):
+        return None
+    running = body.get("running", 0)
+    blob_bytes = body.get("blob_bytes", 0)
+    return {
+        "boot": boot, "role": role, "pos": pos, "pools": dict(pools),
+        "pressure": body.get("pressure") is True,
+        "running": running if type(running) is int else 0,
+        "blob_bytes": blob_bytes if type(blob_bytes) is int else 0,
+    }
+
+
+class LeaderDuties:
+    """Mixed into JobNode: what the node does while it leads."""
+
+    # --- members ---------------------------------------------------------------------------------
+
+    def _have(self, peer: str, body: Any) -> None:
+        have = parse_have(body)
+        if have is None:
+            self._count("frames_bad_have")
+            return
+        m = self.members.get(peer)
+        if m is None:
+            m = self.members[peer] = Member(peer)
+        if m.boot and m.boot != have["boot"]:
+            m.sent_upto = 0  # a new incarnation starts its table again
+        m.boot, m.role, m.pools = have["boot"], have["role"], have["pools"]
+        m.pressure, m.pos, m.running = have["pressure"], have["pos"], have["running"]
+        m.blob_bytes = have["blob_bytes"]
+        m.last_ms = self.now_ms
+        if m.role == "worker" and (m.pos > m.sent_upto or (
+                m.pos < m.sent_upto and self.now_ms - m.sent_ms >= limits.proposal_retry_ms)):
+            m.sent_upto = m.pos  # caught up by other means, or frames were lost: resend
+
+    def _alive(self, name: str, boot: str | None = None) -> bool:
+        """Is this member (in this incarnation, when `boot` is given) alive, as the leader sees it?"""
+        if name == self.cfg.member:
+            return boot is None or boot == self.cfg.boot
+        m = self.members.get(name)
+        if m is None or not m.boot:
+            # Not heard from yet: a new leader gives every member `dead_ms` to report.
+            return self.now_ms - self._leader_since_ms < self.cfg.dead_ms
+        if boot is not None and m.boot != boot:
+            return False
+        return self.now_ms - m.last_ms <= self.cfg.dead_ms
+
+    def _room(self) -> dict[str, dict[str, int]]:
+        """Free slots per member and pool: pool slots, minus leases held, minus leases proposed."""
+        room: dict[str, dict[str, int]] = {}
+        if not self._pressure:
+            room[self.cfg.member] = {p.name: p.slots for p in self.cfg.pools.values()}
+        for name, m in self.members.items():
+            if name != self.cfg.member and not m.pressure and self._alive(name, m.boot):
+                room[name] = dict(m.pools)
+        for (jid, _i), (member, _boot) in self.table.leased.items():
+            pools = room.get(member)
+            if pools is not None:
+                pool = self.table.jobs[jid].pool
+                if pool in pools:
+                    pools[pool] -= 1
+        for _sent, pool, member in self._inflight.values():
+            pools = room.get(member)
+            if pools is not None and pool in pools:
+                pools[pool] -= 1
+        return room
+
+    # --- proposals ---------------------------------------------------------------------------------
+
+    def _lead(self) -> None:
+        self._propose_revokes()
+        self._propose_leases()
+        self._propose_results()
+        self._propose_expiry()
+        self._push_state()
+
+    def _propose_revokes(self) -> None:
+        now = self.now_ms
+        dead = []
+        for (jid, i), (member, boot) in self.table.leased.items():
+            if self._alive(member, boot):
+                continue
+            key = (jid, i, self.table.jobs[jid].epoch[i])
+            sent = self._revoking.get(key)
+            if sent is not None and now - sent < limits.proposal_retry_ms:
+                continue
+            self._revoking[key] = now
+            dead.append(list(key))
+            if len(dead) >= limits.lease_batch_max:
+                break
+        if dead:
+            self._count("revokes_proposed", len(dead))
+            self._out.append(Propose({"k": "revoke", "t": now, "l": dead}))
+
+    def _propose_leases(self) -> None:
+        now = self.now_ms
+        for key, (sent, _pool, _member) in list(self._inflight.items()):
+            if now - sent >= limits.proposal_retry_ms:
+                del self._inflight[key]
+        room = self._room()
+        boots = {name: m.boot for name, m in self.members.items()}
+        boots[self.cfg.member] = self.cfg.boot
+        pools = {p for free in room.values() for p, n in free.items() if n > 0}
+        grants: list[list] = []
+        for pool in sorted(pools):
+            total = sum(free.get(pool, 0) for free in room.values() if free.get(pool, 0) > 0)
+            total = min(total, limits.lease_batch_max - len(grants))
+            if total <= 0:
+                continue
+            for jid, i in self.table.pick(pool, total, now, set(self._inflight)):
+                # Spread by load: the member with the most free slots in this pool takes it.
+                member = max((n for n in room if room[n].get(pool, 0) > 0),
+                             key=lambda n: (room[n][pool], n == self.cfg.member, n))
+                room[member][pool] -= 1
+                self._inflight[(jid, i)] = (now, pool, member)
+                grants.append([jid, i, member, boots[member]])
+        if grants:
+            self._count("leases_proposed", len(grants))
+            self._out.append(Propose({"k": "lease", "t": now, "g": grants}))
+
+    def _propose_results(self) -> None:
+        now = self.now_ms
+        rows = []
+        for key, row in self._results.items():
+            if key in self._awaiting_copies:
+                continue
+            sent = self._results_sent.get(key)
+            if sent is not None and now - sent < limits.proposal_retry_ms:
+                continue
+            self._results_sent[key] = now
+            rows.append(row)
+            if len(rows) >= limits.result_batch_max:
+                break
+        if rows:
+            self._count("results_proposed", len(rows))
+            self._out.append(Propose({"k": "result", "t": now, "r": rows}))
+
+    def _propose_expiry(self) -> None:
+        """Retention: forget the oldest finished jobs past `keep_s` or beyond `keep_jobs`."""
+        now = self.now_ms
+        keep_s, keep_jobs = self.cfg.keep_s, self.cfg.keep_jobs
+        if now < self._next_expiry_ms or (keep_s is None and keep_jobs is None):
+            return
+        self._next_expiry_ms = now + limits.publish_ms
+        finished = self.table.finished
+        excess = len(finished) - keep_jobs if keep_jobs is not None else 0
+        cutoff = now - int(keep_s * 1000) if keep_s is not None else None
+        ids = []
+        for job_id, finished_ms in finished.items():  # oldest first
+            if len(ids) >= limits.lease_batch_max:
+                break
+            if excess <= 0 and (cutoff is None or finished_ms > cutoff):
+                break
+            excess -= 1
+            sent = self._expiring.get(job_id)
+            if sent is None or now - sent >= limits.proposal_retry_ms:
+                self._expiring[job_id] = now
+                ids.append(job_id)
+        if ids:
+            self._count("expiries_proposed", len(ids))
+            self._out.append(Propose({"k": "expire", "t": now, "ids": ids}))
+
+    # --- worker members' tables --------------------------------------------------------------------
+
+    def _push_state(self) -> None:
+        """Send each worker the committed entries it does not have yet (F_JOB_STATE), from the
+        ring of recent entries, or the whole table when it is further behind than the ring."""
+        applied = self.table.applied_index
+        for m in self.members.values():
+            if m.role != "worker" or m.sent_upto >= applied or not self._alive(m.name, m.boot):
+                continue
+            body: dict[str, Any] = {"term": self.view.term, "leader": self.cfg.member}
+            entries = self._ring_after(m.sent_upto)
+            if entries is None:
+                body["snapshot"] = self.table.to_state()
+                body["index"] = applied
+                self._count("state_snapshots_sent")
+                m.sent_upto = applied
+            else:
+                body["prev"] = m.sent_upto
+                body["entries"] = entries
+                m.sent_upto = entries[-1][0]
+            m.sent_ms = self.now_ms
+            self._out.append(Send(m.name, "F_JOB_STATE", body, table=True))
+
+    def _ring_after(self, pos: int) -> list[list] | None:
+        """Up to `state_entries_max` committed entries right after table position `pos`, or None
+        when the ring no longer reaches back that far."""
+        ring = self._ring
+        if not ring or ring[0][0] > pos:
+            return None if self.table.applied_index > pos else []
+        # The ring is in index order; entries after pos follow the one whose prev is pos.
+        lo, hi = 0, len(ring)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ring[mid][1] <= pos:
+                lo = mid + 1
+            else:
+                hi = mid
+        out = []
+        for k in range(lo, min(lo + limits.state_entries_max, len(ring))):
+            prev, index, entry = ring[k]
+            out.append([index, entry])
+        if out and ring[lo][0] != pos:
+            return None
+        return out
