@@ -13,6 +13,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
+from meshjobs import limits
 from meshjobs.control import POOL_RE
 from meshjobs.node import Pool
 
@@ -36,6 +37,29 @@ class ConfigError(Exception):
 
 
 @dataclass
+class Voter:
+    name: str
+    raft: tuple[str, int]
+    peer: tuple[str, int]
+    http: tuple[str, int] | None = None
+
+    @property
+    def raft_addr(self) -> str:
+        return f"{self.raft[0]}:{self.raft[1]}"
+
+    @property
+    def role(self) -> str:
+        """voter when named among the voters (or in a fleet of one), worker otherwise."""
+        if not self.voters or any(v.name == self.name for v in self.voters):
+            return "voter"
+        return "worker"
+
+    @property
+    def fleet_of_one(self) -> bool:
+        return not self.voters and self.join is None
+
+
+@dataclass
 class Config:
     name: str
     data: str
@@ -43,8 +67,10 @@ class Config:
     peer: tuple[str, int]
     raft: tuple[str, int]
     secret_file: str
-    voters: list[dict[str, str]] = field(default_factory=list)
-    join: str | None = None
+    voters: list[Voter] = field(default_factory=list)
+    join: tuple[str, int] | None = None
+    dead_ms: int = limits.member_dead_ms
+    blob_copies: int = limits.blob_copies
     pools: dict[str, Pool] = field(default_factory=dict)
     blob_mem_max_bytes: int = DEFAULT_BLOB_MEM_MAX
     blob_gc_grace_s: float = DEFAULT_GC_GRACE_S
@@ -59,6 +85,17 @@ class Config:
     @property
     def raft_addr(self) -> str:
         return f"{self.raft[0]}:{self.raft[1]}"
+
+    @property
+    def role(self) -> str:
+        """voter when named among the voters (or in a fleet of one), worker otherwise."""
+        if not self.voters or any(v.name == self.name for v in self.voters):
+            return "voter"
+        return "worker"
+
+    @property
+    def fleet_of_one(self) -> bool:
+        return not self.voters and self.join is None
 
 
 def parse_addr(value: Any, key: str) -> tuple[str, int]:
@@ -160,12 +197,38 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     fleet = raw.get("fleet", {})
     if not isinstance(fleet, dict):
         raise ConfigError("[fleet] must be a table")
-    voters = fleet.get("voters", [])
-    if not isinstance(voters, list) or not all(isinstance(v, dict) for v in voters):
+    unknown = set(fleet) - {"voters", "join", "dead_ms", "blob_copies"}
+    if unknown:
+        raise ConfigError(f"[fleet]: unknown key(s) {', '.join(sorted(unknown))}")
+    raw_voters = fleet.get("voters", [])
+    if not isinstance(raw_voters, list) or not all(isinstance(v, dict) for v in raw_voters):
         raise ConfigError("fleet.voters must be a list of { name, raft, peer, http } tables")
-    join = fleet.get("join")
-    if join is not None:
-        parse_addr(join, "fleet.join")
+    voters = []
+    for k, v in enumerate(raw_voters):
+        vname = v.get("name")
+        if not isinstance(vname, str) or not POOL_RE.fullmatch(vname):
+            raise ConfigError(f"fleet.voters[{k}]: name must be a member name")
+        if "raft" not in v or "peer" not in v:
+            raise ConfigError(f"fleet.voters[{k}] ({vname}) needs raft and peer addresses")
+        voters.append(Voter(vname, parse_addr(v["raft"], f"fleet.voters[{k}].raft"),
+                            parse_addr(v["peer"], f"fleet.voters[{k}].peer"),
+                            parse_addr(v["http"], f"fleet.voters[{k}].http") if "http" in v else None))
+    if len({v.name for v in voters}) != len(voters):
+        raise ConfigError("fleet.voters: every voter needs its own name")
+    if voters and len(voters) not in (1, 3, 5, 7):
+        raise ConfigError(f"fleet.voters: use 3 or 5 voters (an odd number), not {len(voters)}")
+    join = parse_addr(fleet["join"], "fleet.join") if fleet.get("join") is not None else None
+    me = next((v for v in voters if v.name == name), None)
+    if me is not None:
+        # A voter's own addresses come from its entry unless the file or command line says more.
+        raw.setdefault("raft", me.raft_addr)
+        raw.setdefault("peer", f"{me.peer[0]}:{me.peer[1]}")
+        if me.http is not None:
+            raw.setdefault("http", f"{me.http[0]}:{me.http[1]}")
+    dead_ms = _number(fleet, "dead_ms", "fleet", limits.member_dead_ms, integer=True)
+    blob_copies = _number(fleet, "blob_copies", "fleet", limits.blob_copies, integer=True)
+    if dead_ms < 100 or not 1 <= blob_copies <= 7:
+        raise ConfigError("[fleet] dead_ms must be at least 100 and blob_copies 1..7")
     pools = _pools(raw["pools"]) if "pools" in raw else {
         "default": Pool(name="default", kind="command", slots=os.cpu_count() or 1)}
     blobs = _section(raw, "blobs", {"mem_max", "gc_grace_s", "gc_every_s"})
@@ -186,5 +249,7 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         secret_file=secret_file,
         voters=voters,
         join=join,
+        dead_ms=dead_ms,
+        blob_copies=blob_copies,
         pools=pools,
     )

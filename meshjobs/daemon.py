@@ -19,12 +19,12 @@ import uuid
 
 import structlog
 
-from meshjobs import logs
-from meshjobs.config import Config, ConfigError, load_config
+from meshjobs import limits, logs
+from meshjobs.config import Config, ConfigError, load_config, parse_addr
 from meshjobs.dumpfile import DumpCorrupt
 from meshjobs.failpoints import Failpoints
 from meshjobs.journal import JournalCorrupt
-from meshjobs.node import JobNode, NodeConfig
+from meshjobs.node import BlobsCopied, JobNode, NodeConfig
 from meshjobs.table import JobTable
 
 log = structlog.get_logger("meshd")
@@ -39,6 +39,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data", metavar="DIR", help="data folder (overrides the config)")
     p.add_argument("--http", metavar="HOST:PORT", help="HTTP address (port 0: any free port)")
     p.add_argument("--raft", metavar="HOST:PORT", help="Raft address")
+    p.add_argument("--peer", metavar="HOST:PORT", help="member links address")
     p.add_argument("--slots", type=int, metavar="N",
                    help="slots of the default pool (when the config names no pools)")
     p.add_argument("--log-level", default=None, help="debug, info, warning or error")
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     logs.configure(args.log_level)
     try:
         cfg = load_config(args.config, {"name": args.name, "data": args.data, "http": args.http,
-                                        "raft": args.raft})
+                                        "raft": args.raft, "peer": args.peer})
         if args.slots is not None:
             if args.slots < 0 or "default" not in cfg.pools:
                 raise ConfigError("--slots needs a default pool and a count of 0 or more")
@@ -77,42 +78,82 @@ class Member:
         from blobstore.store import LmdbBlobStore
         from meshjobs.driver import Driver
         from meshjobs.http import HttpApi
-        from meshjobs.jobsd import JobsThread
+        from meshjobs.jobsd import JobsThread, WorkerReplica
         from meshjobs.replica import Replica, open_secret
 
         cfg = self.cfg
         os.makedirs(cfg.data, exist_ok=True)
         failpoints = Failpoints.from_env()
-        if cfg.voters or cfg.join:
-            print("meshd: fleets of more than one member are not supported by this version yet; "
-                  "remove [fleet] to run a fleet of one", file=sys.stderr)
+        role = cfg.role
+        try:
+            secret = open_secret(cfg.secret_path, create=cfg.fleet_of_one)
+        except SystemExit as e:
+            print(e, file=sys.stderr)
             return 2
-        secret = open_secret(cfg.secret_path, create=True)
+        boot = uuid.uuid4().hex[:12]
+        voters = {v.name: v for v in cfg.voters}
+        voter_peers = {v.name: v.peer for v in cfg.voters}
+        if role == "worker" and not voter_peers:
+            try:
+                from meshjobs.links import discover
+                assert cfg.join is not None
+                found = discover(cfg.join, cfg.name, boot, secret)
+            except Exception as e:
+                print(f"meshd: cannot join the fleet at {cfg.join[0]}:{cfg.join[1]}: {e} (is a "
+                      "member running there, and is this member's fleet secret the fleet's?)",
+                      file=sys.stderr)
+                return 4
+            for name, addr in found["voters"].items():
+                voter_peers[name] = parse_addr(addr, "voter")
+            log.info("joined", via=f"{cfg.join[0]}:{cfg.join[1]}", voters=sorted(voter_peers))
         blobs = LmdbBlobStore(os.path.join(cfg.data, "blobs"), failpoints=failpoints)
         table = JobTable()
-        boot = uuid.uuid4().hex[:12]
-        node = JobNode(table, NodeConfig(member=cfg.name, boot=boot, pools=cfg.pools,
-                                         keep_s=cfg.keep_s, keep_jobs=cfg.keep_jobs),
-                       random.Random())
-        try:
-            replica = Replica(cfg.raft_addr, [], cfg.data, secret, table, failpoints,
-                              names={cfg.raft_addr: cfg.name}, election_s=(0.05, 0.1))
-        except (JournalCorrupt, DumpCorrupt) as e:
-            log.critical("journal_damaged", error=str(e))
-            print(f"meshd: {e}", file=sys.stderr)
-            return 70
-        except Exception as e:  # pysyncobj says BindError when the Raft port is taken
-            if "BindError" in repr(e):
-                print(f"meshd: cannot listen on Raft address {cfg.raft_addr}: is another meshd "
-                      "running? (use --raft or the config's raft key)", file=sys.stderr)
-                blobs.close()
-                return 2
-            raise
+        node = JobNode(table, NodeConfig(
+            member=cfg.name, boot=boot, pools=cfg.pools, keep_s=cfg.keep_s,
+            keep_jobs=cfg.keep_jobs, role=role, voters=tuple(sorted(voter_peers)),
+            dead_ms=cfg.dead_ms, blob_copies=cfg.blob_copies), random.Random())
+        if role == "voter":
+            partners = [v.raft_addr for v in cfg.voters if v.name != cfg.name]
+            names = {v.raft_addr: v.name for v in cfg.voters}
+            names[cfg.raft_addr] = cfg.name
+            try:
+                replica = Replica(cfg.raft_addr, partners, cfg.data, secret, table, failpoints,
+                                  names=names,
+                                  election_s=(0.05, 0.1) if not partners else (0.4, 0.8))
+            except (JournalCorrupt, DumpCorrupt) as e:
+                log.critical("journal_damaged", error=str(e))
+                print(f"meshd: {e}", file=sys.stderr)
+                return 70
+            except Exception as e:  # pysyncobj says BindError when the Raft port is taken
+                if "BindError" in repr(e):
+                    print(f"meshd: cannot listen on Raft address {cfg.raft_addr}: is another "
+                          "meshd running? (use --raft or the config's raft key)", file=sys.stderr)
+                    blobs.close()
+                    return 2
+                raise
+        else:
+            replica = WorkerReplica()
         jobs: JobsThread
         driver = Driver(blobs, os.path.join(cfg.data, "spool"),
                         on_end=lambda end: jobs.item_ended(end))
-        jobs = JobsThread(node, replica, driver, blobs)
-        http = HttpApi(cfg.http[0], cfg.http[1], jobs, blobs, cfg.name)
+        links = mover = None
+        if not cfg.fleet_of_one:
+            from meshjobs.blobmover import BlobMover
+            from meshjobs.links import Links
+            links = Links(cfg.name, boot, cfg.peer, secret,
+                          on_frame=lambda peer, frame: jobs.frame_in(peer, frame),
+                          on_peer=lambda peer, up, hello: jobs.peer_changed(peer, up, hello),
+                          discovery=lambda: {n: f"{a[0]}:{a[1]}" for n, a in voter_peers.items()})
+            for name, addr in voter_peers.items():
+                if name != cfg.name:
+                    links.connect(name, addr)
+            mover = BlobMover(cfg.name, blobs, links, os.path.join(cfg.data, "spool-copies"),
+                              on_copied=lambda member, digests: jobs.event(
+                                  BlobsCopied(member, tuple(digests))))
+        jobs = JobsThread(node, replica, driver, blobs, links=links, mover=mover)
+        http_blobs = blobs if mover is None else _FleetBlobs(blobs, mover)
+        http = HttpApi(cfg.http[0], cfg.http[1], jobs, http_blobs, cfg.name)
+        del voters
 
         stop = threading.Event()
 
@@ -137,6 +178,13 @@ class Member:
 
         t_jobs = guarded("jobs", jobs.run)
         t_driver = guarded("driver", driver.run)
+        extra = []
+        if links is not None:
+            extra.append(guarded("links", links.run))
+        if mover is not None:
+            extra.append(guarded("blobmover", mover.run))
+        for t in extra:
+            t.start()
         http_ready = threading.Event()
         t_http = guarded("http", lambda: http.run(http_ready))
         t_driver.start()
@@ -166,11 +214,41 @@ class Member:
         t_jobs.join(10)
         driver.stop()
         t_driver.join(10)
+        if mover is not None:
+            mover.stop()
+        if links is not None:
+            links.stop()
+        for t in extra:
+            t.join(10)
         replica.journal_sync()
         replica.close()
         blobs.close()
         log.info("meshd_stopped")
         return 0
+
+
+class _FleetBlobs:
+    """The blob store as HTTP sees it on a member of a bigger fleet: a blob this member does not
+    hold is fetched from one that does before it is served."""
+
+    def __init__(self, blobs, mover) -> None:
+        self._blobs = blobs
+        self._mover = mover
+
+    def __getattr__(self, name):
+        return getattr(self._blobs, name)
+
+    def open(self, digest: str):
+        it = self._blobs.open(digest)
+        if it is None and self._mover.fetch(digest, limits.blob_fetch_s_max):
+            it = self._blobs.open(digest)
+        return it
+
+    def size(self, digest: str):
+        size = self._blobs.size(digest)
+        if size is None and self._mover.fetch(digest, limits.blob_fetch_s_max):
+            size = self._blobs.size(digest)
+        return size
 
 
 def _write_file(path: str, text: str) -> None:

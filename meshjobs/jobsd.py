@@ -5,66 +5,173 @@ It reads like raft's own loop (etcd's `Ready`/`Advance`):
 1. tick pysyncobj without waiting: messages are handled and committed entries are applied to the
    table, on this thread;
 2. step the node with what happened: the Raft view, committed entries and their outcomes, a bounded
-   batch of control requests and item ends, the time;
+   batch of control requests, frames from other members, item ends, the time;
 3. take the node's effects; hand proposals to pysyncobj (they only enter the log);
 4. the gate: fsync the journal (one fsync for everything logged since the last one);
-5. only then release what depends on it: answers, runs and cuts, blob pins;
+5. only then release what depends on it: answers, frames, runs and cuts, blob pins and copies;
 6. wait for a socket, a wake-up or the next deadline, unless there is more to do at once.
 
 If the journal cannot be made durable, or the node breaks an invariant of its own, the member
 stops at once with a non-zero exit (fail-stop): it never answers from state it could not keep.
+
+A worker member has no Raft replica: `WorkerReplica` stands in for it (nothing to tick, nothing
+to sync), and the node applies the leader's F_JOB_STATE frames to its table itself.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import queue
+import select
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+import msgpack
 import structlog
 
 from meshjobs import limits
 from meshjobs.control import Answer
 from meshjobs.driver import RunItem
 from meshjobs.node import (
+    CopyBlobs,
     Ctl,
     Cut,
+    FrameIn,
     ItemEnded,
     JobNode,
+    PeerLink,
     Pin,
     Propose,
     Reply,
     Run,
+    Send,
     Tick,
     Unpin,
     UnpinAllBut,
+    View,
 )
-from meshjobs.replica import Replica, fail_stop
+from meshjobs.replica import fail_stop
 
 log = structlog.get_logger(__name__)
 
 _BUSY = Answer(503, {"error": "member busy: too many requests queued; try again shortly"})
 _STOPPING = Answer(503, {"error": "member is stopping; try another member or try again later"})
+_CHUNK_BYTES = limits.frame_bytes_max - 64 * 1024  # room for the chunk's own fields and MAC
 
 
 def _wall_ms() -> int:
     return int(time.time() * 1000)
 
 
-class JobsThread:
-    """The jobs thread and the control port that HTTP (and, later, peers) talk to."""
+class _Journal:
+    """A worker member's journal: it has none (its table is re-learned from the leader)."""
 
-    def __init__(self, node: JobNode, replica: Replica, driver: Any, blobs: Any,
+    dirty = False
+
+    def sync(self) -> None:
+        pass
+
+
+class WorkerReplica:
+    """What the jobs thread needs of a replica, for a member that does not vote."""
+
+    dump_damage = None
+
+    def __init__(self) -> None:
+        self.journal = _Journal()
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self.notifier = self
+
+    def notify(self) -> None:
+        try:
+            os.write(self._w, b"!")
+        except BlockingIOError:
+            pass
+
+    def tick(self, timeout_s: float) -> None:
+        pass
+
+    def wait(self, timeout_s: float) -> None:
+        ready, _, _ = select.select([self._r], [], [], timeout_s)
+        if ready:
+            try:
+                while os.read(self._r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+
+    def needs_tick(self) -> bool:
+        return False
+
+    def view(self) -> View:
+        return View()
+
+    def take_applied(self) -> list:
+        return []
+
+    def propose(self, entry: dict) -> None:
+        raise AssertionError("a worker member never proposes")
+
+    def journal_sync(self) -> None:
+        pass
+
+    def close(self) -> None:
+        os.close(self._r)
+        os.close(self._w)
+
+
+class _Assembler:
+    """Frames too large for one link frame travel in parts; this puts them back together,
+    bounded in count and bytes (a peer cannot make us hold more)."""
+
+    def __init__(self) -> None:
+        self._parts: dict[tuple[str, int], tuple[int, list[bytes | None], int]] = {}
+
+    def add(self, peer: str, body: dict) -> Any:
+        seq, part, parts, data = body.get("seq"), body.get("part"), body.get("parts"), body.get("data")
+        if not (type(seq) is int and type(part) is int and type(parts) is int
+                and isinstance(data, bytes) and 0 <= part < parts <= limits.frame_parts_max):
+            return None
+        key = (peer, seq)
+        if key not in self._parts:
+            if len(self._parts) >= limits.frame_assemblies_max:
+                self._parts.pop(next(iter(self._parts)))
+            self._parts[key] = (parts, [None] * parts, 0)
+        n, chunks, size = self._parts[key]
+        if n != parts or chunks[part] is not None:
+            del self._parts[key]
+            return None
+        chunks[part] = data
+        size += len(data)
+        self._parts[key] = (n, chunks, size)
+        if any(c is None for c in chunks):
+            return None
+        del self._parts[key]
+        try:
+            return msgpack.unpackb(b"".join(chunks), raw=False, strict_map_key=False)  # type: ignore[arg-type]
+        except Exception:
+            return None
+
+
+class JobsThread:
+    """The jobs thread and the control port that HTTP talks to."""
+
+    def __init__(self, node: JobNode, replica: Any, driver: Any, blobs: Any,
                  clock_ms: Callable[[], int] = _wall_ms,
-                 exit_fn: Callable[[int], None] | None = None) -> None:
+                 exit_fn: Callable[[int], None] | None = None,
+                 links: Any = None, mover: Any = None) -> None:
         self.node = node
         self.replica = replica
         self.driver = driver
         self.blobs = blobs
+        self.links = links
+        self.mover = mover
         self.clock_ms = clock_ms
         self._exit_fn = exit_fn
         self.inbox: queue.Queue = queue.Queue(maxsize=limits.ctl_queue_max)
@@ -73,6 +180,9 @@ class JobsThread:
         self._futures: dict[int, Future] = {}
         self._stop = threading.Event()
         self._last_view = None
+        self._seq = itertools.count(1)
+        self._assembler = _Assembler()
+        self.frames_dropped = 0
         self.syncs = 0
 
     # --- called from other threads ---------------------------------------------------------------
@@ -94,9 +204,31 @@ class JobsThread:
     def item_ended(self, end: Any) -> None:
         """The driver's report of an item's end. Blocks while the queue is full: an end is never
         dropped (a lost end would hold its lease until the member restarts)."""
-        self.ends.put(ItemEnded(end.job_id, end.index, end.epoch, end.state, end.rc, end.signal,
-                                end.stdout, end.stderr, end.started_ms, end.ended_ms, end.error))
+        self.event(ItemEnded(end.job_id, end.index, end.epoch, end.state, end.rc, end.signal,
+                             end.stdout, end.stderr, end.started_ms, end.ended_ms, end.error))
+
+    def event(self, ev: Any) -> None:
+        """An event from a thread of this member (driver, blob threads): never dropped."""
+        self.ends.put(ev)
         self.replica.notifier.notify()
+
+    def frame_in(self, peer: str, frame: Any) -> None:
+        """A frame from the links thread. Blob frames go to the blob mover; the rest to the
+        node. Frames are hints: when the inbox is full they are dropped and counted."""
+        name = frame.type.name
+        if name in ("F_BLOB_PUT", "F_BLOB_GET"):
+            if self.mover is not None:
+                self.mover.frame(peer, frame.type, frame.body)
+            return
+        try:
+            self.inbox.put_nowait((0, FrameIn(peer, name, frame.body), None))
+        except queue.Full:
+            self.frames_dropped += 1
+            return
+        self.replica.notifier.notify()
+
+    def peer_changed(self, peer: str, up: bool, hello: dict) -> None:
+        self.event(PeerLink(peer, up))
 
     def stop(self) -> None:
         self._stop.set()
@@ -120,7 +252,8 @@ class JobsThread:
                 _token, _req, fut = self.inbox.get_nowait()
             except queue.Empty:
                 break
-            fut.set_result(_STOPPING)
+            if fut is not None:
+                fut.set_result(_STOPPING)
 
     def _loop(self) -> None:
         node, replica = self.node, self.replica
@@ -156,15 +289,18 @@ class JobsThread:
                 token, req, fut = self.inbox.get_nowait()
             except queue.Empty:
                 break
+            events += 1
+            if fut is None:
+                self._frame(req)
+                continue
             self._futures[token] = fut
             node.step(Ctl(token, req))
-            events += 1
         while events < limits.events_batch_max:
             try:
-                end = self.ends.get_nowait()
+                ev = self.ends.get_nowait()
             except queue.Empty:
                 break
-            node.step(end)
+            node.step(ev)
             events += 1
         effects = node.take()
         proposed = False
@@ -185,11 +321,22 @@ class JobsThread:
             self._release(eff)
         return proposed or bool(applied) or events >= limits.events_batch_max
 
+    def _frame(self, ev: FrameIn) -> None:
+        body = ev.body
+        if isinstance(body, dict) and "parts" in body:
+            whole = self._assembler.add(ev.peer, body)
+            if whole is None:
+                return
+            ev = FrameIn(ev.peer, ev.ftype, whole)
+        self.node.step(ev)
+
     def _release(self, eff: Any) -> None:
         if isinstance(eff, Reply):
             fut = self._futures.pop(eff.token, None)
             if fut is not None:
                 fut.set_result(eff.answer)
+        elif isinstance(eff, Send):
+            self._send(eff)
         elif isinstance(eff, Run):
             self.driver.start(RunItem(eff.job_id, eff.index, eff.epoch, eff.argv, eff.env,
                                       eff.cwd, eff.stdin, eff.runtime_s))
@@ -203,7 +350,32 @@ class JobsThread:
         elif isinstance(eff, UnpinAllBut):
             for owner in self.blobs.owners() - eff.keep:
                 self.blobs.unpin_owner(owner)
+        elif isinstance(eff, CopyBlobs):
+            if self.mover is not None:
+                self.mover.copy(eff.to, eff.owner, eff.digests)
         elif isinstance(eff, Propose):
             pass
         else:
             raise AssertionError(f"unknown effect {eff!r}")
+
+    def _send(self, eff: Send) -> None:
+        if self.links is None:
+            return
+        from meshjobs.frames import FrameType
+
+        ftype = FrameType[eff.ftype]
+        raw = msgpack.packb(eff.body, use_bin_type=True)
+        if len(raw) <= _CHUNK_BYTES:
+            self.links.send(eff.to, ftype, eff.body, table=eff.table)
+            return
+        # Too large for one frame (a table snapshot, a large batch of entries): in parts, as
+        # one table batch, so that a part that cannot be queued drops the rest.
+        parts = -(-len(raw) // _CHUNK_BYTES)
+        if parts > limits.frame_parts_max:
+            log.error("frame_too_large", to=eff.to, ftype=eff.ftype, bytes=len(raw))
+            return
+        seq = next(self._seq)
+        self.links.send_batch(eff.to, [
+            (ftype, {"seq": seq, "part": k, "parts": parts,
+                     "data": raw[k * _CHUNK_BYTES:(k + 1) * _CHUNK_BYTES]})
+            for k in range(parts)], table=True)

@@ -56,6 +56,35 @@ _READS_PER_TURN = 16
 _TICK_S = 0.05
 
 
+DISCOVER = "*"  # the `to` of a hello that asks "who are you and who are the voters?"
+
+
+def discover(addr: tuple[str, int], self_name: str, boot: str, secret: bytes,
+             timeout_s: float = 5.0) -> dict[str, Any]:
+    """Ask the member at `addr` for its hello and the fleet's voters (blocking; used once when a
+    worker member starts with `join`). Raises OSError or FrameError when it cannot."""
+    deadline = time.monotonic() + timeout_s
+    with socket.create_connection(addr, timeout=timeout_s) as sock:
+        sock.sendall(encode(FrameType.F_HELLO, {"name": self_name, "boot": boot, "peer": "",
+                                                "to": DISCOVER}, secret, wall_ms(),
+                            os.urandom(NONCE_BYTES)))
+        decoder = FrameDecoder(secret)
+        while True:
+            frame = decoder.next_frame(wall_ms())
+            if frame is not None:
+                if frame.type != FrameType.F_HELLO or not isinstance(frame.body.get("voters"), dict):
+                    raise FrameError("hello", "the member did not answer with its voters")
+                return frame.body
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no answer from {addr[0]}:{addr[1]} within {timeout_s} s")
+            sock.settimeout(left)
+            data = sock.recv(min(decoder.room(), 65536))
+            if not data:
+                raise ConnectionError(f"{addr[0]}:{addr[1]} closed the connection")
+            decoder.receive_data(data)
+
+
 def wall_ms() -> int:
     """Milliseconds since the epoch: frames carry wall time, compared across members."""
     return time.time_ns() // 1_000_000
@@ -132,7 +161,8 @@ class Links:
                  idle_ms: int = limits.link_idle_ms,
                  silent_ms_max: int = limits.link_silent_ms_max,
                  hello_ms_max: int = limits.link_hello_ms_max,
-                 frame_bytes_max: int = limits.frame_bytes_max) -> None:
+                 frame_bytes_max: int = limits.frame_bytes_max,
+                 discovery: Callable[[], dict[str, str]] | None = None) -> None:
         if queue_bytes_max < frame_bytes_max:
             raise ValueError("a link's queue must hold at least one frame of the largest size")
         self.self_name = self_name
@@ -140,6 +170,7 @@ class Links:
         self._secret = bytes(secret)
         self._on_frame = on_frame
         self._on_peer = on_peer
+        self._discovery = discovery  # name -> peer address of the voters, for joining workers
         self._clock_ms = clock_ms
         self._log = log if log is not None else structlog.get_logger(__name__)
         self._queue_frames_max = queue_frames_max
@@ -500,6 +531,9 @@ class Links:
                 and isinstance(peer_addr, str) and isinstance(to, str)):
             self._garbage(conn, "hello", "missing or mistyped fields")
             return
+        if to == DISCOVER and not conn.outgoing and self._discovery is not None:
+            self._discover_reply(conn, name)
+            return
         if to != self.self_name or name == self.self_name:
             self._garbage(conn, "hello", f"hello from {name!r} to {to!r}")
             return
@@ -554,6 +588,24 @@ class Links:
             self._close(loser, "duplicate")
         self._set_events(conn)
         self._report(name, events)
+
+    def _discover_reply(self, conn: _Conn, name: str) -> None:
+        """A member that knows only our address asked who we are and who the voters are (a
+        worker joining with `join = "host:port"`): answer with our hello and the voters, then
+        close. The answer is a few hundred bytes on a fresh socket, so the send does not wait."""
+        assert self._discovery is not None
+        host, port = self.address
+        reply = self._encode(FrameType.F_HELLO, {
+            "name": self.self_name, "boot": self.boot, "peer": f"{host}:{port}", "to": name,
+            "voters": self._discovery()})
+        try:
+            conn.sock.setblocking(True)
+            conn.sock.settimeout(1.0)
+            conn.sock.sendall(reply)
+        except OSError:
+            pass
+        self._count("discovery")
+        self._close(conn, "discovery")
 
     def _choose(self, old: _Conn, new: _Conn) -> _Conn:
         """Of two connections to one peer, the one to keep (both sides choose the same)."""

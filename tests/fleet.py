@@ -43,6 +43,8 @@ class Meshd:
         self.name = name
         self.extra_env = env or {}
         self.config = config
+        self.fleet = False  # a member of a bigger fleet: its addresses come from its config
+        self.prefix: list[str] = []  # e.g. setpriv, to run the member under another group
         self.raft_port = free_port()
         self.proc: subprocess.Popen | None = None
         self.url = ""
@@ -54,15 +56,16 @@ class Meshd:
         addr_file = os.path.join(self.data, "http.addr")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(addr_file)
-        args = [sys.executable, "-m", "meshjobs.daemon", "--data", self.data,
-                "--http", "127.0.0.1:0", "--raft", f"127.0.0.1:{self.raft_port}",
-                "--name", self.name]
+        args = [sys.executable, "-m", "meshjobs.daemon", "--data", self.data, "--name", self.name]
         if self.config:
             args += ["--config", self.config]
+            if not self.fleet:
+                args += ["--http", "127.0.0.1:0", "--raft", f"127.0.0.1:{self.raft_port}"]
         else:
-            args += ["--slots", str(self.slots)]
+            args += ["--slots", str(self.slots), "--http", "127.0.0.1:0",
+                     "--raft", f"127.0.0.1:{self.raft_port}"]
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=self.data,
+        self.proc = subprocess.Popen(self.prefix + args, stdout=log, stderr=subprocess.STDOUT, cwd=self.data,
                                      env=env_with_path({"MESHTEST_DATA": self.data, **self.extra_env}),
                                      start_new_session=True)
         log.close()
@@ -184,3 +187,40 @@ class Meshd:
             assert status == 200, (status, rec)
             if rec["state"] in ("done", "failed", "cancelled"):
                 return rec
+
+
+def make_fleet(top: str, voters: int = 3, workers: int = 0, slots: int = 2,
+               dead_ms: int = 1500, worker_slots: int | None = None,
+               extra: str = "") -> list[Meshd]:
+    """Configs, data folders and one shared fleet secret for `voters` voters and `workers`
+    worker members on free loopback ports. Nothing is started."""
+    secret = os.urandom(32)
+    ports = {f"v{i}": (free_port(), free_port(), free_port()) for i in range(1, voters + 1)}
+    voter_lines = ", ".join(
+        f'{{ name = "{n}", raft = "127.0.0.1:{r}", peer = "127.0.0.1:{p}", http = "127.0.0.1:{h}" }}'
+        for n, (r, p, h) in ports.items())
+    members = []
+    names = list(ports) + [f"w{i}" for i in range(1, workers + 1)]
+    for name in names:
+        data = os.path.join(top, name)
+        os.makedirs(data, exist_ok=True)
+        fd = os.open(os.path.join(data, "fleet.secret"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.write(fd, secret)
+        os.close(fd)
+        if name in ports:
+            fleet = f"voters = [ {voter_lines} ]\n"
+            addrs = ""
+            n_slots = slots
+        else:
+            first = next(iter(ports.values()))
+            fleet = f'join = "127.0.0.1:{first[1]}"\n'
+            addrs = f'http = "127.0.0.1:{free_port()}"\npeer = "127.0.0.1:{free_port()}"\n'
+            n_slots = slots if worker_slots is None else worker_slots
+        cfg = os.path.join(top, f"{name}.toml")
+        with open(cfg, "w") as f:
+            f.write(f'name = "{name}"\n{addrs}{extra}\n[fleet]\n{fleet}dead_ms = {dead_ms}\n'
+                    f"[pools.default]\nslots = {n_slots}\n")
+        m = Meshd(data, name=name, config=cfg)
+        m.fleet = True
+        members.append(m)
+    return members

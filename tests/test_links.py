@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from meshjobs import limits
-from meshjobs.frames import HEADER, MAGIC, NONCE_BYTES, Frame, FrameType, encode
+from meshjobs.frames import HEADER, MAGIC, NONCE_BYTES, Frame, FrameError, FrameType, encode
 from meshjobs.links import Links, wall_ms
 
 SECRET = bytes(range(32))
@@ -408,3 +408,27 @@ def test_stop_before_run_closes_the_port():
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(addr)
+
+
+def test_discover_answers_with_voters(tmp_path):
+    """A worker that knows only an address asks who is there and who the voters are (hello to
+    "*"): the member answers with its name and the voters, then closes; a wrong secret gets
+    nothing."""
+    import threading as _threading
+
+    from meshjobs.links import Links, discover
+
+    secret = b"s" * 32
+    links = Links("v1", "boot1", ("127.0.0.1", 0), secret, on_frame=lambda p, f: None,
+                  discovery=lambda: {"v1": "127.0.0.1:1", "v2": "127.0.0.1:2"})
+    t = _threading.Thread(target=links.run, daemon=True)
+    t.start()
+    try:
+        body = discover(links.address, "w1", "bootw", secret)
+        assert body["name"] == "v1" and body["voters"] == {"v1": "127.0.0.1:1", "v2": "127.0.0.1:2"}
+        with pytest.raises((OSError, FrameError)):
+            discover(links.address, "w1", "bootw", b"x" * 32, timeout_s=1.5)
+        assert links.stats()["dropped"].get("mac", 0) >= 1
+    finally:
+        links.stop()
+        t.join(5)
