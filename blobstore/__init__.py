@@ -2,8 +2,10 @@
 
 Payloads are stored once per digest, durable when a put returns, checked against their digest
 on every read, and kept while pinned. `LmdbBlobStore` is the store; `MemoryBlobStore` is its
-in-memory twin with the same interface. This package imports nothing of meshjobs; its limits
-are in `blobstore.limits`.
+in-memory twin with the same interface. `BlobWriters` puts payloads into either from any
+thread in batches, each batch durable with one shared fsync (group commit), with backpressure on
+the payload bytes waiting in memory. This package imports nothing of meshjobs; its limits are in
+`blobstore.limits`.
 """
 
 from __future__ import annotations
@@ -19,15 +21,18 @@ from blobstore.errors import (
 )
 from blobstore.memory import MemoryBlobStore
 from blobstore.store import LmdbBlobStore
+from blobstore.writers import BlobWriters, StoreBusy
 
 __all__ = [
     "BlobCorrupt",
     "BlobError",
     "BlobGone",
+    "BlobWriters",
     "Failpoints",
     "Hasher",
     "LmdbBlobStore",
     "MemoryBlobStore",
+    "StoreBusy",
     "StoreClosed",
     "StoreFull",
     "check_digest",

@@ -4,12 +4,16 @@ Tests and simulations use it where a disk would only slow them down, and the pro
 it beside the LMDB store as the model the real one must agree with. It keeps no chunks: a payload
 is one bytes object, cut into chunks only when read through `open`.
 
-Rules: the same input checks, errors and counters as LmdbBlobStore; every change counts as one
-durable commit and calls `failpoints.hit("blob.fsync")` first, so failure tests run on either.
+Rules: the same input checks, errors and counters as LmdbBlobStore. Every change calls
+`failpoints.hit("blob.write")` first; a durable change then counts one fsync and calls
+`failpoints.hit("blob.fsync")`, while `write_batch` leaves that to `sync`, as the LMDB store does.
+A failed "fsync" poisons the twin just as a real one poisons the LMDB store, so failure tests run
+on either.
 """
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -38,17 +42,48 @@ class MemoryBlobStore:
         self._puts = 0
         self._fsyncs = 0
         self._closed = False
+        self._dirty = False  # changed since the last "fsync"
+        self._poisoned: BaseException | None = None
 
     def _begin(self) -> None:
-        """Called under the lock before every change, where the LMDB store commits."""
-        if self._closed:
-            raise StoreClosed("the memory blob store is closed")
+        """Called under the lock before every change, where the LMDB store begins a write."""
+        self._live()
         if self._failpoints is not None:
-            self._failpoints.hit("blob.fsync")
+            self._failpoints.hit("blob.write")
+
+    def _durable(self) -> None:
+        """Called under the lock after a change, where the LMDB store syncs."""
+        self._dirty = True
+        self._sync_locked()
+
+    def _sync_locked(self) -> bool:
+        self._live()
+        if not self._dirty:
+            return False
+        if self._failpoints is not None:
+            try:
+                self._failpoints.hit("blob.fsync")
+            except BaseException as e:
+                self._poisoned = e
+                raise
+        self._dirty = False
+        self._fsyncs += 1
+        return True
+
+    def sync(self) -> bool:
+        """Count everything changed so far as durable; True when that took an "fsync"."""
+        with self._lock:
+            return self._sync_locked()
 
     def _live(self) -> None:
         if self._closed:
             raise StoreClosed("the memory blob store is closed")
+        if self._poisoned is not None:
+            raise OSError(
+                errno.EIO,
+                f"the memory blob store failed to fsync earlier ({self._poisoned}); it refuses "
+                "every call",
+            )
 
     def put(self, data: bytes) -> str:
         return self.put_stream((check_data(data),))
@@ -58,20 +93,61 @@ class MemoryBlobStore:
             return self.put_stream(iter(lambda: f.read(self._chunk_bytes), b""))
 
     def put_stream(self, chunks: Iterable[bytes]) -> str:
+        data, digest = self._stage(chunks)
+        with self._lock:
+            self._begin()
+            self._keep(digest, data)
+            self._puts += 1
+            self._durable()
+        return digest
+
+    def write_batch(
+        self, payloads: list[bytes | str], owners: list[str | None] | None = None
+    ) -> list[str | Exception]:
+        """As LmdbBlobStore.write_batch: one change for the whole batch, not durable until
+        `sync`; each payload's digest, or the error that kept it out, in order."""
+        if owners is None:
+            owners = [None] * len(payloads)
+        if len(owners) != len(payloads):
+            raise ValueError(f"{len(payloads)} payloads but {len(owners)} owners")
+        out: list[str | Exception] = []
+        staged: list[tuple[str, bytes, str | None]] = []
+        for payload, owner in zip(payloads, owners, strict=True):
+            try:
+                if owner is not None:
+                    check_owner(owner)
+                if isinstance(payload, str):
+                    with open(payload, "rb") as f:
+                        data, digest = self._stage(iter(lambda: f.read(self._chunk_bytes), b""))
+                else:
+                    data, digest = self._stage((check_data(payload),))
+            except (OSError, TypeError, ValueError) as e:
+                out.append(e)
+                continue
+            staged.append((digest, data, owner))
+            out.append(digest)
+        if staged:
+            with self._lock:
+                self._begin()
+                for digest, data, owner in staged:
+                    self._keep(digest, data)
+                    if owner is not None:
+                        self._pins.setdefault(owner, set()).add(digest)
+                self._puts += len(staged)
+                self._dirty = True
+        return out
+
+    def _stage(self, chunks: Iterable[bytes]) -> tuple[bytes, str]:
         hasher = Hasher()
         parts = []
         for piece in chunks:
             view = check_data(piece)
             hasher.update(view)
             parts.append(bytes(view))
-        data = b"".join(parts)
-        digest = hasher.hexdigest()
-        with self._lock:
-            self._begin()
-            self._blobs[digest] = (self._blobs.get(digest, (data, 0.0))[0], float(self._clock()))
-            self._fsyncs += 1
-            self._puts += 1
-        return digest
+        return b"".join(parts), hasher.hexdigest()
+
+    def _keep(self, digest: str, data: bytes) -> None:
+        self._blobs[digest] = (self._blobs.get(digest, (data, 0.0))[0], float(self._clock()))
 
     def _payload(self, digest: str) -> bytes | None:
         check_digest(digest)
@@ -119,14 +195,15 @@ class MemoryBlobStore:
         with self._lock:
             self._begin()
             self._pins.setdefault(owner, set()).add(digest)
-            self._fsyncs += 1
+            self._durable()
 
     def unpin_owner(self, owner: str) -> int:
         check_owner(owner)
         with self._lock:
             self._begin()
-            self._fsyncs += 1
-            return len(self._pins.pop(owner, ()))
+            removed = len(self._pins.pop(owner, ()))
+            self._durable()
+            return removed
 
     def owners(self) -> set[str]:
         with self._lock:
@@ -143,7 +220,6 @@ class MemoryBlobStore:
         grace_s, now_s = float(grace_s), float(now_s)
         with self._lock:
             self._begin()
-            self._fsyncs += 1
             held = set().union(*self._pins.values())
             gone = [
                 d
@@ -152,6 +228,7 @@ class MemoryBlobStore:
             ]
             for d in gone:
                 del self._blobs[d]
+            self._durable()
             return len(gone)
 
     def stats(self) -> dict[str, int]:

@@ -8,9 +8,24 @@ go under a fresh stream id that is listed as pending, and the last transaction e
 the stream as the blob or, when the blob was already stored, deletes it again. Identical
 payloads are therefore stored once. Pins are (digest, owner) pairs, indexed both ways.
 
+Durability is group commit. The environment is opened without LMDB's own syncs; a commit makes
+its transaction visible, and `sync` makes everything committed so far durable with one fsync of
+the data file. A sync that starts after a commit returned covers that commit, so callers that
+commit at about the same time share one fsync: each waits for a sync that started after its
+commit, and starts one itself only when none is running. `write_batch` commits a whole batch of
+payloads in one transaction without syncing; the blob writer threads (`blobstore.writers`) call
+it and then `sync`. Every other change (put, pin, unpin_owner, collect) commits and then syncs
+through the same path, so it is durable when it returns.
+
+A failed fsync poisons the store, as it does the journal: committed pages may be lost from the
+page cache while later transactions build on them, so a retry could falsely succeed. From then
+on every call raises OSError until the store is reopened.
+
 Rules:
-1. Every change goes through `_commit`: one LMDB write transaction, committed with sync, after
-   `failpoints.hit("blob.fsync")`. Nothing changes Python-side state until a commit returned.
+1. Every change goes through `_commit`: one LMDB write transaction, after
+   `failpoints.hit("blob.write")`, then (for a durable change) `sync`, which calls
+   `failpoints.hit("blob.fsync")` before each real fsync. Nothing changes Python-side state until
+   a commit returned.
 2. Counters (blobs, bytes, pins) live in the meta db and change in the same transaction as what
    they count, so opening a store never rescans it.
 3. Paired checks: the digest and each chunk's checksum are computed while writing; on every read
@@ -23,6 +38,7 @@ Rules:
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import threading
@@ -72,6 +88,50 @@ class _Rec(NamedTuple):
     put_s: float
 
 
+class _Staged:
+    """A payload hashed and cut into stored chunks, waiting for the transaction that keeps it.
+
+    `stream` is 0 when all its chunks are still in `values`; otherwise the first `written`
+    chunks are already committed under that pending stream id.
+    """
+
+    __slots__ = ("key", "size", "stream", "written", "values", "held_bytes", "who", "pos")
+
+    def __init__(
+        self,
+        key: bytes,
+        size: int,
+        stream: int,
+        written: int,
+        values: list[bytes],
+        held_bytes: int,
+    ) -> None:
+        self.key = key
+        self.size = size
+        self.stream = stream
+        self.written = written
+        self.values = values
+        self.held_bytes = held_bytes
+        self.who: bytes | None = None
+        self.pos = 0  # its place in the batch
+
+    @property
+    def hexd(self) -> str:
+        return self.key.hex()
+
+
+class _Small:
+    """Payloads of one chunk, staged in flat lists: digest, stored chunk, pin owner, place."""
+
+    __slots__ = ("keys", "values", "whos", "places")
+
+    def __init__(self) -> None:
+        self.keys: list[bytes] = []
+        self.values: list[bytes] = []
+        self.whos: list[bytes | None] = []
+        self.places: list[int] = []
+
+
 class _Gate:
     """Many short read transactions at once, or one map change with none of them running."""
 
@@ -115,24 +175,25 @@ def _key(digest: object) -> tuple[bytes, str]:
     return bytes.fromhex(hexd), hexd
 
 
-def _chunk_value(data: bytes | memoryview) -> bytes:
-    """A chunk as stored: its blake3-256 checksum, then its bytes."""
-    return blake3.blake3(data).digest() + bytes(data)
+def _chunk_value(data: bytes | bytearray | memoryview) -> bytes:
+    """A chunk as stored: its blake3-256 checksum, then its bytes (copied once)."""
+    return b"".join((blake3.blake3(data).digest(), data))
 
 
-def _rechunk(tail: bytearray, view: memoryview, size: int) -> Iterator[bytes]:
+def _rechunk(tail: bytearray, view: memoryview, size: int) -> Iterator[bytes | memoryview]:
     """Yield whole chunks of `size` from what is left in `tail` followed by `view`; keep the rest
-    in `tail`. Only a partial chunk is ever copied into `tail`."""
+    in `tail`. Only a partial chunk is ever copied into `tail`; a yielded chunk is valid only
+    until the next one is asked for."""
     if tail:
         need = size - len(tail)
         tail += view[:need]
         view = view[need:]
         if len(tail) < size:
             return
-        yield bytes(tail)
+        yield tail
         tail.clear()
     while len(view) >= size:
-        yield bytes(view[:size])
+        yield view[:size]
         view = view[size:]
     tail += view
 
@@ -159,6 +220,13 @@ class LmdbBlobStore:
         self._stats_lock = threading.Lock()
         self._puts = 0
         self._fsyncs = 0
+        # Group commit: commits are numbered under the write lock; `_synced` is the number of the
+        # last commit known durable. One sync runs at a time, and the others wait on the condition.
+        self._committed = 0
+        self._synced = 0
+        self._syncing = False
+        self._sync_cond = threading.Condition()
+        self._poisoned: BaseException | None = None
         # Stream ids of streaming puts under way in this process; a pending stream not listed
         # here was left by a put that failed or a process that died, and is swept.
         self._live_streams: set[int] = set()
@@ -166,8 +234,8 @@ class LmdbBlobStore:
             path,
             map_size=map_bytes,
             subdir=True,
-            sync=True,
-            metasync=True,
+            sync=False,
+            metasync=False,
             writemap=False,
             max_dbs=limits.dbs_max,
             max_readers=limits.readers_max,
@@ -216,14 +284,24 @@ class LmdbBlobStore:
 
     # --- the write path -------------------------------------------------------------------------
 
-    def _commit(self, work: Callable[[lmdb.Transaction], T], weight_bytes: int = 0) -> T:
-        """Run `work` in one write transaction and commit it durably; the one way anything changes.
+    def _commit(
+        self,
+        work: Callable[[lmdb.Transaction], T],
+        weight_bytes: int = 0,
+        *,
+        durable: bool = True,
+    ) -> T:
+        """Run `work` in one write transaction and commit it; the one way anything changes.
 
+        With `durable`, the commit is synced (shared with other callers) before this returns.
         `work` must have no effect outside its transaction: when the map is full the
         transaction is aborted, the map grows, and `work` runs once more in a new one.
         `weight_bytes` is about how much the transaction writes, to size the growth.
         """
         with self._write_lock:
+            self._live_env()
+            if self._failpoints is not None:
+                self._failpoints.hit("blob.write")
             for attempt in range(2):
                 env = self._live_env()
                 txn = env.begin(write=True)
@@ -231,8 +309,6 @@ class LmdbBlobStore:
                     result = work(txn)
                     if self._map_bytes_saved != self._map_bytes:
                         self._set_u64(txn, b"map_bytes", self._map_bytes)
-                    if self._failpoints is not None:
-                        self._failpoints.hit("blob.fsync")
                     txn.commit()
                 except lmdb.MapFullError:
                     txn.abort()
@@ -249,10 +325,75 @@ class LmdbBlobStore:
                     txn.abort()
                     raise
                 self._map_bytes_saved = self._map_bytes
-                with self._stats_lock:
-                    self._fsyncs += 1
-                return result
-        raise AssertionError("unreachable: _commit returns or raises in its second attempt")
+                self._committed += 1
+                number = self._committed
+                break
+            else:
+                raise AssertionError("unreachable: _commit commits or raises in its second attempt")
+        if durable:
+            self._sync_through(number)
+        return result
+
+    def sync(self) -> bool:
+        """Make every transaction committed so far durable. True when this call ran the fsync
+        itself, False when nothing was left to sync or another caller's fsync covered it.
+        Raises OSError when the fsync fails, and on every call after that."""
+        return self._sync_through(self._committed)
+
+    def _sync_through(self, number: int) -> bool:
+        """Return once commit `number` is durable, joining a sync that started after it."""
+        with self._sync_cond:
+            while True:
+                self._check_poison()
+                if self._synced >= number:
+                    return False
+                if not self._syncing:
+                    break
+                self._sync_cond.wait()
+            self._syncing = True
+            # Commits are numbered after they committed, so everything up to this number is in
+            # the file before the fsync below starts.
+            target = self._committed
+        failure: BaseException | None = None
+        try:
+            with self._gate.reading():
+                env = self._live_env()
+                if self._failpoints is not None:
+                    self._failpoints.hit("blob.fsync")
+                env.sync(True)
+        except StoreClosed:
+            raise
+        except BaseException as e:
+            failure = e
+            err = self._poison(e)
+            if err is e:
+                raise
+            raise err from e
+        finally:
+            with self._sync_cond:
+                self._syncing = False
+                if failure is None:
+                    self._synced = max(self._synced, target)
+                self._sync_cond.notify_all()
+        with self._stats_lock:
+            self._fsyncs += 1
+        return True
+
+    def _poison(self, e: BaseException) -> OSError:
+        with self._sync_cond:
+            if self._poisoned is None:
+                self._poisoned = e
+                log.error("blobstore_fsync_failed", path=self.path, error=str(e))
+        return e if isinstance(e, OSError) else OSError(errno.EIO, f"blob store fsync: {e}")
+
+    def _check_poison(self) -> None:
+        first = self._poisoned
+        if first is not None:
+            raise OSError(
+                errno.EIO,
+                f"the blob store at {self.path} failed to fsync earlier ({first}); it refuses "
+                "every call until it is reopened",
+            )
 
     def _grow(self, weight_bytes: int) -> None:
         """Double the map, or more when the transaction that did not fit needs more."""
@@ -271,6 +412,7 @@ class LmdbBlobStore:
         env = self._env
         if env is None:
             raise StoreClosed(f"the blob store at {self.path} is closed")
+        self._check_poison()
         return env
 
     def _read(self, fn: Callable[[lmdb.Transaction], T]) -> T:
@@ -318,22 +460,15 @@ class LmdbBlobStore:
             raise BlobCorrupt(hexd, f"its record says {rec.size} bytes in {rec.chunks} chunks")
         return rec
 
-    def _touch(self, txn: lmdb.Transaction, key: bytes, hexd: str, rec: _Rec, size: int) -> None:
-        if rec.size != size:
-            raise BlobCorrupt(hexd, f"stored as {rec.size} bytes, put again as {size}")
-        put_s = float(self._clock())
-        txn.put(key, _REC.pack(rec.size, rec.stream, rec.chunks, put_s), db=self._blobs)
-
     # --- puts -------------------------------------------------------------------------------------
 
     def put(self, data: bytes) -> str:
         """Store a payload; return its digest. Durable when it returns."""
-        return self.put_stream((check_data(data),))
+        return self._put_staged(self._stage_bytes(check_data(data)))
 
     def put_file(self, path: str) -> str:
         """Stream a file of any size into the store in bounded memory. Durable when it returns."""
-        with open(path, "rb") as f:
-            return self.put_stream(iter(lambda: f.read(self._chunk_bytes), b""))
+        return self._put_staged(self._stage_file(path))
 
     def put_stream(self, chunks: Iterable[bytes]) -> str:
         """Store the concatenation of `chunks`; return its digest. Durable when it returns.
@@ -343,6 +478,111 @@ class LmdbBlobStore:
         goes to disk as it arrives under a pending stream id, and the last transaction keeps it
         or, for a duplicate, deletes it.
         """
+        return self._put_staged(self._stage_stream(chunks))
+
+    def write_batch(
+        self, payloads: list[bytes | str], owners: list[str | None] | None = None
+    ) -> list[str | Exception]:
+        """Store a batch of payloads (bytes, or the path of a file to stream in) in one write
+        transaction, each pinned for its owner in the same transaction when one is given.
+
+        Not durable when it returns: call `sync`. Returns, in order, each payload's digest or
+        the error that kept that payload out (an unreadable file, a payload that is not bytes);
+        raises when the transaction itself fails, and then none of the batch is stored. A file
+        larger than one transaction's budget streams in over transactions of its own first.
+        """
+        if owners is None:
+            owners = [None] * len(payloads)
+        if len(owners) != len(payloads):
+            raise ValueError(f"{len(payloads)} payloads but {len(owners)} owners")
+        out: list[str | Exception] = []
+        # Payloads of one chunk, the common case, are kept in flat lists rather than as one
+        # _Staged each: at a hundred bytes a payload, the objects made per payload are most
+        # of the cost.
+        small = _Small()
+        staged: list[_Staged] = []
+        weight = 0
+        one_chunk = self._chunk_bytes
+        digest_of = blake3.blake3
+        try:
+            for pos, (payload, owner) in enumerate(zip(payloads, owners, strict=True)):
+                try:
+                    who = None if owner is None else check_owner(owner)
+                    if type(payload) is bytes and 0 < len(payload) <= one_chunk:
+                        # One chunk, whose checksum is the payload's digest.
+                        key = digest_of(payload).digest()
+                        small.keys.append(key)
+                        small.values.append(key + payload)
+                        small.whos.append(who)
+                        small.places.append(pos)
+                        weight += len(payload)
+                        out.append(key.hex())
+                        continue
+                    if isinstance(payload, str):
+                        item = self._stage_file(payload)
+                    else:
+                        item = self._stage_bytes(check_data(payload))
+                except (OSError, TypeError, ValueError) as e:
+                    out.append(e)
+                    continue
+                item.who = who
+                item.pos = pos
+                staged.append(item)
+                weight += item.held_bytes
+                out.append(item.key.hex())
+            if staged or small.keys:
+                left_out = self._commit(
+                    lambda txn: self._write_staged(txn, staged, small), weight, durable=False
+                )
+            else:
+                left_out = []
+        except BaseException:
+            self._abandon_all(staged)
+            raise
+        self._settle(staged)
+        for pos, error in left_out:
+            out[pos] = error
+        with self._stats_lock:
+            self._puts += len(staged) + len(small.keys) - len(left_out)
+        return out
+
+    def _put_staged(self, item: _Staged) -> str:
+        try:
+            left_out = self._commit(
+                lambda txn: self._write_staged(txn, [item]), item.held_bytes
+            )
+        except BaseException:
+            self._abandon_all([item])
+            raise
+        self._settle([item])
+        if left_out:
+            raise left_out[0][1]
+        with self._stats_lock:
+            self._puts += 1
+        return item.hexd
+
+    def _stage_bytes(self, view: memoryview) -> _Staged:
+        """Hash a payload held in memory and cut it into stored chunks."""
+        size = len(view)
+        if 0 < size <= self._chunk_bytes:
+            # One chunk: its checksum is the payload's digest, so it is hashed once.
+            key = blake3.blake3(view).digest()
+            return _Staged(key, size, 0, 0, [b"".join((key, view))], size)
+        if size > limits.txn_payload_bytes_max:
+            return self._stage_stream((view,))
+        hasher = Hasher()
+        hasher.update(view)
+        step = self._chunk_bytes
+        values = [_chunk_value(view[i : i + step]) for i in range(0, size, step)]
+        return _Staged(hasher.digest(), size, 0, 0, values, size)
+
+    def _stage_file(self, path: str) -> _Staged:
+        with open(path, "rb") as f:
+            return self._stage_stream(iter(lambda: f.read(self._chunk_bytes), b""))
+
+    def _stage_stream(self, chunks: Iterable[bytes]) -> _Staged:
+        """Hash and chunk a stream; parts past one transaction's budget are committed (not
+        synced) under a pending stream id as they arrive."""
         hasher = Hasher()
         size = 0
         tail = bytearray()
@@ -362,45 +602,105 @@ class LmdbBlobStore:
                     stream = self._commit(
                         lambda txn, s=stream, w=written, v=values: self._write_part(txn, s, w, v),
                         held_bytes,
+                        durable=False,
                     )
                     written += len(values)
                     values, held_bytes = [], 0
             if tail:
                 values.append(_chunk_value(tail))
                 held_bytes += len(tail)
-            key = hasher.digest()
-            hexd = key.hex()
-            if stream == 0:
-                self._commit(lambda txn: self._write_whole(txn, key, hexd, size, values), size)
-            else:
-                self._commit(
-                    lambda txn: self._write_last(txn, key, hexd, size, stream, written, values),
-                    held_bytes,
-                )
-                self._live_streams.discard(stream)
-                stream = 0
         except BaseException:
             if stream:
                 self._abandon(stream)
             raise
-        with self._stats_lock:
-            self._puts += 1
-        return hexd
+        return _Staged(hasher.digest(), size, stream, written, values, held_bytes)
 
-    def _write_whole(
-        self, txn: lmdb.Transaction, key: bytes, hexd: str, size: int, values: list[bytes]
-    ) -> None:
-        rec = self._record(txn, key, hexd)
-        if rec is not None:
-            self._touch(txn, key, hexd, rec, size)
-            return
-        stream = self._new_stream(txn)
-        for index, value in enumerate(values):
-            txn.put(_CKEY.pack(stream, index), value, db=self._chunks)
+    def _write_staged(
+        self, txn: lmdb.Transaction, items: list[_Staged], small: _Small | None = None
+    ) -> list[tuple[int, BlobCorrupt]]:
+        """Write staged payloads (and their pins) in one transaction; the counters change once.
+
+        A payload already stored only has its put time renewed (and its streamed copy removed).
+        A payload whose stored record disagrees with it is left out and returned, by its place
+        in the batch, with the BlobCorrupt that says why; anything else that goes wrong fails
+        the whole transaction.
+        """
+        blobs = stored_bytes = pins = 0
+        next_stream = self._get_u64(txn, b"next_stream")
         put_s = float(self._clock())
-        txn.put(key, _REC.pack(size, stream, len(values), put_s), db=self._blobs)
-        self._add(txn, b"blobs", 1)
-        self._add(txn, b"bytes", size)
+        left_out: list[tuple[int, BlobCorrupt]] = []
+        chunks_db, blobs_db = self._chunks, self._blobs
+        ckey, rec_pack = _CKEY.pack, _REC.pack
+        if small is not None:
+            for key, value, who, pos in zip(
+                small.keys, small.values, small.whos, small.places, strict=True
+            ):
+                size = len(value) - _SUM_BYTES
+                stream = next_stream + 1
+                if txn.put(key, rec_pack(size, stream, 1, put_s), db=blobs_db, overwrite=False):
+                    next_stream = stream
+                    # A fresh stream id is above every id in use: its chunk goes at the end.
+                    txn.put(ckey(stream, 0), value, db=chunks_db, append=True)
+                    blobs += 1
+                    stored_bytes += size
+                else:
+                    error = self._renew(txn, key, size, put_s)
+                    if error is not None:
+                        left_out.append((pos, error))
+                        continue
+                if who is not None:
+                    pins += self._pin_in(txn, key, who)
+        for it in items:
+            stream = it.stream
+            fresh = stream == 0
+            if fresh:
+                stream = next_stream + 1
+            else:
+                txn.delete(_U64.pack(stream), db=self._pending)
+            count = it.written + len(it.values)
+            # Most payloads are new: try to add the record, and look at the stored one only
+            # when there is one already.
+            if txn.put(it.key, rec_pack(it.size, stream, count, put_s), db=blobs_db,
+                       overwrite=False):
+                if fresh:
+                    next_stream = stream
+                # A fresh stream id is above every id in use, so its chunks go at the end.
+                for index, value in enumerate(it.values, it.written):
+                    txn.put(ckey(stream, index), value, db=chunks_db, append=fresh)
+                blobs += 1
+                stored_bytes += it.size
+            else:
+                if not fresh:
+                    self._drop_stream(txn, stream)
+                error = self._renew(txn, it.key, it.size, put_s)
+                if error is not None:
+                    left_out.append((it.pos, error))
+                    continue
+            if it.who is not None:
+                pins += self._pin_in(txn, it.key, it.who)
+        self._set_u64(txn, b"next_stream", next_stream)
+        if blobs:
+            self._add(txn, b"blobs", blobs)
+            self._add(txn, b"bytes", stored_bytes)
+        if pins:
+            self._add(txn, b"pins", pins)
+        return left_out
+
+    def _renew(
+        self, txn: lmdb.Transaction, key: bytes, size: int, put_s: float
+    ) -> BlobCorrupt | None:
+        """Renew a stored blob's put time; or say why its record disagrees with the payload."""
+        hexd = key.hex()
+        try:
+            rec = self._record(txn, key, hexd)
+        except BlobCorrupt as e:
+            return e
+        if rec is None:
+            raise AssertionError("a blob record vanished inside its own transaction")
+        if rec.size != size:
+            return BlobCorrupt(hexd, f"stored as {rec.size} bytes, put again as {size}")
+        txn.put(key, _REC.pack(rec.size, rec.stream, rec.chunks, put_s), db=self._blobs)
+        return None
 
     def _write_part(
         self, txn: lmdb.Transaction, stream: int, first: int, values: list[bytes]
@@ -415,28 +715,16 @@ class LmdbBlobStore:
             txn.put(_CKEY.pack(stream, index), value, db=self._chunks)
         return stream
 
-    def _write_last(
-        self,
-        txn: lmdb.Transaction,
-        key: bytes,
-        hexd: str,
-        size: int,
-        stream: int,
-        written: int,
-        values: list[bytes],
-    ) -> None:
-        txn.delete(_U64.pack(stream), db=self._pending)
-        rec = self._record(txn, key, hexd)
-        if rec is not None:
-            self._drop_stream(txn, stream)
-            self._touch(txn, key, hexd, rec, size)
-            return
-        for index, value in enumerate(values, written):
-            txn.put(_CKEY.pack(stream, index), value, db=self._chunks)
-        put_s = float(self._clock())
-        txn.put(key, _REC.pack(size, stream, written + len(values), put_s), db=self._blobs)
-        self._add(txn, b"blobs", 1)
-        self._add(txn, b"bytes", size)
+    def _settle(self, items: list[_Staged]) -> None:
+        """The staged payloads' streams were adopted or removed: no longer live."""
+        for it in items:
+            if it.stream:
+                self._live_streams.discard(it.stream)
+
+    def _abandon_all(self, items: list[_Staged]) -> None:
+        for it in items:
+            if it.stream:
+                self._abandon(it.stream)
 
     def _abandon(self, stream: int) -> None:
         """Remove the chunks of a streaming put that failed; a sweep finds them otherwise."""
@@ -446,7 +734,7 @@ class LmdbBlobStore:
             self._drop_stream(txn, stream)
 
         try:
-            self._commit(work)
+            self._commit(work, durable=False)
         except Exception as e:  # the put's own error is the one the caller must see
             log.warning("blobstore_abandon_failed", stream=stream, error=str(e))
         finally:
@@ -455,18 +743,16 @@ class LmdbBlobStore:
     def _has_orphans(self, txn: lmdb.Transaction) -> bool:
         cur = txn.cursor(db=self._pending)
         try:
-            return any(
-                _U64.unpack(k)[0] not in self._live_streams for k in cur.iternext(values=False)
-            )
+            live = set(self._live_streams)  # a copy: writer threads change the set meanwhile
+            return any(_U64.unpack(k)[0] not in live for k in cur.iternext(values=False))
         finally:
             cur.close()
 
     def _sweep_orphans(self) -> int:
         def work(txn: lmdb.Transaction) -> int:
             cur = txn.cursor(db=self._pending)
-            orphans = [
-                k for k in cur.iternext(values=False) if _U64.unpack(k)[0] not in self._live_streams
-            ]
+            live = set(self._live_streams)  # a copy: writer threads change the set meanwhile
+            orphans = [k for k in cur.iternext(values=False) if _U64.unpack(k)[0] not in live]
             cur.close()
             for k in orphans:
                 txn.delete(k, db=self._pending)
@@ -604,11 +890,17 @@ class LmdbBlobStore:
         who = check_owner(owner)
 
         def work(txn: lmdb.Transaction) -> None:
-            if txn.put(key + who, b"", db=self._pins, overwrite=False):
-                txn.put(who + b"\x00" + key, b"", db=self._owners)
+            if self._pin_in(txn, key, who):
                 self._add(txn, b"pins", 1)
 
         self._commit(work)
+
+    def _pin_in(self, txn: lmdb.Transaction, key: bytes, who: bytes) -> int:
+        """Add the pin (key, who) inside `txn`; return 1 when it is new, 0 when it was there."""
+        if txn.put(key + who, b"", db=self._pins, overwrite=False):
+            txn.put(who + b"\x00" + key, b"", db=self._owners)
+            return 1
+        return 0
 
     def unpin_owner(self, owner: str) -> int:
         """Remove every pin of `owner`; return how many. Durable when it returns."""
@@ -722,7 +1014,13 @@ class LmdbBlobStore:
         return out
 
     def close(self) -> None:
-        """Close the environment; later calls raise StoreClosed. Closing twice is fine."""
+        """Make what was committed durable, then close the environment; later calls raise
+        StoreClosed. Closing twice is fine."""
+        if self._env is not None and self._poisoned is None:
+            try:
+                self.sync()
+            except (OSError, StoreClosed) as e:
+                log.error("blobstore_close_sync_failed", path=self.path, error=str(e))
         with self._write_lock, self._gate.alone():
             if self._env is not None:
                 self._env.close()

@@ -50,7 +50,7 @@ class Voter:
     @property
     def role(self) -> str:
         """voter when named among the voters (or in a fleet of one), worker otherwise."""
-        if not self.voters or any(v.name == self.name for v in self.voters):
+        if self.fleet_of_one or any(v.name == self.name for v in self.voters):
             return "voter"
         return "worker"
 
@@ -89,7 +89,7 @@ class Config:
     @property
     def role(self) -> str:
         """voter when named among the voters (or in a fleet of one), worker otherwise."""
-        if not self.voters or any(v.name == self.name for v in self.voters):
+        if self.fleet_of_one or any(v.name == self.name for v in self.voters):
             return "voter"
         return "worker"
 

@@ -94,12 +94,19 @@ class Member:
         voters = {v.name: v for v in cfg.voters}
         voter_peers = {v.name: v.peer for v in cfg.voters}
         if role == "worker" and not voter_peers:
-            try:
-                from meshjobs.links import discover
-                assert cfg.join is not None
-                found = discover(cfg.join, cfg.name, boot, secret)
-            except Exception as e:
-                print(f"meshd: cannot join the fleet at {cfg.join[0]}:{cfg.join[1]}: {e} (is a "
+            from meshjobs.links import discover
+            assert cfg.join is not None
+            deadline = time.monotonic() + limits.join_s_max
+            found, err = None, None
+            while found is None and time.monotonic() < deadline:
+                try:
+                    found = discover(cfg.join, cfg.name, boot, secret)
+                except Exception as e:  # not up yet, or not a member of this fleet
+                    err = e
+                    log.info("join_retry", join=f"{cfg.join[0]}:{cfg.join[1]}", error=str(e))
+                    time.sleep(0.5)
+            if found is None:
+                print(f"meshd: cannot join the fleet at {cfg.join[0]}:{cfg.join[1]}: {err} (is a "
                       "member running there, and is this member's fleet secret the fleet's?)",
                       file=sys.stderr)
                 return 4

@@ -2,7 +2,8 @@
 
 A spec is a comma-separated list of `name=N` pairs, such as `journal.fsync=3,blob.fsync=10`: the
 point `name` fails on its Nth hit and on every hit after it, raising `OSError(EIO)` as a dying disk
-would. An empty spec (the default) turns every point off, and then `hit` costs one dict lookup.
+would. A pair `name=sleep:MS` instead makes every hit of `name` sleep MS milliseconds, as a slow
+disk would. An empty spec (the default) turns every point off, and then `hit` costs one dict lookup.
 
 Rules:
 - Rule 1: the spec is checked whole when it is read; a malformed one is a `ValueError`, never a
@@ -17,23 +18,24 @@ import errno
 import os
 import re
 import threading
+import time
 
 ENV_VAR = "MESHJOBS_FAILPOINTS"
 
 # Every point that some module passes through. A spec naming any other point is refused, so a
 # misspelt name fails the test that uses it instead of injecting nothing. A module that adds a
 # point adds its name here.
-KNOWN_POINTS = frozenset({"journal.fsync", "dump.fsync", "blob.fsync"})
+KNOWN_POINTS = frozenset({"journal.fsync", "dump.fsync", "blob.fsync", "blob.write"})
 
 # A point name is dotted words, as the places that call `hit` name them.
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
 
 
 class Failpoints:
-    """Named fault points, each failing from its Nth hit on."""
+    """Named fault points, each failing from its Nth hit on, or slowed on every hit."""
 
     def __init__(self, spec: str = "") -> None:
-        self._due: dict[str, int] = _parse(spec)
+        self._due, self._sleep_s = _parse(spec)
         self._hits: dict[str, int] = {}
         self._lock = threading.Lock()
         self.spec = spec
@@ -46,12 +48,18 @@ class Failpoints:
     @property
     def active(self) -> bool:
         """True when at least one point is configured."""
-        return bool(self._due)
+        return bool(self._due) or bool(self._sleep_s)
 
     def hit(self, name: str) -> None:
-        """Count one pass through point `name`; raise OSError(EIO) once it is due."""
+        """Count one pass through point `name`; sleep when it is slowed; raise OSError(EIO) once
+        it is due."""
         due = self._due.get(name)
         if due is None:
+            pause_s = self._sleep_s.get(name)
+            if pause_s is not None:
+                with self._lock:
+                    self._hits[name] = self._hits.get(name, 0) + 1
+                time.sleep(pause_s)
             return
         with self._lock:
             count = self._hits.get(name, 0) + 1
@@ -68,24 +76,33 @@ class Failpoints:
         return f"Failpoints({self.spec!r})"
 
 
-def _parse(spec: str) -> dict[str, int]:
+def _parse(spec: str) -> tuple[dict[str, int], dict[str, float]]:
     due: dict[str, int] = {}
+    sleep_s: dict[str, float] = {}
     for part in spec.split(","):
         part = part.strip()
         if not part:
             continue
-        name, sep, count = part.partition("=")
-        name, count = name.strip(), count.strip()
-        if not sep or not _NAME_RE.match(name) or not count.isdigit() or int(count) < 1:
+        name, sep, value = part.partition("=")
+        name, value = name.strip(), value.strip()
+        kind, colon, ms = value.partition(":")
+        ms = ms.strip()
+        sleeps = bool(colon) and kind.strip() == "sleep" and ms.isdigit()
+        counts = value.isdigit() and int(value) >= 1
+        if not sep or not _NAME_RE.match(name) or not (sleeps or counts):
             raise ValueError(
                 f"bad failpoint {part!r} in {spec!r}: expected name=N with a dotted lowercase "
-                f"name and N >= 1, for example 'journal.fsync=3'"
+                f"name and N >= 1, for example 'journal.fsync=3', or name=sleep:MS, for example "
+                f"'blob.write=sleep:200'"
             )
         if name not in KNOWN_POINTS:
             raise ValueError(
                 f"unknown failpoint {name!r} in {spec!r}; known points: {sorted(KNOWN_POINTS)}"
             )
-        if name in due:
+        if name in due or name in sleep_s:
             raise ValueError(f"failpoint {name!r} is named twice in {spec!r}")
-        due[name] = int(count)
-    return due
+        if sleeps:
+            sleep_s[name] = int(ms) / 1000
+        else:
+            due[name] = int(value)
+    return due, sleep_s

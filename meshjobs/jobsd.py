@@ -182,6 +182,9 @@ class JobsThread:
         self._last_view = None
         self._seq = itertools.count(1)
         self._assembler = _Assembler()
+        # Items whose stdin blob is on another member: started once it is fetched, or at the
+        # deadline (the driver then fails the item, saying the input is missing).
+        self._awaiting_input: dict[tuple[str, int, int], tuple[RunItem, float]] = {}
         self.frames_dropped = 0
         self.syncs = 0
 
@@ -319,7 +322,16 @@ class JobsThread:
             self.syncs += 1
         for eff in effects:
             self._release(eff)
+        if self._awaiting_input:
+            self._start_ready_inputs()
         return proposed or bool(applied) or events >= limits.events_batch_max
+
+    def _start_ready_inputs(self) -> None:
+        now = time.monotonic()
+        for key, (item, deadline) in list(self._awaiting_input.items()):
+            if now >= deadline or self.blobs.has(item.stdin):
+                del self._awaiting_input[key]
+                self.driver.start(item)
 
     def _frame(self, ev: FrameIn) -> None:
         body = ev.body
@@ -338,10 +350,16 @@ class JobsThread:
         elif isinstance(eff, Send):
             self._send(eff)
         elif isinstance(eff, Run):
-            self.driver.start(RunItem(eff.job_id, eff.index, eff.epoch, eff.argv, eff.env,
-                                      eff.cwd, eff.stdin, eff.runtime_s))
+            item = RunItem(eff.job_id, eff.index, eff.epoch, eff.argv, eff.env, eff.cwd,
+                           eff.stdin, eff.runtime_s)
+            if eff.stdin is not None and self.mover is not None and not self.blobs.has(eff.stdin):
+                self.mover.prefetch(eff.stdin)
+                self._awaiting_input[item.key] = (item, time.monotonic() + limits.blob_fetch_s_max)
+            else:
+                self.driver.start(item)
         elif isinstance(eff, Cut):
-            self.driver.cut(eff.job_id, eff.index, eff.epoch)
+            if self._awaiting_input.pop((eff.job_id, eff.index, eff.epoch), None) is None:
+                self.driver.cut(eff.job_id, eff.index, eff.epoch)
         elif isinstance(eff, Pin):
             for d in eff.digests:
                 self.blobs.pin(d, eff.owner)

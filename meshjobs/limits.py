@@ -82,7 +82,7 @@ frame_assemblies_max = 8  # bodies in parts being put back together at once
 # --- Blob copies and fetches between members (blobmover.py) -----------------------------------
 blob_frame_bytes = 1 << 20  # blob bytes in one F_BLOB_PUT frame (one chunk)
 blob_window_frames = 4  # chunks of one blob handed to the links at a time
-blob_ack_wait_ms = 10_000  # the next blob to a peer waits this long at most for the last one's ack
+blob_ack_wait_ms = 5_000  # the next blob to a peer waits this long at most for the last one's ack
 blob_fetch_s_max = 30  # the longest a fetch of a blob this member lacks waits for a peer's copy
 blob_assemblies_max = 64  # blobs being received at once, each in its own spool file
 blob_assembly_bytes_max = 64 << 30  # the largest blob a member accepts from a peer
@@ -90,3 +90,4 @@ blob_assembly_idle_ms = 30_000  # a blob being received with no chunk for this l
 blob_mover_queue_max = 1024  # frames and copy requests queued to the mover; also pending sends
 blob_mover_queue_bytes_max = 64 << 20  # chunk bytes queued to the mover
 blob_copy_wait_ms = 600_000  # a copy not acknowledged by then is forgotten (the node asks again)
+join_s_max = 60  # a worker member keeps trying to reach the member it joins through this long

@@ -215,7 +215,7 @@ def test_stream_left_by_a_dead_put_is_swept_on_open(tmp_path: Path) -> None:
     path = tmp_path / "blobs"
     fp = Failpoints()
     s = LmdbBlobStore(str(path), failpoints=fp)
-    fp.arm("blob.fsync", after=1)  # the first part commits; the last one and the cleanup fail
+    fp.arm("blob.write", after=1)  # the first part commits; the last one and the cleanup fail
     data = payload(limits.txn_payload_bytes_max + 3 * CHUNK)
     with pytest.raises(OSError):
         s.put_stream([data[i : i + CHUNK] for i in range(0, len(data), CHUNK)])
@@ -545,12 +545,13 @@ def test_payload_must_be_bytes(store) -> None:
 
 
 @pytest.mark.parametrize("kind", ["lmdb", "memory"])
-def test_failing_fsync_fails_the_put(tmp_path: Path, kind: str) -> None:
-    """When the durable commit fails, put raises OSError, nothing is stored, and the store
-    carries on once the disk does."""
+def test_failing_write_fails_the_put(tmp_path: Path, kind: str) -> None:
+    """When the write transaction fails (before anything reaches the file), put raises OSError,
+    nothing is stored, and the store carries on once the disk does. A failed fsync is final
+    instead: see tests/test_blob_writers.py."""
     fp = Failpoints()
     s = LmdbBlobStore(str(tmp_path / "b"), failpoints=fp) if kind == "lmdb" else MemoryBlobStore(fp)
-    fp.arm("blob.fsync")
+    fp.arm("blob.write")
     with pytest.raises(OSError):
         s.put(b"lost")
     with pytest.raises(OSError):
@@ -558,10 +559,10 @@ def test_failing_fsync_fails_the_put(tmp_path: Path, kind: str) -> None:
     assert not s.has(hexdigest(b"lost"))
     assert not s.pinned(EMPTY_BLAKE3)
     assert s.stats()["blobs"] == 0 and s.stats()["pins"] == 0
-    del fp.armed["blob.fsync"]
+    del fp.armed["blob.write"]
     d = s.put(b"kept")
     assert s.get(d) == b"kept"
-    assert fp.hits["blob.fsync"] >= 3
+    assert fp.hits["blob.write"] >= 3
     s.close()
 
 

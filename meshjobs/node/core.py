@@ -74,6 +74,9 @@ class _Copies:
     digests: tuple[str, ...]
     have: set[str] = field(default_factory=set)  # members that confirmed every digest
     asked: dict[str, int] = field(default_factory=dict)  # member -> when
+    # For a submit's inputs: the request to carry on with once they are copied, and by when.
+    then: tuple[list[int], dict] | None = None
+    deadline_ms: int = 0
 
 
 class JobNode(LeaderDuties, Following):
@@ -96,7 +99,11 @@ class JobNode(LeaderDuties, Following):
         self._results: dict[tuple[str, int, int], list] = {}
         self._result_from: dict[tuple[str, int, int], str] = {}
         self._results_sent: dict[tuple[str, int, int], int] = {}
-        self._awaiting_copies: dict[tuple[str, int, int], _Copies] = {}
+        # Results (job, index, epoch) and submits ("in", rid) waiting for their blobs to be on
+        # enough members.
+        self._awaiting_copies: dict[tuple, _Copies] = {}
+        # Answers to forwarded changes, held until this member's table has the entry they name.
+        self._parked: list[tuple[int, int, Answer, int]] = []
         self._revoking: dict[tuple[str, int, int], int] = {}
         self._was_ready = False
         self._leader_since_ms = 0
@@ -134,6 +141,9 @@ class JobNode(LeaderDuties, Following):
             self._frame(ev.peer, ev.ftype, ev.body)
         elif isinstance(ev, PeerLink):
             self._links[ev.peer] = ev.up
+            if not ev.up:
+                for copies in self._awaiting_copies.values():
+                    copies.asked.pop(ev.peer, None)  # ask someone else at once
         elif isinstance(ev, BlobsCopied):
             self._copied(ev.member, ev.digests)
         elif isinstance(ev, Pressure):
@@ -153,6 +163,8 @@ class JobNode(LeaderDuties, Following):
         ds = [c.deadline_ms for c in self._changes.values()]
         ds += [c.deadline_ms for c in self._forwarded.values()]
         ds += [w[2] for ws in self._waiters.values() for w in ws]
+        ds += [p[3] for p in self._parked]
+        ds += [c.deadline_ms for c in self._awaiting_copies.values() if c.then is not None]
         due = self.table.next_due_ms(self.now_ms)
         if due is not None:
             ds.append(due)
@@ -194,10 +206,32 @@ class JobNode(LeaderDuties, Following):
             self._reply(token, 200, self.health())
         elif op == "metrics":
             self._reply(token, 200, self.metrics())
+        elif op == "submit" and not forwarded and self._copy_inputs_first(token, req):
+            return
         elif self._leading() or forwarded:
             self._change(token, req)
         else:
             self._forward(token, req)
+
+    def _copy_inputs_first(self, token: int, req: dict) -> bool:
+        """A submit's stdin blobs are on this member only (the HTTP edge stored them here): they
+        go to `blob_copies` members before the submit goes on, so that losing this member loses
+        no acknowledged job. True when the submit now waits for that."""
+        digests = tuple(sorted({d for d in req["items"] if d is not None}))
+        if not digests or self.cfg.blob_copies <= 1 or not self._others():
+            return False
+        rid = req["rid"]
+        waiting = self._awaiting_copies.get(("in", rid))
+        if waiting is not None and waiting.then is not None:
+            waiting.then[0].append(token)  # a retry of a submit already waiting for its copies
+            return True
+        if req["spec"].get("id") is None:
+            # The job's id is stamped here, so that the copies are pinned under it.
+            req = {**req, "spec": {**req["spec"], "id": self._new_id()}}
+        self._awaiting_copies[("in", rid)] = _Copies(
+            req["spec"]["id"], digests, then=([token], req),
+            deadline_ms=self.now_ms + limits.ctl_commit_ms_max)
+        return True
 
     def _get(self, token: int, req: dict) -> None:
         job = self.table.jobs.get(req["id"])
@@ -296,18 +330,21 @@ class JobNode(LeaderDuties, Following):
             ):
                 return job_id
 
-    def _answer_change(self, token: int, op: str, job_id: str | None, outcome: dict) -> None:
+    def _answer_change(self, token: int, op: str, job_id: str | None, outcome: dict,
+                       index: int = 0) -> None:
+        index = index or self.table.applied_index
         if not outcome.get("ok"):
-            self._reply(token, outcome.get("status", 409), {"error": outcome.get("error", "refused")})
-            return
-        job_id = outcome.get("id", job_id)
-        job = self.table.jobs.get(job_id) if job_id is not None else None
-        if op == "forget":
-            self._reply(token, 200, {"id": job_id, "forgotten": True})
-        elif job is None:
-            self._not_found(token, job_id or "")
+            answer = Answer(outcome.get("status", 409), {"error": outcome.get("error", "refused")})
         else:
-            self._reply(token, 201 if outcome.get("new") else 200, self.table.record(job))
+            job_id = outcome.get("id", job_id)
+            job = self.table.jobs.get(job_id) if job_id is not None else None
+            if op == "forget":
+                answer = Answer(200, {"id": job_id, "forgotten": True})
+            elif job is None:
+                answer = Answer(404, {"error": f"no job {job_id}"})
+            else:
+                answer = Answer(201 if outcome.get("new") else 200, self.table.record(job))
+        self._answer(token, answer, index)
 
     # --- committed entries --------------------------------------------------------------------
 
@@ -322,7 +359,7 @@ class JobNode(LeaderDuties, Following):
         if rid is not None and rid in self._changes:
             ch = self._changes.pop(rid)
             for token in ch.tokens:
-                self._answer_change(token, ch.op, ch.job_id, out)
+                self._answer_change(token, ch.op, ch.job_id, out, ev.index)
         if not out.get("ok"):
             return
         if kind == "submit" and out.get("new"):
@@ -395,6 +432,21 @@ class JobNode(LeaderDuties, Following):
         for key, copies in list(self._awaiting_copies.items()):
             if len(copies.have) >= need:
                 del self._awaiting_copies[key]
+                if copies.then is not None:
+                    tokens, req = copies.then
+                    for token in tokens:
+                        if self._leading():
+                            self._change(token, req)
+                        else:
+                            self._forward(token, req)
+                continue
+            if copies.then is not None and now >= copies.deadline_ms:
+                del self._awaiting_copies[key]
+                self._count("inputs_not_copied")
+                for token in copies.then[0]:
+                    self._reply(token, 503, {
+                        "error": "the job's inputs could not be copied to another member in time "
+                                 "(members unreachable?); nothing was submitted: try again"})
                 continue
             waiting = sum(1 for p, t in copies.asked.items()
                           if p not in copies.have and now - t < limits.proposal_retry_ms)
@@ -430,6 +482,7 @@ class JobNode(LeaderDuties, Following):
                                      "quorum); it may still be applied: retry with the same "
                                      "request id"})
         self._answer_waiters()
+        self._release_parked()
         self._ask_copies()
         if self._leading():
             if not self._was_ready:

@@ -82,8 +82,27 @@ class Following:
         ch = self._forwarded.pop(body.get("rid"), None)
         if ch is None:
             return  # answered already (a duplicate, or after our deadline)
+        index = body.get("index")
+        index = index if type(index) is int else 0
         for token in ch.tokens:
-            self._answer(token, Answer(body["status"], body.get("body")))
+            answer = Answer(body["status"], body.get("body"))
+            if index > self.table.applied_index:
+                # Read your writes: the client's next read here must see its change, so the
+                # answer waits until this member's table has the entry (or a deadline passes).
+                self._parked.append((index, token, answer, self.now_ms + limits.ctl_commit_ms_max))
+            else:
+                self._answer(token, answer)
+
+    def _release_parked(self) -> None:
+        if not self._parked:
+            return
+        keep = []
+        for index, token, answer, deadline in self._parked:
+            if index <= self.table.applied_index or deadline <= self.now_ms:
+                self._answer(token, answer)
+            else:
+                keep.append((index, token, answer, deadline))
+        self._parked = keep
 
     def _on_lease(self, peer: str, body: Any) -> None:
         index = body.get("index") if isinstance(body, dict) else None
@@ -179,13 +198,13 @@ class Following:
         self._count("ctl_forwarded")
         self._out.append(Send(leader, "F_CTL", {"rid": rid, "req": req}))
 
-    def _answer(self, token: int, answer: Answer) -> None:
+    def _answer(self, token: int, answer: Answer, index: int = 0) -> None:
         """Every answer goes out here: to a local client, or back to the member that forwarded
-        the request (F_CTL_REPLY)."""
+        the request (F_CTL_REPLY, with the log index of the entry it depends on)."""
         remote = self._remote.pop(token, None)
         if remote is None:
             self._out.append(Reply(token, answer))
         else:
             peer, rid = remote
             self._out.append(Send(peer, "F_CTL_REPLY", {"rid": rid, "status": answer.status,
-                                                        "body": answer.body}))
+                                                        "body": answer.body, "index": index}))

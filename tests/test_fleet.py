@@ -1,0 +1,276 @@
+"""The fleet, multi-process: 3 voters (+ workers) of real meshd on 127.0.0.1.
+
+Each test starts its own members on free ports in temporary folders and stops them by pid in a
+finalizer, also when it fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from meshjobs import limits
+from tests.fleet import make_fleet
+
+pytestmark = pytest.mark.fleet
+
+SETTLE_S_MAX = 60.0
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    made = []
+
+    def start(voters: int = 3, workers: int = 0, **kw):
+        members = make_fleet(str(tmp_path), voters=voters, workers=workers, **kw)
+        made.extend(members)
+        for m in members:
+            m.start(wait_ready=False)
+        for m in members:
+            m.wait_ready()
+        return members
+
+    yield start
+    for m in made:
+        m.stop()
+
+
+def wait_for(pred, timeout_s: float = SETTLE_S_MAX, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = pred()
+        except OSError as e:  # a member that is down or cut off
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not reached within {timeout_s} s (last: {last!r})")
+
+
+def leader_of(members) -> object:
+    def find():
+        for m in members:
+            if m.proc is None or m.proc.poll() is not None:
+                continue
+            try:
+                status, h = m.request("GET", "/healthz", timeout_s=2)
+            except OSError:
+                continue
+            if status == 200 and h.get("is_leader") and h.get("ready"):
+                return m
+        return None
+    return wait_for(find, what="a ready leader")
+
+
+def submit(m, spec: dict, timeout_s: float = 30.0) -> dict:
+    def attempt():
+        status, rec = m.request("POST", "/jobs", spec, timeout_s=timeout_s)
+        return rec if status in (200, 201) else None
+    return wait_for(attempt, what=f"submit through {m.name}")
+
+
+def metrics(m) -> dict[str, float]:
+    status, text = m.request("GET", "/metrics")
+    out = {}
+    for line in text.decode().splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def test_follower_forwards_changes_and_reads_locally(fleet):
+    """A follower in a fleet of 3 forwards a change to the leader (F_CTL) and answers its client
+    with the leader's F_CTL_REPLY; reads come from its own committed table."""
+    members = fleet(3)
+    leader = leader_of(members)
+    follower = next(m for m in members if m is not leader)
+    rec = submit(follower, {"argv": ["sh", "-c", "echo via-follower"], "id": "fwd"})
+    assert rec["id"] == "fwd"
+    done = follower.wait_job("fwd")
+    assert done["state"] == "done"
+    m = metrics(follower)
+    assert m.get("meshjobs_node_ctl_forwarded", 0) >= 1
+    assert metrics(leader).get("meshjobs_node_frames_in_F_CTL", 0) >= 1
+    for member in members:
+        assert wait_for(lambda member=member: member.request("GET", "/jobs/fwd")[1].get("state") == "done",
+                        what=f"{member.name} sees the job done")
+    status, text = follower.request("GET", "/jobs/fwd/results")
+    assert status == 200 and text == b"via-follower\n"
+    r = follower.ctl("--json", "fleet")
+    fl = json.loads(r.stdout)
+    assert fl["leader"] == leader.name
+    roles = {x["name"]: x["role"] for x in fl["members"]}
+    assert roles[leader.name] == "leader" and sorted(roles) == ["v1", "v2", "v3"]
+
+
+def test_items_spread_over_voters_and_workers_outputs_everywhere(fleet):
+    """Leases go to every member with free slots, workers included; every output is on two
+    members before its result commits and can be read from any member."""
+    members = fleet(3, workers=1)
+    leader = leader_of(members)
+    rec = submit(leader, {"argv": ["sh", "-c", "sleep 0.2; echo item-$MESH_ITEM_INDEX"],
+                          "items": [""] * 24})
+    done = leader.wait_job(rec["id"], timeout_s=120)
+    assert done["state"] == "done"
+    ran_on = {i["member"] for i in done["items"]}
+    assert "w1" in ran_on and len(ran_on) >= 3, ran_on
+    for m in members:
+        status, out = m.request("GET", f"/jobs/{rec['id']}/results")
+        assert status == 200, (m.name, out)
+        assert out == b"".join(f"item-{i}\n".encode() for i in range(24))
+
+
+def _rerun_counts(runs_dir: str) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for f in os.listdir(runs_dir):
+        i = int(f.split(".")[0])
+        counts[i] = counts.get(i, 0) + 1
+    return counts
+
+
+def test_leader_kill9_during_300_items(fleet, tmp_path):
+    """kill -9 of the leader during a 300-item job: a new leader, the job completes, every item
+    has exactly one committed result and its output is readable; the old leader restarts and
+    catches up."""
+    members = fleet(3)
+    leader = leader_of(members)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    submit(leader, {"argv": ["sh", "-c",
+                                   f"read x; touch {runs}/$x.$MESH_LEASE_EPOCH; sleep 0.05; echo out-$x"],
+                          "items": [f"{i}\n" for i in range(300)], "id": "big"})
+    wait_for(lambda: len(os.listdir(runs)) >= 60, what="items running")
+    leader.kill9()
+    rest = [m for m in members if m is not leader]
+    new = leader_of(rest)
+    assert new is not leader
+    done = new.wait_job("big", timeout_s=180)
+    assert done["state"] == "done" and done["items_done"] == 300
+    status, out = new.request("GET", "/jobs/big/results")
+    assert out.decode().split() == [f"out-{i}" for i in range(300)]
+    leader.start(wait_ready=False)
+    leader.wait_ready()
+    caught = wait_for(lambda: leader.request("GET", "/jobs/big")[1].get("state") == "done",
+                      what="the old leader catches up")
+    assert caught
+    assert leader.request("GET", "/jobs/big?items=1")[1]["items"] == done["items"]
+
+
+def test_worker_kill9_items_are_released(fleet, tmp_path):
+    """kill -9 of a worker holding leases: after dead_ms its leases are revoked and the items
+    run elsewhere; the job completes with one result per item."""
+    members = fleet(3, workers=1, slots=1, worker_slots=4)
+    leader = leader_of(members)
+    worker = members[-1]
+    wait_for(lambda: any(x["name"] == "w1" and x["alive"]
+                         for x in leader.request("GET", "/fleet")[1]["members"]),
+             what="the worker reports to the leader")
+    submit(leader, {"argv": ["sh", "-c", "sleep 1; echo ok"], "items": [""] * 12, "id": "w"})
+    held = wait_for(lambda: [i["index"] for i in leader.request("GET", "/jobs/w?items=1")[1]["items"]
+                             if i["member"] == "w1" and i["state"] == "leased"],
+                    what="the worker holds leases")
+    worker.kill9()
+    done = leader.wait_job("w", timeout_s=120)
+    assert done["state"] == "done" and done["items_done"] == 12
+    for i in held:
+        item = done["items"][i]
+        assert item["member"] != "w1" and item["attempts"] >= 2, item
+
+
+def test_sigstop_leader_then_sigcont(fleet):
+    """SIGSTOP of the leader for longer than the election timeout: the others elect a new
+    leader and go on; after SIGCONT the old one follows and the fleet converges."""
+    members = fleet(3)
+    leader = leader_of(members)
+    submit(leader, {"argv": ["true"], "id": "before"})
+    os.kill(leader.pid, signal.SIGSTOP)
+    try:
+        rest = [m for m in members if m is not leader]
+        new = leader_of(rest)
+        rec = submit(new, {"argv": ["sh", "-c", "echo during"], "id": "during"})
+        assert new.wait_job(rec["id"])["state"] == "done"
+    finally:
+        os.kill(leader.pid, signal.SIGCONT)
+    wait_for(lambda: leader.request("GET", "/jobs/during")[1].get("state") == "done",
+             what="the old leader catches up")
+    status, h = leader.request("GET", "/healthz")
+    assert h["leader"] != leader.name or h["term"] > 0
+    states = [json.dumps(m.request("GET", "/jobs")[1], sort_keys=True) for m in members]
+    assert len(set(states)) == 1
+
+
+def test_quorum_loss_fails_fast_then_recovers(fleet):
+    """Two of three voters down: a change fails with exit 4 (HTTP 503) in bounded time, reads
+    still answer; once they are back, changes commit again."""
+    members = fleet(3)
+    leader = leader_of(members)
+    submit(leader, {"argv": ["true"], "id": "pre"})
+    survivor = members[0]
+    others = [m for m in members if m is not survivor]
+    for m in others:
+        m.kill9()
+    t0 = time.monotonic()
+    r = survivor.ctl("job", "submit", "--", "true", timeout_s=60)
+    took = time.monotonic() - t0
+    assert r.returncode == 4, (r.returncode, r.stderr)
+    assert took < limits.ctl_commit_ms_max / 1000 + 15
+    assert b"leader" in r.stderr or b"quorum" in r.stderr or b"commit" in r.stderr
+    status, rec = survivor.request("GET", "/jobs/pre")
+    assert status == 200
+    for m in others:
+        m.start(wait_ready=False)
+    leader_of(members)
+    submit(survivor, {"argv": ["true"], "id": "post"})
+    assert survivor.wait_job("post")["state"] == "done"
+
+
+def _iptables() -> str | None:
+    return shutil.which("iptables")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or _iptables() is None,
+                    reason="needs root and iptables (the CI script installs iptables)")
+def test_link_cut_and_heal(fleet, tmp_path):
+    """A member cut off by a firewall rule (nothing is killed): the others go on without it;
+    once the rule is gone it catches up and the fleet converges."""
+    gid = 40000 + os.getpid() % 20000
+    members = make_fleet(str(tmp_path / "cut"), voters=3)
+    for m in members:
+        if m.name == "v3":
+            m.prefix = ["setpriv", f"--regid={gid}", "--clear-groups"]
+    rule = ["OUTPUT", "-m", "owner", "--gid-owner", str(gid), "-p", "tcp", "-j", "DROP"]
+    try:
+        for m in members:
+            m.start(wait_ready=False)
+        for m in members:
+            m.wait_ready()
+        leader = leader_of(members)
+        submit(leader, {"argv": ["true"], "id": "a"})
+        subprocess.run([_iptables(), "-A", *rule], check=True)
+        rest = [m for m in members if m.name != "v3"]
+        new = leader_of(rest)
+        rec = submit(new, {"argv": ["sh", "-c", "echo cut"], "items": [""] * 6, "id": "b"})
+        assert new.wait_job(rec["id"], timeout_s=120)["state"] == "done"
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            subprocess.run([_iptables(), "-D", *rule], check=True, capture_output=True)
+    v3 = members[2]
+    wait_for(lambda: v3.request("GET", "/jobs/b", timeout_s=2)[1].get("state") == "done",
+             what="the cut member catches up")
+    try:
+        states = {json.dumps(m.request("GET", "/jobs")[1], sort_keys=True) for m in members}
+        assert len(states) == 1
+    finally:
+        for m in members:
+            m.stop()
