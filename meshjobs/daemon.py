@@ -24,7 +24,7 @@ from meshjobs.config import Config, ConfigError, load_config, parse_addr
 from meshjobs.dumpfile import DumpCorrupt
 from meshjobs.failpoints import Failpoints
 from meshjobs.journal import JournalCorrupt
-from meshjobs.node import BlobsCopied, JobNode, NodeConfig
+from meshjobs.node import BlobsCopied, JobNode, NodeConfig, Pressure
 from meshjobs.table import JobTable
 
 log = structlog.get_logger("meshd")
@@ -79,7 +79,7 @@ class Member:
         from meshjobs.driver import Driver
         from meshjobs.http import HttpApi
         from meshjobs.jobsd import JobsThread, WorkerReplica
-        from meshjobs.replica import Replica, open_secret
+        from meshjobs.replica import Replica, fail_stop, open_secret
 
         cfg = self.cfg
         os.makedirs(cfg.data, exist_ok=True)
@@ -141,8 +141,15 @@ class Member:
         else:
             replica = WorkerReplica()
         jobs: JobsThread
+        from blobstore import BlobWriters
+        writers = BlobWriters(blobs, cfg.blob_mem_max_bytes,
+                              on_pressure=lambda on: jobs.event(Pressure(on)))
+
+        def fatal(exc: BaseException) -> None:
+            fail_stop(log, "the blob store could not store outputs", exc)
+
         driver = Driver(blobs, os.path.join(cfg.data, "spool"),
-                        on_end=lambda end: jobs.item_ended(end))
+                        on_end=lambda end: jobs.item_ended(end), writers=writers, on_fatal=fatal)
         links = mover = None
         if not cfg.fleet_of_one:
             from meshjobs.blobmover import BlobMover
@@ -185,7 +192,7 @@ class Member:
 
         t_jobs = guarded("jobs", jobs.run)
         t_driver = guarded("driver", driver.run)
-        extra = []
+        extra = [guarded(f"blob-{name}", body) for name, body in writers.targets()]
         if links is not None:
             extra.append(guarded("links", links.run))
         if mover is not None:
@@ -221,6 +228,7 @@ class Member:
         t_jobs.join(10)
         driver.stop()
         t_driver.join(10)
+        writers.close()
         if mover is not None:
             mover.stop()
         if links is not None:

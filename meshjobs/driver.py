@@ -133,8 +133,14 @@ class Driver:
         on_end: Callable[[ItemEnd], None],
         clock_ms: Callable[[], int] = _wall_ms,
         log: Any = None,
+        writers: Any = None,
+        on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._blobs = blobs
+        # The blob writer threads (group commit, backpressure); without them, outputs are
+        # stored on the driver thread.
+        self._writers = writers
+        self._on_fatal = on_fatal
         self._spool_dir = spool_dir
         self._on_end = on_end
         self._clock_ms = clock_ms
@@ -404,13 +410,42 @@ class Driver:
             state = run.reason
         else:
             state = "done" if returncode == 0 else "failed"
-        stdout = self._blobs.put_file(run.paths[1])
-        stderr = self._blobs.put_file(run.paths[2])
-        self._remove(run.paths)
         self._log.debug("item_ended", job=item.job_id, index=item.index, epoch=item.epoch,
                         pid=run.proc.pid, rc=rc, signal=sig, state=state)
-        self._report(ItemEnd(item.job_id, item.index, item.epoch, state, rc, sig, stdout, stderr,
-                             run.started_ms, ended_ms, None))
+        if self._writers is None:
+            stdout = self._blobs.put_file(run.paths[1])
+            stderr = self._blobs.put_file(run.paths[2])
+            self._remove(run.paths)
+            self._report(ItemEnd(item.job_id, item.index, item.epoch, state, rc, sig, stdout,
+                                 stderr, run.started_ms, ended_ms, None))
+            return
+        # The writers make both outputs durable (one fsync for many items) and remove their
+        # spool files; the end is reported once both are durable, from a writer thread.
+        self._remove(run.paths[:1])
+        futs = [self._writers.put_file(path, owner=item.job_id, remove=True)
+                for path in run.paths[1:3]]
+        left = [len(futs)]
+        lock = threading.Lock()
+
+        def stored(_fut: Any) -> None:
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            try:
+                stdout, stderr = (f.result() for f in futs)
+            except BaseException as exc:  # the store failed: the member must stop
+                self._log.critical("outputs_not_stored", job=item.job_id, index=item.index,
+                                   error=repr(exc))
+                if self._on_fatal is None:
+                    raise
+                self._on_fatal(exc)
+                return
+            self._report(ItemEnd(item.job_id, item.index, item.epoch, state, rc, sig, stdout,
+                                 stderr, run.started_ms, ended_ms, None))
+
+        for fut in futs:
+            fut.add_done_callback(stored)
 
     def _report_unstarted(self, item: RunItem, state: str, started_ms: int,
                           error: str | None) -> None:

@@ -23,6 +23,7 @@ from meshjobs.node import (
     JobNode,
     NodeConfig,
     Pool,
+    Pressure,
     Propose,
     Reply,
     Run,
@@ -527,3 +528,18 @@ def test_next_deadline_never_in_the_past() -> None:
     f.settle()
     deadline = f.node.next_deadline_ms()
     assert deadline is None or deadline > f.now
+
+
+def test_blob_pressure_stops_leases_until_it_drains() -> None:
+    """Backpressure: while the blob store holds too many payload bytes (Pressure on) the member
+    takes no new leases, though slots are free and items pending; once it drains, it does."""
+    f = Fleet1(slots=2)
+    f.node.step(Pressure(True))
+    submitted(f, n=3)
+    f.settle()
+    assert not [e for e in f.proposed if e["k"] == "lease"]
+    assert f.node.fleet()["members"][0]["blob_pressure"] is True
+    f.node.step(Pressure(False))
+    f.settle()
+    leases = [g for e in f.proposed if e["k"] == "lease" for g in e["g"]]
+    assert len(leases) == 2  # the two free slots

@@ -610,4 +610,5 @@ class JobNode(LeaderDuties, Following):
         m["is_leader"] = 1 if self.view.is_leader else 0
         m["applied_index"] = self.table.applied_index
         m["members_known"] = len(self.members)
+        m["blob_pressure"] = 1 if self._pressure else 0
         return m

@@ -1,0 +1,162 @@
+"""Tests of the fleet simulator (meshjobs/sim.py): whole fleets of real job nodes and tables on a
+lossy network with crashes, partitions and deposed leaders, seeded and replayable.
+
+Every run checks safety after each committed entry and each step, then heals the fleet and
+checks that every acknowledged job ends. A failure names its seed; `meshjobs.sim.run(seed)`
+replays it exactly. More seeds: MESHJOBS_SIM_SEEDS=200 (and MESHJOBS_SIM_SEED_BASE to move the
+window); the long, harsher variant runs with MESHJOBS_SIM_LONG=1.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
+from meshjobs.control import Answer
+from meshjobs.node import JobNode, Propose
+from meshjobs.sim import SimConfig, SimFailure, run
+from meshjobs.table import LEASED, JobTable
+
+FIXED_SEEDS = (1, 2, 3, 5, 8)
+HARSH = SimConfig(steps=6000, crash=0.006, partition=0.008, frame_drop=0.15, frame_dup=0.1,
+                  frame_late=0.1, proposal_lost=0.1, pressure=0.005, jobs_max=60)
+
+
+def _check_run(seed: int, config: SimConfig | None = None) -> None:
+    report = run(seed, config)
+    c = report.counts
+    # A run that exercised nothing would pass vacuously: each of these must have happened.
+    assert c.get("jobs_acked", 0) > 0 and c.get("results_accepted", 0) > 0, (seed, c)
+    assert c.get("entries_committed", 0) > 0 and c.get("elections", 0) >= 1, (seed, c)
+
+
+@pytest.mark.parametrize("seed", FIXED_SEEDS)
+def test_fixed_seeds_safe_and_live(seed: int) -> None:
+    """Safety under faults, then liveness once healed, for a few fixed seeds."""
+    _check_run(seed)
+
+
+def test_seeds_from_env() -> None:
+    """As many seeds as MESHJOBS_SIM_SEEDS says (a few by default), from MESHJOBS_SIM_SEED_BASE."""
+    n = int(os.environ.get("MESHJOBS_SIM_SEEDS", "3"))
+    base = int(os.environ.get("MESHJOBS_SIM_SEED_BASE", "1000"))
+    for seed in range(base, base + n):
+        _check_run(seed)
+
+
+@settings(max_examples=3, deadline=None, database=None, phases=[Phase.generate])
+@given(seed=st.integers(min_value=0, max_value=2**32 - 1))
+def test_random_seed(seed: int) -> None:
+    """A seed hypothesis picks (not shrunk: a failing seed is its own minimal example)."""
+    _check_run(seed)
+
+
+@pytest.mark.skipif(not os.environ.get("MESHJOBS_SIM_LONG"),
+                    reason="long run: set MESHJOBS_SIM_LONG=1 (seed count: MESHJOBS_SIM_SEEDS)")
+def test_long_harsh_seeds() -> None:
+    """Harsher faults, longer safety phases, many seeds (by hand or in a nightly job)."""
+    n = int(os.environ.get("MESHJOBS_SIM_SEEDS", "200"))
+    base = int(os.environ.get("MESHJOBS_SIM_SEED_BASE", "100000"))
+    for seed in range(base, base + n):
+        _check_run(seed, HARSH)
+
+
+def test_harsh_faults_one_seed() -> None:
+    """One run with many more crashes, partitions, drops and lost proposals."""
+    _check_run(7, HARSH)
+
+
+def test_same_seed_same_report() -> None:
+    """Rule 1: a run is replayable: one seed, two runs, equal reports."""
+    a, b = run(11), run(11)
+    assert a == b
+    assert run(12).digest != a.digest
+
+
+def test_same_seed_same_report_across_hash_seeds() -> None:
+    """Rule 1: nothing depends on the order of a set: two processes with different string
+    hashing give the same report."""
+    code = "from meshjobs.sim import run, SimConfig; print(repr(run(21, SimConfig(steps=800))))"
+    root = str(Path(__file__).resolve().parent.parent)
+    outs = []
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": root}
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=120, cwd=root)
+        assert done.returncode == 0, done.stderr
+        outs.append(done.stdout)
+    assert outs[0] == outs[1]
+
+
+# --- planted bugs: the checks can fail -----------------------------------------------------------
+
+
+class StaleResultTable(JobTable):
+    """Planted bug: a result is accepted while its item is leased, whatever its epoch (a late
+    result of a revoked lease counts for the new lease)."""
+
+    def apply(self, entry: object, index: int) -> dict:
+        if isinstance(entry, dict) and entry.get("k") == "result" and isinstance(entry.get("r"), list):
+            entry = {**entry, "r": [self._as_current(r) for r in entry["r"]]}
+        return super().apply(entry, index)
+
+    def _as_current(self, r: object) -> object:
+        if not (isinstance(r, list) and len(r) == 10 and isinstance(r[0], str)):
+            return r
+        job = self.jobs.get(r[0])
+        if job is None or type(r[1]) is not int or not 0 <= r[1] < job.n or job.st[r[1]] != LEASED:
+            return r
+        return [r[0], r[1], job.epoch[r[1]], *r[3:]]
+
+
+class EagerNode(JobNode):
+    """Planted bug: a submit is answered 201 as soon as it is proposed, before it commits."""
+
+    def take(self) -> list:
+        out = super().take()
+        for eff in out:
+            if isinstance(eff, Propose) and eff.entry.get("k") == "submit":
+                change = self._changes.get(eff.entry["rid"])
+                for token in change.tokens if change else []:
+                    self._answer(token, Answer(201, {"id": eff.entry["id"],
+                                                     "items_total": len(eff.entry["items"])}))
+        extra, self._out = self._out, []
+        return out + extra
+
+
+def test_planted_stale_result_is_caught() -> None:
+    """Safety check: a table that accepts a stale result is caught, and the failure names its
+    seed."""
+    caught = []
+    for seed in range(40, 48):
+        try:
+            run(seed, HARSH, table_cls=StaleResultTable)
+        except SimFailure as e:
+            caught.append(str(e))
+    assert caught, "no seed caught a table that accepts stale results"
+    assert all(msg.startswith("seed=") for msg in caught)
+    assert any("stale result" in msg or "two accepted results" in msg for msg in caught), caught
+
+
+def test_planted_early_ack_is_caught() -> None:
+    """Safety check: a node that acknowledges a submit before it is committed is caught."""
+    with pytest.raises(SimFailure) as info:
+        run(3, table_cls=JobTable, node_cls=EagerNode)
+    msg = str(info.value)
+    assert msg.startswith("seed=3 ") and "run(3)" in msg
+    assert "before it was committed" in msg or "twice" in msg, msg
+
+
+def test_liveness_bound_fails_with_seed() -> None:
+    """Liveness check: a fleet that cannot finish within the bound fails, naming the seed (here
+    items take far longer than the bound allows)."""
+    slow = SimConfig(steps=300, run_ms=(2_000_000, 3_000_000), liveness_ms_max=60_000)
+    with pytest.raises(SimFailure) as info:
+        run(4, slow)
+    assert str(info.value).startswith("seed=4 ") and "liveness" in str(info.value)
