@@ -165,6 +165,7 @@ class Member:
                               on_copied=lambda member, digests: jobs.event(
                                   BlobsCopied(member, tuple(digests))))
         jobs = JobsThread(node, replica, driver, blobs, links=links, mover=mover)
+        jobs.writers = writers
         http_blobs = blobs if mover is None else _FleetBlobs(blobs, mover)
         http = HttpApi(cfg.http[0], cfg.http[1], jobs, http_blobs, cfg.name)
         del voters

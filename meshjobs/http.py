@@ -464,7 +464,12 @@ class HttpApi:
         except Exception as e:
             self._log.warning("http_health_failed", error=repr(e))
             return _error(503, f"member {self._member} is not healthy: {e}")
-        return web.json_response(answer.body, status=answer.status)
+        status = answer.status
+        if (request.query.get("fresh") not in (None, "", "0") and isinstance(answer.body, dict)
+                and not answer.body.get("fresh")):
+            # Asked for a member whose reads are fresh: one cut off from the leader is not.
+            status = 503
+        return web.json_response(answer.body, status=status)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         answer = await self._ask({"op": "metrics"})

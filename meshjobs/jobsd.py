@@ -187,6 +187,8 @@ class JobsThread:
         self._awaiting_input: dict[tuple[str, int, int], tuple[RunItem, float]] = {}
         self.frames_dropped = 0
         self.syncs = 0
+        self._metrics_tokens: set[int] = set()
+        self.writers: Any = None  # the blob writer threads, for their counters
 
     # --- called from other threads ---------------------------------------------------------------
 
@@ -297,6 +299,8 @@ class JobsThread:
                 self._frame(req)
                 continue
             self._futures[token] = fut
+            if isinstance(req, dict) and req.get("op") == "metrics":
+                self._metrics_tokens.add(token)
             node.step(Ctl(token, req))
         while events < limits.events_batch_max:
             try:
@@ -333,6 +337,38 @@ class JobsThread:
                 del self._awaiting_input[key]
                 self.driver.start(item)
 
+    def edge_metrics(self) -> dict[str, float]:
+        """Counters of the edges (journal, Raft port, links, blob store and writers, mover)."""
+        m: dict[str, float] = {"journal_syncs": self.syncs, "frames_inbox_dropped": self.frames_dropped}
+        raft_dropped = getattr(self.replica, "raft_dropped", None)
+        if raft_dropped is not None:
+            for reason, n in raft_dropped().items():
+                m[f"raft_dropped_{reason}"] = n
+        if self.links is not None:
+            st = self.links.stats()
+            for reason, n in st.get("dropped", {}).items():
+                m[f"links_dropped_{reason}"] = n
+            for reason, n in st.get("send_dropped", {}).items():
+                m[f"links_send_dropped_{reason}"] = n
+            m["links_peers_up"] = st.get("peers_up", 0)
+        try:
+            for k, v in self.blobs.stats().items():
+                if isinstance(v, (int, float)):
+                    m[f"blobs_{k}"] = v
+        except Exception:  # a store that is closing: no blob counters this time
+            pass
+        if self.writers is not None:
+            for k, v in self.writers.stats().items():
+                m[f"blob_writers_{k}"] = v
+        if self.mover is not None:
+            st = self.mover.stats()
+            for reason, n in st.get("dropped", {}).items():
+                m[f"blob_mover_dropped_{reason}"] = n
+            for k, v in st.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    m[f"blob_mover_{k}"] = v
+        return m
+
     def _frame(self, ev: FrameIn) -> None:
         body = ev.body
         if isinstance(body, dict) and "parts" in body:
@@ -345,8 +381,13 @@ class JobsThread:
     def _release(self, eff: Any) -> None:
         if isinstance(eff, Reply):
             fut = self._futures.pop(eff.token, None)
+            answer = eff.answer
+            if eff.token in self._metrics_tokens:
+                self._metrics_tokens.discard(eff.token)
+                if answer.status == 200 and isinstance(answer.body, dict):
+                    answer = Answer(200, {**answer.body, **self.edge_metrics()})
             if fut is not None:
-                fut.set_result(eff.answer)
+                fut.set_result(answer)
         elif isinstance(eff, Send):
             self._send(eff)
         elif isinstance(eff, Run):

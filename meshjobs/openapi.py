@@ -269,10 +269,15 @@ _PATHS: dict[str, Any] = {
     },
     "/healthz": {
         "get": {
-            "summary": "Whether this member answers.",
+            "summary": "Whether this member answers (and, with fresh=1, whether its reads are fresh).",
             "operationId": "health",
+            "parameters": [{"name": "fresh", "in": "query", "required": False,
+                            "schema": {"type": "string", "enum": ["0", "1"]},
+                            "description": "1: answer 503 when this member is cut off from the "
+                                           "leader, so that its reads may be stale."}],
             "responses": {"200": _json({"$ref": "#/components/schemas/Health"}, "Healthy."),
-                          "503": _err("The member does not answer in time.")},
+                          "503": _err("The member does not answer in time, or (fresh=1) it is "
+                                      "cut off from the leader.")},
         },
     },
     "/metrics": {

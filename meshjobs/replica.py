@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import os
+import struct
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +35,7 @@ import msgpack
 import pysyncobj.syncobj as _pso
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.pipe_notifier import PipeNotifier
+from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
 from meshjobs import limits
@@ -47,11 +49,46 @@ _construct_lock = threading.Lock()
 
 
 class GatedTransport(TCPTransport):
-    """pysyncobj's TCP transport, but nothing leaves before the journal is durable."""
+    """pysyncobj's TCP transport, but nothing leaves before the journal is durable, and what
+    comes in on the Raft port is bounded and counted."""
+
+    dropped: dict[str, int]
 
     def send(self, node: Any, message: Any) -> Any:
         self._syncObj.journal_sync()
         return super().send(node, message)
+
+    def _onNewIncomingConnection(self, conn: Any) -> None:
+        super()._onNewIncomingConnection(conn)
+        _guard_connection(conn, self)
+
+    def count(self, reason: str) -> None:
+        if not hasattr(self, "dropped"):
+            self.dropped = {}
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+
+def _guard_connection(conn: Any, transport: GatedTransport) -> None:
+    """pysyncobj reads a message's length before authenticating it, with no maximum, and drops
+    a connection that sends garbage without a word. Wrap its parser (an instance attribute takes
+    the place of the name-mangled method) to refuse a length over the limit before buffering
+    the rest, and to count every connection dropped for garbage."""
+    parse = conn._TcpConnection__processParseMessage
+
+    def guarded() -> Any:
+        buf = conn._TcpConnection__readBuffer
+        if len(buf) >= 4:
+            n = struct.unpack("i", buf[:4])[0]
+            if not 0 <= n <= limits.raft_message_bytes_max:
+                transport.count("oversized")
+                conn.disconnect()
+                return None
+        message = parse()
+        if message is None and conn.state == CONNECTION_STATE.DISCONNECTED:
+            transport.count("garbage")
+        return message
+
+    conn._TcpConnection__processParseMessage = guarded
 
 
 class Notifier:
@@ -194,6 +231,11 @@ class Replica(SyncObj):
             is_leader=is_leader,
             ready=ready,
         )
+
+    def raft_dropped(self) -> dict[str, int]:
+        """What arrived on the Raft port and was dropped, by reason."""
+        transport = getattr(self, "_SyncObj__transport", None)
+        return dict(getattr(transport, "dropped", {}))
 
     def close(self) -> None:
         self._destroy()

@@ -95,7 +95,7 @@ class SimConfig:
 
     steps: int = 2500  # steps of the safety phase
     step_ms_max: int = 40  # simulated time between two steps: 1..this
-    liveness_ms_max: int = 900_000  # the liveness phase must settle within this
+    liveness_ms_max: int = 300_000  # the liveness phase must settle within this
     frame_drop: float = 0.05
     frame_dup: float = 0.03
     frame_delay_ms_max: int = 120
@@ -718,6 +718,20 @@ class Sim:
                           "was committed")
             if body["items_total"] != len(req["items"]):
                 self.fail(f"submit {req['rid']} acknowledged with {body['items_total']} items")
+        elif (req["op"] in ("cancel", "forget", "tone") and status == 404
+              and req["id"] in self.oracle.jobs and req["id"] in self.acked):
+            # Rule 4 of the node: a change is answered from a committed entry. "No such job"
+            # for a job acknowledged and in the committed log is a wrong answer, not a stale one.
+            self.fail(f"{m.name} answered {req['op']} of acknowledged job {req['id']} 404 "
+                      f"({body.get('error')!r}), its own table at index "
+                      f"{m.table.applied_index}; the job was committed (log at {self.last_index})")
+        elif req["op"] in ("cancel", "forget") and status == 200:
+            # A change is answered only once applied: the committed table must show it.
+            jid, t = req["id"], self.oracle
+            done = jid in t.forgotten or (req["op"] == "cancel" and jid in t.jobs
+                                            and t.jobs[jid].cancelled)
+            if not done:
+                self.fail(f"{m.name} answered {req['op']} of {jid} 200 before it was committed")
         c = self.waiting.pop(key, None)
         if c is None:
             return
@@ -814,15 +828,20 @@ class Sim:
             if not job.finished:
                 return False
         last = self.log[-1][0] if self.log else 0
-        return all(m.table.applied_index == last for m in self.members.values())
+        # Every run ended or was cut: a run whose lease is gone must not go on for ever.
+        return all(m.table.applied_index == last and not m.running for m in self.members.values())
 
     def unsettled(self) -> str:
         open_jobs = sorted(j for j in self.acked if j in self.oracle.jobs
                            and not self.oracle.jobs[j].finished)
+        last = self.log[-1][0] if self.log else 0
+        behind = [n for n in WORKERS if self.members[n].table.applied_index < last]
         return (f"clients submitting: {[c.cid for c in self.clients if c.phase == 'submit']}; "
-                f"jobs not ended: {open_jobs[:5]}; leader {self.leader} term {self.term}; "
+                + (f"workers behind the log: {behind}; " if behind else "")
+                + f"jobs not ended: {open_jobs[:5]}; leader {self.leader} term {self.term}; "
                 f"tables at {[(m.name, m.table.applied_index) for m in self.members.values()]}, "
-                f"log at {self.log[-1][0] if self.log else 0}")
+                f"runs {[(m.name, sorted(m.running)[:3]) for m in self.members.values() if m.running]}, "
+                f"log at {last}")
 
     def report(self, liveness_ms: int) -> Report:
         counts = dict(self.counts)

@@ -45,6 +45,8 @@ class Meshd:
         self.config = config
         self.fleet = False  # a member of a bigger fleet: its addresses come from its config
         self.prefix: list[str] = []  # e.g. setpriv, to run the member under another group
+        self.peer_port = 0
+        self.secret = b""
         self.raft_port = free_port()
         self.proc: subprocess.Popen | None = None
         self.url = ""
@@ -222,5 +224,8 @@ def make_fleet(top: str, voters: int = 3, workers: int = 0, slots: int = 2,
                     f"[pools.default]\nslots = {n_slots}\n")
         m = Meshd(data, name=name, config=cfg)
         m.fleet = True
+        m.secret = secret
+        if name in ports:
+            m.raft_port, m.peer_port = ports[name][0], ports[name][1]
         members.append(m)
     return members

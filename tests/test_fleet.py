@@ -274,3 +274,35 @@ def test_link_cut_and_heal(fleet, tmp_path):
     finally:
         for m in members:
             m.stop()
+
+
+def test_frame_routing_of_every_frame_type(fleet):
+    """Every frame type reaches its handler on a real fleet: a change submitted through a worker
+    goes to the leader (F_CTL) and back (F_CTL_REPLY); the worker follows the table (F_JOB_STATE)
+    and hears of its leases (F_LEASE); members report (F_JOB_HAVE) and send results (F_RESULT);
+    outputs are copied (F_BLOB_PUT) and fetched by a member that lacks one (F_BLOB_GET)."""
+    members = fleet(3, workers=1)
+    leader = leader_of(members)
+    worker = members[-1]
+    wait_for(lambda: any(x["name"] == "w1" and x["alive"]
+                         for x in leader.request("GET", "/fleet")[1]["members"]),
+             what="the worker reports to the leader")
+    rec = submit(worker, {"argv": ["sh", "-c", "echo routed-$MESH_ITEM_INDEX"],
+                          "items": [""] * 12, "id": "routing"})
+    done = worker.wait_job(rec["id"], timeout_s=120)
+    assert done["state"] == "done"
+    for m in members:  # every member serves every output (fetching what it lacks)
+        status, out = m.request("GET", "/jobs/routing/results")
+        assert status == 200 and out == b"".join(f"routed-{i}\n".encode() for i in range(12))
+    lm, wm = metrics(leader), metrics(worker)
+    followers = [metrics(m) for m in members[:3] if m is not leader]
+    assert lm.get("meshjobs_node_frames_in_F_JOB_HAVE", 0) >= 1
+    assert lm.get("meshjobs_node_frames_in_F_CTL", 0) >= 1
+    assert lm.get("meshjobs_node_frames_in_F_RESULT", 0) >= 1
+    assert wm.get("meshjobs_node_frames_in_F_CTL_REPLY", 0) >= 1
+    assert wm.get("meshjobs_node_frames_in_F_JOB_STATE", 0) >= 1
+    assert wm.get("meshjobs_node_frames_in_F_LEASE", 0) >= 1
+    every = [lm, wm, *followers]
+    assert sum(m.get("meshjobs_blob_mover_chunks_received", 0) for m in every) >= 1  # F_BLOB_PUT
+    assert sum(m.get("meshjobs_blob_mover_gets_served", 0)
+               + m.get("meshjobs_blob_mover_gets_missing", 0) for m in every) >= 1  # F_BLOB_GET

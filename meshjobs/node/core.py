@@ -45,6 +45,7 @@ from meshjobs.node.events import (
     Pressure,
     Propose,
     Run,
+    Send,
     Tick,
     Unpin,
     UnpinAllBut,
@@ -367,8 +368,16 @@ class JobNode(LeaderDuties, Following):
             if digests:
                 self._out.append(Pin(e["id"], digests))
         elif kind == "lease":
+            hints: dict[str, list] = {}
             for g in e["g"]:
                 self._inflight.pop((g[0], g[1]), None)
+                m = self.members.get(g[2])
+                if self._leading() and m is not None and m.role == "worker":
+                    hints.setdefault(g[2], []).append([g[0], g[1]])
+            # A worker learns its leases from F_JOB_STATE; F_LEASE tells it at once that there
+            # are some at this index, so that one that is behind asks to catch up.
+            for member, items in hints.items():
+                self._out.append(Send(member, "F_LEASE", {"index": ev.index, "g": items}))
         elif kind == "result":
             for r in e["r"]:
                 key = (r[0], r[1], r[2])
@@ -595,8 +604,20 @@ class JobNode(LeaderDuties, Following):
             "term": self.view.term,
             "applied_index": self.table.applied_index,
             "leader_seen_ms_ago": (self.now_ms - self._leader_seen_ms) if self._leader_seen_ms else None,
+            # Fresh: this member's table follows a leader it hears from. A member cut off from
+            # the leader still answers reads from its table, but says they may be stale.
+            "fresh": self._fresh(),
             "jobs": len(self.table.jobs),
         }
+
+    def _fresh(self) -> bool:
+        if self._leading():
+            return True
+        if self.view.leader is None:
+            return False
+        if self.cfg.role == "worker":
+            return self.now_ms - self._leader_seen_ms <= self.cfg.dead_ms
+        return True
 
     def metrics(self) -> dict:
         m: dict[str, float] = {"table_" + k: v for k, v in self.table.counts.items()}

@@ -149,6 +149,12 @@ class Following:
 
     def _follow(self) -> None:
         now = self.now_ms
+        if (self.cfg.role == "worker" and self.view.leader is not None
+                and now - self._leader_seen_ms > self.cfg.dead_ms):
+            # Not heard from the leader for too long: do not pretend to know who leads (changes
+            # then fail fast with 503 instead of waiting on a leader that may be gone).
+            self.view = View(term=self.view.term)
+            self._count("leader_lost")
         leader = self.view.leader if self.view.leader != self.cfg.member else None
         if now >= self._next_have_ms:
             self._next_have_ms = now + limits.have_ms

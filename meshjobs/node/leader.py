@@ -211,10 +211,17 @@ class LeaderDuties:
         ring of recent entries, or the whole table when it is further behind than the ring."""
         applied = self.table.applied_index
         for m in self.members.values():
-            if m.role != "worker" or m.sent_upto >= applied or not self._alive(m.name, m.boot):
+            if m.role != "worker" or not self._alive(m.name, m.boot):
                 continue
+            behind = m.sent_upto < applied
+            if not behind and self.now_ms - m.sent_ms < limits.have_ms:
+                continue
+            # Caught up: an empty F_JOB_STATE every `have_ms` still tells the worker who leads
+            # (and that its table is fresh).
             body: dict[str, Any] = {"term": self.view.term, "leader": self.cfg.member}
-            entries = self._ring_after(m.sent_upto)
+            entries = self._ring_after(m.sent_upto) if behind else []
+            if behind and not entries:
+                entries = None  # the table moved on without entries in the ring (a snapshot)
             if entries is None:
                 body["snapshot"] = self.table.to_state()
                 body["index"] = applied
@@ -223,7 +230,8 @@ class LeaderDuties:
             else:
                 body["prev"] = m.sent_upto
                 body["entries"] = entries
-                m.sent_upto = entries[-1][0]
+                if entries:
+                    m.sent_upto = entries[-1][0]
             m.sent_ms = self.now_ms
             self._out.append(Send(m.name, "F_JOB_STATE", body, table=True))
 

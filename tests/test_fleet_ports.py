@@ -1,0 +1,98 @@
+"""Hostile bytes on every member port of a real fleet: garbage, truncated, oversized, replayed
+and wrongly-signed frames on the member-links port and on the Raft port. Each is dropped and
+counted; the members stay healthy and the fleet keeps committing."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+
+import pytest
+
+from meshjobs.frames import HEADER, MAGIC, FrameType, encode
+from tests.fleet import make_fleet
+from tests.test_fleet import leader_of, metrics, submit, wait_for
+
+pytestmark = pytest.mark.fleet
+
+
+def _send(port: int, data: bytes, wait_s: float = 10.0) -> bytes:
+    """Send `data`, then keep the connection open until the member closes it (or `wait_s`
+    passes), so that the member reads and judges it rather than seeing the close first."""
+    got = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(data)
+        s.settimeout(wait_s)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                chunk = s.recv(65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            got += chunk
+    return got
+
+
+def _frame(secret: bytes, ftype: FrameType, body: dict) -> bytes:
+    return encode(ftype, body, secret, int(time.time() * 1000), os.urandom(16))
+
+
+@pytest.fixture
+def three(tmp_path):
+    members = make_fleet(str(tmp_path), voters=3)
+    try:
+        for m in members:
+            m.start(wait_ready=False)
+        for m in members:
+            m.wait_ready()
+        yield members
+    finally:
+        for m in members:
+            m.stop()
+
+
+def test_hostile_bytes_on_member_ports(three):
+    """Garbage, truncated, oversized, replayed and wrongly-signed input on the links port and
+    the Raft port of every voter: dropped, counted by reason, nobody falls over."""
+    leader_of(three)
+    for m in three:
+        secret = m.secret
+        peer, raft = m.peer_port, m.raft_port
+        # --- the member-links port ---
+        _send(peer, os.urandom(4096))  # garbage
+        good = _frame(secret, FrameType.F_HELLO, {"name": "intruder", "boot": "b", "peer": "127.0.0.1:1",
+                                                  "to": m.name})
+        _send(peer, good[: len(good) // 2], wait_s=0.5)  # truncated, then closed
+        _send(peer, struct.pack(">4sBBIQ16s", MAGIC, int(FrameType.F_HELLO), 0, 1 << 30, 0,
+                                b"\0" * 16))  # a length over the limit, before any body
+        _send(peer, _frame(os.urandom(32), FrameType.F_HELLO, {"name": "x", "boot": "b",
+                                                               "peer": "", "to": m.name}))  # wrong key
+        hello = _frame(secret, FrameType.F_HELLO, {"name": "intruder", "boot": "b",
+                                                   "peer": "127.0.0.1:1", "to": m.name})
+        _send(peer, hello, wait_s=1.0)  # accepted once (a member of the fleet could send it)
+        _send(peer, hello, wait_s=1.0)  # the same bytes again: a replay
+        # --- the Raft port (pysyncobj) ---
+        _send(raft, os.urandom(4096))
+        _send(raft, struct.pack("i", 1 << 30) + b"x" * 1024)  # oversized length
+        _send(raft, struct.pack("i", 64) + os.urandom(64))  # the right size, not decryptable
+        _send(raft, struct.pack("i", -5) + b"zz")  # a negative length
+    time.sleep(1.0)
+    for m in three:
+        mt = wait_for(lambda m=m: metrics(m), what="metrics")
+        assert mt.get("meshjobs_links_dropped_magic", 0) >= 1, m.name
+        assert mt.get("meshjobs_links_dropped_length", 0) >= 1, m.name
+        assert mt.get("meshjobs_links_dropped_mac", 0) >= 1, m.name
+        assert mt.get("meshjobs_links_dropped_replay", 0) >= 1, m.name
+        assert mt.get("meshjobs_raft_dropped_oversized", 0) >= 2, m.name
+        assert mt.get("meshjobs_raft_dropped_garbage", 0) >= 1, m.name
+        status, h = m.request("GET", "/healthz")
+        assert status == 200 and h["ok"]
+    leader = leader_of(three)
+    rec = submit(leader, {"argv": ["sh", "-c", "echo still-fine"], "id": "after"})
+    for m in three:
+        assert m.wait_job(rec["id"])["state"] == "done"
+    assert HEADER.size == 34
