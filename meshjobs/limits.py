@@ -92,3 +92,4 @@ blob_mover_queue_bytes_max = 64 << 20  # chunk bytes queued to the mover
 blob_copy_wait_ms = 600_000  # a copy not acknowledged by then is forgotten (the node asks again)
 join_s_max = 60  # a worker member keeps trying to reach the member it joins through this long
 raft_message_bytes_max = entry_bytes_max + (1 << 20)  # one message on the Raft port
+ctl_resend_ms = 500  # a forwarded change not answered by then is sent to the leader again

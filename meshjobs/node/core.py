@@ -135,6 +135,9 @@ class JobNode(LeaderDuties, Following):
                 self.members.clear()  # soft state of an earlier reign is stale
             if ev.leader is not None:
                 self._leader_seen_ms = self.now_ms
+            if ev.leader != self.view.leader:
+                for ch in self._forwarded.values():
+                    ch.sent_ms = -limits.proposal_retry_ms  # to the new leader at once
             self.view = ev
         elif isinstance(ev, ItemEnded):
             self._ended(ev)
@@ -497,6 +500,12 @@ class JobNode(LeaderDuties, Following):
             if not self._was_ready:
                 self._was_ready = True
                 self._out.append(UnpinAllBut(frozenset(self.table.jobs)))
+            # Changes this member forwarded before it came to lead: its own to propose now.
+            for rid, ch in list(self._forwarded.items()):
+                del self._forwarded[rid]
+                if ch.req is not None:
+                    for token in ch.tokens:
+                        self._change(token, ch.req)
             self._lead()
         else:
             self._follow()

@@ -181,7 +181,7 @@ class Following:
         for k in range(0, len(rows), limits.result_batch_max):
             self._out.append(Send(leader, "F_RESULT", {"r": rows[k:k + limits.result_batch_max]}))
         for rid, ch in self._forwarded.items():
-            if now - ch.sent_ms >= limits.proposal_retry_ms:
+            if now - ch.sent_ms >= limits.ctl_resend_ms:
                 ch.sent_ms = now
                 self._out.append(Send(leader, "F_CTL", {"rid": rid, "req": ch.req}))
 
@@ -201,6 +201,8 @@ class Following:
             return
         self._forwarded[rid] = self._new_change([token], req["op"], req.get("id"), req)
         self._forwarded[rid].sent_ms = self.now_ms
+        # Forwarded changes are re-sent (same request id) when the leader changes, and every
+        # `ctl_resend_ms` while unanswered: a frame to a leader that just died is lost.
         self._count("ctl_forwarded")
         self._out.append(Send(leader, "F_CTL", {"rid": rid, "req": req}))
 
