@@ -66,6 +66,7 @@ class RunItem:
     cwd: str | None
     stdin: str | None  # a blob digest, or None for an empty stdin
     runtime_s: float | None
+    kind: str = "command"  # the pool's kind: "command" runs argv as a subprocess
 
     @property
     def key(self) -> RunKey:

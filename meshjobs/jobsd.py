@@ -392,7 +392,7 @@ class JobsThread:
             self._send(eff)
         elif isinstance(eff, Run):
             item = RunItem(eff.job_id, eff.index, eff.epoch, eff.argv, eff.env, eff.cwd,
-                           eff.stdin, eff.runtime_s)
+                           eff.stdin, eff.runtime_s, eff.kind)
             if eff.stdin is not None and self.mover is not None and not self.blobs.has(eff.stdin):
                 self.mover.prefetch(eff.stdin)
                 self._awaiting_input[item.key] = (item, time.monotonic() + limits.blob_fetch_s_max)

@@ -556,7 +556,8 @@ class JobNode(LeaderDuties, Following):
             self._running[key] = False
             self._count("runs_started")
             self._out.append(Run(jid, i, epoch, list(job.argv), dict(job.env), job.cwd,
-                                 None if stdin is None else stdin.hex(), runtime))
+                                 None if stdin is None else stdin.hex(), runtime,
+                                 pool.kind if pool is not None else "command"))
 
     # --- reads ----------------------------------------------------------------------------------
 

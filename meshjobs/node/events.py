@@ -117,6 +117,7 @@ class Run:
     cwd: str | None
     stdin: str | None
     runtime_s: float | None
+    kind: str = "command"  # the kind of the item's pool on this member
 
 
 @dataclass(frozen=True)
