@@ -10,7 +10,7 @@ the payload bytes waiting in memory. This package imports nothing of meshjobs; i
 
 from __future__ import annotations
 
-from blobstore.digest import Hasher, check_digest, hexdigest, is_digest
+from blobstore.digest import EMPTY_DIGEST, Hasher, check_digest, hexdigest, is_digest
 from blobstore.errors import (
     BlobCorrupt,
     BlobError,
@@ -24,6 +24,7 @@ from blobstore.store import LmdbBlobStore
 from blobstore.writers import BlobWriters, StoreBusy
 
 __all__ = [
+    "EMPTY_DIGEST",
     "BlobCorrupt",
     "BlobError",
     "BlobGone",

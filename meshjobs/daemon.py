@@ -75,6 +75,7 @@ class Member:
 
     def serve(self) -> int:
         # Imports that pull in the heavy parts stay here so `meshd --help` is quick.
+        from blobstore.digest import EMPTY_DIGEST
         from blobstore.store import LmdbBlobStore
         from meshjobs.driver import Driver
         from meshjobs.http import HttpApi
@@ -114,6 +115,9 @@ class Member:
                 voter_peers[name] = parse_addr(addr, "voter")
             log.info("joined", via=f"{cfg.join[0]}:{cfg.join[1]}", voters=sorted(voter_peers))
         blobs = LmdbBlobStore(os.path.join(cfg.data, "blobs"), failpoints=failpoints)
+        # The empty payload, pinned for good: empty outputs and stdins need no write or copy.
+        blobs.put(b"")
+        blobs.pin(EMPTY_DIGEST, "meshd")
         table = JobTable()
         node = JobNode(table, NodeConfig(
             member=cfg.name, boot=boot, pools=cfg.pools, keep_s=cfg.keep_s,

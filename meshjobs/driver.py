@@ -33,11 +33,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
 
+from blobstore.digest import EMPTY_DIGEST
 from blobstore.errors import BlobError
 from meshjobs import limits
 
@@ -421,10 +423,18 @@ class Driver:
                                  stderr, run.started_ms, ended_ms, None))
             return
         # The writers make both outputs durable (one fsync for many items) and remove their
-        # spool files; the end is reported once both are durable, from a writer thread.
+        # spool files; the end is reported once both are durable, from a writer thread. An empty
+        # output is the empty blob, stored and pinned for good when the member starts.
         self._remove(run.paths[:1])
-        futs = [self._writers.put_file(path, owner=item.job_id, remove=True)
-                for path in run.paths[1:3]]
+        futs = []
+        for path in run.paths[1:3]:
+            if os.path.getsize(path) == 0:
+                self._remove((path,))
+                done: Future = Future()
+                done.set_result(EMPTY_DIGEST)
+                futs.append(done)
+            else:
+                futs.append(self._writers.put_file(path, owner=item.job_id, remove=True))
         left = [len(futs)]
         lock = threading.Lock()
 

@@ -32,6 +32,7 @@ from typing import Any
 from meshjobs import limits
 from meshjobs.control import Answer, ControlError, parse_request
 from meshjobs.node.events import (
+    EMPTY_DIGEST,
     Applied,
     BlobsCopied,
     CopyBlobs,
@@ -221,7 +222,7 @@ class JobNode(LeaderDuties, Following):
         """A submit's stdin blobs are on this member only (the HTTP edge stored them here): they
         go to `blob_copies` members before the submit goes on, so that losing this member loses
         no acknowledged job. True when the submit now waits for that."""
-        digests = tuple(sorted({d for d in req["items"] if d is not None}))
+        digests = tuple(sorted({d for d in req["items"] if d is not None and d != EMPTY_DIGEST}))
         if not digests or self.cfg.blob_copies <= 1 or not self._others():
             return False
         rid = req["rid"]
@@ -418,8 +419,9 @@ class JobNode(LeaderDuties, Following):
             None if ev.stderr is None else bytes.fromhex(ev.stderr),
             ev.started_ms, ev.ended_ms,
         ]
-        if outs and self.cfg.blob_copies > 1 and self._others():
-            self._awaiting_copies[key] = _Copies(ev.job_id, tuple(sorted(set(outs))))
+        to_copy = tuple(sorted(set(outs) - {EMPTY_DIGEST}))
+        if to_copy and self.cfg.blob_copies > 1 and self._others():
+            self._awaiting_copies[key] = _Copies(ev.job_id, to_copy)
 
     # --- blob copies --------------------------------------------------------------------------
 

@@ -187,6 +187,10 @@ class NodeConfig:
     blob_copies: int = limits.blob_copies
 
 
+# The digest of the empty payload: every member holds it, pinned for good (see daemon.py).
+EMPTY_DIGEST = blake3.blake3(b"").hexdigest()
+
+
 def spec_digest(spec: dict, items: list[bytes | None]) -> bytes:
     """What makes two submits "the same job": everything but the id, items included."""
     body = msgpack.packb([sorted((k, v) for k, v in spec.items() if k != "id"), items],
