@@ -25,6 +25,7 @@ from meshjobs.dumpfile import DumpCorrupt
 from meshjobs.failpoints import Failpoints
 from meshjobs.journal import JournalCorrupt
 from meshjobs.node import BlobsCopied, JobNode, NodeConfig, Pressure
+from meshjobs.node.events import MEMBER_OWNER
 from meshjobs.table import JobTable
 
 log = structlog.get_logger("meshd")
@@ -117,7 +118,7 @@ class Member:
         blobs = LmdbBlobStore(os.path.join(cfg.data, "blobs"), failpoints=failpoints)
         # The empty payload, pinned for good: empty outputs and stdins need no write or copy.
         blobs.put(b"")
-        blobs.pin(EMPTY_DIGEST, "meshd")
+        blobs.pin(EMPTY_DIGEST, MEMBER_OWNER)
         table = JobTable()
         node = JobNode(table, NodeConfig(
             member=cfg.name, boot=boot, pools=cfg.pools, keep_s=cfg.keep_s,

@@ -95,3 +95,21 @@ def test_pinned_blobs_survive_collection_across_restart(tmp_path):
         assert os.path.isdir(os.path.join(m.data, "blobs"))
     finally:
         m.stop()
+
+
+def test_empty_blob_is_never_collected(tmp_path):
+    """The empty payload, which every empty output names, stays through restarts and
+    collections, also once every job that named it is forgotten."""
+    m = _member(tmp_path, keep_s=None)
+    try:
+        m.start()
+        status, rec = m.request("POST", "/jobs", {"argv": ["true"]})
+        done = m.wait_job(rec["id"])
+        empty = done["items"][0]["stdout"]
+        assert m.ctl("job", "forget", rec["id"]).returncode == 0
+        m.kill9()
+        m.start()
+        time.sleep(2.0)  # several collections with a grace of 0, after the leader reconciled pins
+        assert m.request("GET", f"/blobs/{empty}") == (200, b"")
+    finally:
+        m.stop()

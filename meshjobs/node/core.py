@@ -33,6 +33,7 @@ from meshjobs import limits
 from meshjobs.control import Answer, ControlError, parse_request
 from meshjobs.node.events import (
     EMPTY_DIGEST,
+    MEMBER_OWNER,
     Applied,
     BlobsCopied,
     CopyBlobs,
@@ -501,7 +502,7 @@ class JobNode(LeaderDuties, Following):
         if self._leading():
             if not self._was_ready:
                 self._was_ready = True
-                self._out.append(UnpinAllBut(frozenset(self.table.jobs)))
+                self._out.append(UnpinAllBut(frozenset(self.table.jobs) | {MEMBER_OWNER}))
             # Changes this member forwarded before it came to lead: its own to propose now.
             for rid, ch in list(self._forwarded.items()):
                 del self._forwarded[rid]

@@ -187,8 +187,10 @@ class NodeConfig:
     blob_copies: int = limits.blob_copies
 
 
-# The digest of the empty payload: every member holds it, pinned for good (see daemon.py).
+# The digest of the empty payload: every member holds it, pinned for good by this owner (see
+# daemon.py), which no reconciliation of pins ever removes.
 EMPTY_DIGEST = blake3.blake3(b"").hexdigest()
+MEMBER_OWNER = "meshd"
 
 
 def spec_digest(spec: dict, items: list[bytes | None]) -> bytes:
