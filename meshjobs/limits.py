@@ -99,3 +99,5 @@ py_prints_chars_max = 1 << 20  # prints kept of one python call (the rest droppe
 py_frame_overhead_bytes_max = 1 << 20  # a python frame's fields around its payload or result
 py_worker_start_s_max = 30  # a python worker not ready this long after its spawn is killed
 py_worker_respawn_ms = 1_000  # a python worker that failed to start is replaced after this
+py_workers_max = 256  # worker processes of one member's python pools together
+ctl_batch_max = 1024  # control changes the leader puts in one entry

@@ -167,7 +167,12 @@ class JobTable:
             raise AssertionError(f"entry index {index} not after {self.applied_index}")
         self.applied_index = index
         self._count("entries")
+        return self._apply_one(entry, index, nested=False)
+
+    def _apply_one(self, entry: object, index: int, nested: bool) -> dict:
         kind = entry.get("k") if isinstance(entry, dict) else None
+        if nested and kind == "batch":
+            return self._refuse(Refused(400, "a batch inside a batch", "malformed"))
         if not isinstance(kind, str) or kind not in _APPLIERS:
             return self._refuse(Refused(400, "malformed entry", "malformed"))
         t = entry.get("t")
@@ -238,6 +243,14 @@ class JobTable:
         if not job.finished_ms and job.n_done + job.n_failed + job.n_cancelled == job.n:
             job.finished_ms = max(t, 1)
             self.finished[job.id] = job.finished_ms
+
+    def _apply_batch(self, e: dict, index: int, t: int) -> dict:
+        """Many control changes in one entry (the leader batches what arrives together): each
+        applied in order as if it were an entry of its own at this index."""
+        es = e.get("es")
+        if not isinstance(es, list) or not es or len(es) > limits.ctl_batch_max:
+            raise Refused(400, "malformed batch", "malformed")
+        return {"ok": True, "outcomes": [self._apply_one(sub, index, nested=True) for sub in es]}
 
     def _apply_submit(self, e: dict, index: int, t: int) -> dict:
         job_id = e.get("id")
@@ -655,4 +668,5 @@ _APPLIERS = {
     "forget": JobTable._apply_forget,
     "tone": JobTable._apply_tone,
     "expire": JobTable._apply_expire,
+    "batch": JobTable._apply_batch,
 }

@@ -543,3 +543,18 @@ def test_blob_pressure_stops_leases_until_it_drains() -> None:
     f.settle()
     leases = [g for e in f.proposed if e["k"] == "lease" for g in e["g"]]
     assert len(leases) == 2  # the two free slots
+
+
+def test_changes_arriving_together_share_one_entry() -> None:
+    """Changes that arrive in one round are proposed as one batch entry (one Raft round and one
+    fsync for all), and each is answered once the batch is applied."""
+    f = Fleet1()
+    f.ctl(1, submit_req(rid="a", job_id="ja"))
+    f.ctl(2, submit_req(rid="b", job_id="jb"))
+    f.ctl(3, submit_req(rid="c", job_id="jc"))
+    f.take()
+    [batch] = f.pending
+    assert batch["k"] == "batch" and [e["id"] for e in batch["es"]] == ["ja", "jb", "jc"]
+    f.settle()
+    assert [f.answer(t).status for t in (1, 2, 3)] == [201, 201, 201]
+    assert set(f.table.jobs) == {"ja", "jb", "jc"}

@@ -952,3 +952,23 @@ def test_check_catches_broken_table() -> None:
     log.table.leased[("held", 0)] = ("m1", "b1")
     with pytest.raises(AssertionError):
         log.table.check()
+
+
+def test_batch_applies_each_change_in_order() -> None:
+    """batch: many control changes in one entry, each applied in order at the entry's index,
+    each with its own outcome and request id; a repeated request id inside is deduplicated; a
+    batch inside a batch and a malformed one are refused without an exception."""
+    log = Log()
+    sub = {"k": "submit", "t": T0, "id": "a", "spec": spec(), "dg": b"x", "items": [None], "rid": "r1"}
+    sub2 = {**sub, "id": "b", "dg": b"y", "rid": "r2"}
+    out = log.apply({"k": "batch", "t": T0, "es": [sub, sub2, dict(sub), {"k": "cancel", "t": T0,
+                                                                           "id": "a", "rid": "r3"}]})
+    assert out["ok"] and [o["ok"] for o in out["outcomes"]] == [True, True, True, True]
+    assert out["outcomes"][2] == out["outcomes"][0]  # r1 again: the first outcome
+    assert set(log.table.jobs) == {"a", "b"} and log.table.jobs["a"].state == "cancelled"
+    assert log.table.rids["r2"]["id"] == "b"
+    nested = log.apply({"k": "batch", "t": T0, "es": [{"k": "batch", "t": T0, "es": [sub2]}]})
+    assert nested["outcomes"][0]["ok"] is False
+    assert log.apply({"k": "batch", "t": T0, "es": "nope"})["ok"] is False
+    assert log.apply({"k": "batch", "t": T0, "es": []})["ok"] is False
+    log.table.check()

@@ -92,6 +92,7 @@ class JobNode(LeaderDuties, Following):
         self.now_ms = 0
         self.view = View()
         self._out: list[Any] = []
+        self._ctl_entries: list[dict] = []  # changes to propose at the end of this round
         self._changes: dict[str, _Change] = {}
         self._forwarded: dict[str, _Change] = {}
         self._remote: dict[int, tuple[str, str]] = {}  # token -> (member, rid) of a forwarded change
@@ -161,8 +162,21 @@ class JobNode(LeaderDuties, Following):
     def take(self) -> list[Any]:
         """Reconcile, then hand over every effect made since the last call."""
         self._reconcile()
+        self._flush_changes()
         out, self._out = self._out, []
         return out
+
+    def _flush_changes(self) -> None:
+        """Changes that arrived together go into the log together: one entry (a batch) for
+        many, so that a busy leader commits them with one Raft round and one fsync."""
+        entries, self._ctl_entries = self._ctl_entries, []
+        for k in range(0, len(entries), limits.ctl_batch_max):
+            chunk = entries[k:k + limits.ctl_batch_max]
+            if len(chunk) == 1:
+                self._out.append(Propose(chunk[0]))
+            else:
+                self._count("ctl_batches")
+                self._out.append(Propose({"k": "batch", "t": self.now_ms, "es": chunk}))
 
     def next_deadline_ms(self) -> int | None:
         """When the node next needs a tick even if nothing happens."""
@@ -290,7 +304,7 @@ class JobNode(LeaderDuties, Following):
                     if k in req:
                         entry[k] = req[k]
         self._changes[rid] = self._new_change([token], op, job_id)
-        self._out.append(Propose(entry))
+        self._ctl_entries.append(entry)
 
     def _pools(self) -> set[str]:
         """The pools some member of the fleet offers (as far as this member knows)."""
@@ -361,6 +375,12 @@ class JobNode(LeaderDuties, Following):
         if not isinstance(e, dict):
             return
         kind = e.get("k")
+        if kind == "batch":
+            outcomes = out.get("outcomes")
+            if out.get("ok") and isinstance(outcomes, list):
+                for sub, sub_out in zip(e["es"], outcomes, strict=True):
+                    self._applied(Applied(ev.index, sub, sub_out, None))
+            return
         rid = e.get("rid")
         if rid is not None and rid in self._changes:
             ch = self._changes.pop(rid)
