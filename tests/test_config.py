@@ -1,0 +1,64 @@
+"""meshd's configuration: the shipped examples load, and bad files get clear errors."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+
+from meshjobs.config import ConfigError, load_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "deploy", "**", "*.toml"),
+                                                   recursive=True)))
+def test_shipped_examples_load(path):
+    """Every example config in deploy/ is valid."""
+    cfg = load_config(path)
+    assert cfg.name and cfg.pools
+
+
+def test_defaults_are_a_fleet_of_one():
+    """No file: a fleet of one on 127.0.0.1:7700 with a default command pool."""
+    cfg = load_config(None)
+    assert cfg.fleet_of_one and cfg.role == "voter"
+    assert cfg.http == ("127.0.0.1", 7700) and cfg.pools["default"].kind == "command"
+
+
+def test_roles_from_the_fleet_table(tmp_path):
+    """A member named among the voters is a voter and takes its addresses from its entry; one
+    that joins is a worker."""
+    voters = ('voters = [ { name = "a", raft = "127.0.0.1:1", peer = "127.0.0.1:2", http = "127.0.0.1:3" },'
+              ' { name = "b", raft = "127.0.0.1:4", peer = "127.0.0.1:5" },'
+              ' { name = "c", raft = "127.0.0.1:6", peer = "127.0.0.1:7" } ]')
+    f = tmp_path / "a.toml"
+    f.write_text(f'name = "a"\n[fleet]\n{voters}\n')
+    cfg = load_config(str(f))
+    assert cfg.role == "voter" and cfg.raft == ("127.0.0.1", 1) and cfg.http == ("127.0.0.1", 3)
+    w = tmp_path / "w.toml"
+    w.write_text('name = "w"\n[fleet]\njoin = "127.0.0.1:2"\n')
+    assert load_config(str(w)).role == "worker"
+
+
+@pytest.mark.parametrize("text,word", [
+    ("", "name"),
+    ('name = "a"\nbogus = 1\n', "unknown"),
+    ('name = "a"\nhttp = "nope"\n', "host:port"),
+    ('name = "a"\n[pools.x]\nkind = "ruby"\n', "kind"),
+    ('name = "a"\n[pools.x]\nslots = -1\n', "slots"),
+    ('name = "a"\n[fleet]\nvoters = [ { name = "a", raft = "127.0.0.1:1", peer = "127.0.0.1:2" },'
+     ' { name = "b", raft = "127.0.0.1:3", peer = "127.0.0.1:4" } ]\n', "3 or 5"),
+    ('name = "a"\n[blobs]\nmem_max = "lots"\n', "mem_max"),
+    ('name = "a"\n[retention]\nkeep_s = -1\n', "keep_s"),
+    ('name = "a"\n[fleet]\ndead_ms = 1\n', "dead_ms"),
+    ("name = \n", "TOML"),
+])
+def test_bad_config_says_what_is_wrong(tmp_path, text, word):
+    """Each broken file is refused with a message naming what to fix."""
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(str(f))
+    assert word.lower() in str(e.value).lower()
