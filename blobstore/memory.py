@@ -197,6 +197,17 @@ class MemoryBlobStore:
             self._pins.setdefault(owner, set()).add(digest)
             self._durable()
 
+    def pin_many(self, digests, owner: str) -> None:
+        """`pin` for many digests at once (one durable step)."""
+        ds = [check_digest(d) for d in digests]
+        check_owner(owner)
+        if not ds:
+            return
+        with self._lock:
+            self._begin()
+            self._pins.setdefault(owner, set()).update(ds)
+            self._durable()
+
     def unpin_owner(self, owner: str) -> int:
         check_owner(owner)
         with self._lock:

@@ -895,6 +895,19 @@ class LmdbBlobStore:
 
         self._commit(work)
 
+    def pin_many(self, digests: Iterable[str], owner: str) -> None:
+        """`pin` for many digests at once: one transaction, one fsync."""
+        keys = [_key(d)[0] for d in digests]
+        who = check_owner(owner)
+
+        def work(txn: lmdb.Transaction) -> None:
+            added = sum(self._pin_in(txn, key, who) for key in keys)
+            if added:
+                self._add(txn, b"pins", added)
+
+        if keys:
+            self._commit(work)
+
     def _pin_in(self, txn: lmdb.Transaction, key: bytes, who: bytes) -> int:
         """Add the pin (key, who) inside `txn`; return 1 when it is new, 0 when it was there."""
         if txn.put(key + who, b"", db=self._pins, overwrite=False):

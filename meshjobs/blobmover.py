@@ -4,8 +4,9 @@ A result's output blobs must be durable on `blob_copies` members before the resu
 and any member must serve any committed blob. The mover does both with two frame types:
 
 - F_BLOB_PUT carries one chunk of one blob, `{"d", "o", "size", "off", "data", "last"}` (plus
-  `"get": True` when it answers a fetch), an acknowledgement `{"ack": [d], "o"}`, or a holder's
-  `{"d", "missing": True}`.
+  `"get": True` when it answers a fetch); a pack of whole blobs of one chunk each,
+  `{"blobs": [[d, o, data], ...]}` (at most `blob_frame_bytes` of data); an acknowledgement of
+  one or many blobs, `{"ack": [d, ...], "o"}`; or a holder's `{"d", "missing": True}`.
 - F_BLOB_GET `{"d"}` asks every linked peer for a blob; a holder answers with its chunks.
 
 One thread (`run`) does all the work. Other threads only call `copy`, `frame` (the links'
@@ -13,17 +14,26 @@ thread), `fetch` (HTTP threads), `stats` and `stop`: they take one short lock an
 `fetch`, which waits for its answer, never block.
 
 Rules:
-- Every queue is bounded: the inbox by frames and by chunk bytes, the blobs waiting to be sent,
-  the blobs being received (`blob_assemblies_max`, each at most `blob_assembly_bytes_max`), the
-  fetches and the copies waiting for their acknowledgement. What does not fit is dropped and
-  counted: nothing correct depends on a frame arriving, and the job node asks again.
-- A blob is sent in windows of `blob_window_frames` chunks, each window only once the links'
-  queue to that peer has nearly drained, and one blob at a time per peer: the next one starts
-  when the receiver acknowledged the last (or after `blob_ack_wait_ms`). The sender never holds
-  a whole blob in memory, and the receiver's inbox absorbs at most about one blob's tail.
-- A received blob is written chunk by chunk to a spool file, hashed while it arrives, and put
-  into the store only when its bytes hash to its digest; the digest the store returns is checked
-  again (paired checks). It is acknowledged only once it is durable (and pinned for its owner).
+- Every queue is bounded: the inbox by frames and by chunk bytes, the blobs waiting to be sent
+  (`blob_send_queue_max`), the blobs sent and not yet acknowledged (`blob_inflight_max` and
+  `blob_inflight_bytes_max` per peer), the blobs being received (`blob_assemblies_max`, each at
+  most `blob_assembly_bytes_max`), the fetches and the copies waiting for their
+  acknowledgement. What does not fit is dropped and counted: nothing correct depends on a frame
+  arriving, and the job node asks again.
+- Many blobs are on their way to a peer at once: up to `blob_inflight_max` of them, and
+  `blob_inflight_bytes_max` bytes (a larger blob goes alone), each until its acknowledgement or
+  for `blob_ack_wait_ms`. A blob of one chunk is read only when its frame is built, and packed
+  with others into one frame; a larger blob is streamed in windows of `blob_window_frames`
+  chunks, one such blob at a time per peer. A window is handed to the links only once their
+  queue to that peer has nearly drained. The sender never holds a whole large blob in memory,
+  and a blob asked again while waiting, being sent or unacknowledged is not sent twice.
+- A received blob of one chunk is checked against its digest and kept with the others of the
+  same turn of the mover thread: one `write_batch` (pins included) and one `sync` store them
+  all, and the digests the store returns are checked again (paired checks). A larger blob is
+  written chunk by chunk to a spool file, hashed while it arrives, and put into the store only
+  when its bytes hash to its digest; the digest the store returns is checked again. A blob is
+  acknowledged only once it is durable (and pinned for its owner); acknowledgements of one turn
+  go together, one frame per peer and owner.
 - Garbage from a peer (wrong types, offsets that do not follow, a size over the limit, bytes
   that do not hash to their digest) drops that blob's assembly and is counted by reason in
   `stats()["dropped"]`; it never raises. A mistake of the caller's own (a bad digest or owner
@@ -46,7 +56,7 @@ import blake3
 import structlog
 
 from blobstore import BlobError, is_digest
-from blobstore.limits import owner_bytes_max
+from blobstore.limits import batch_blobs_max, batch_bytes_max, owner_bytes_max
 from meshjobs import limits
 from meshjobs.frames import FrameType
 
@@ -59,6 +69,10 @@ _TURN_ITEMS = 64
 # A window is handed to the links only when at most this many frames wait in the peer's queue.
 _ROOM_FRAMES = 2
 _SPOOL_SUFFIX = ".part"
+# Digests in one acknowledgement frame (about 70 bytes each, far below `frame_bytes_max`).
+_ACK_DIGESTS = 4096
+
+_OutKey = tuple[str, str, str | None, bool]  # peer, digest, owner, answers a fetch
 
 
 def _mono_ms() -> float:
@@ -77,6 +91,21 @@ def _owner_ok(owner: object) -> bool:
         return False
 
 
+def _body_bytes(body: object) -> int:
+    """The blob bytes a frame's body carries, as the inbox counts them."""
+    if not isinstance(body, dict):
+        return 0
+    data = body.get("data")
+    if isinstance(data, bytes | bytearray):
+        return len(data)
+    pack = body.get("blobs")
+    if isinstance(pack, list):
+        return sum(len(e[2]) for e in pack
+                   if isinstance(e, list | tuple) and len(e) == 3
+                   and isinstance(e[2], bytes | bytearray))
+    return 0
+
+
 def _pieces(chunks: Iterable[bytes], size: int) -> Iterator[bytes]:
     """The bytes of `chunks` cut into pieces of `size` (the last may be shorter)."""
     buf = bytearray()
@@ -93,22 +122,49 @@ def _pieces(chunks: Iterable[bytes], size: int) -> Iterator[bytes]:
 
 
 class _Out:
-    """One blob being sent to one peer; touched only by the mover thread."""
+    """One blob to send to one peer; touched only by the mover thread."""
 
-    __slots__ = ("to", "d", "owner", "get", "size", "off", "pieces")
+    __slots__ = ("key", "to", "d", "owner", "get", "size", "off", "pieces")
 
     def __init__(self, to: str, d: str, owner: str | None, get: bool) -> None:
+        self.key: _OutKey = (to, d, owner, get)
         self.to = to
         self.d = d
         self.owner = owner
         self.get = get
-        self.size = 0
+        self.size = -1  # not looked up yet
         self.off = 0
         self.pieces: Iterator[bytes] | None = None
 
-    @property
-    def key(self) -> tuple[str, str, str | None, bool]:
-        return (self.to, self.d, self.owner, self.get)
+
+class _PeerSend:
+    """What is to be sent to one peer: the blobs waiting (oldest first), the larger blob being
+    streamed, and the blobs sent and not yet acknowledged, each with when it was sent and its
+    size. `inflight_bytes` counts those and the streamed blob. A waiting blob whose key no
+    longer maps to it in the mover's `_out_live` was cancelled and is skipped."""
+
+    __slots__ = ("queue", "active", "inflight", "inflight_bytes")
+
+    def __init__(self) -> None:
+        self.queue: deque[_Out] = deque()
+        self.active: _Out | None = None
+        self.inflight: dict[_OutKey, tuple[float, int]] = {}
+        self.inflight_bytes = 0
+
+
+class _Stored:
+    """A received blob of one chunk waiting for the end of the turn to be stored."""
+
+    __slots__ = ("peer", "d", "owner", "get", "data", "held")
+
+    def __init__(self, peer: str, d: str, owner: str | None, get: bool, data: bytes,
+                 held: bool) -> None:
+        self.peer = peer
+        self.d = d
+        self.owner = owner
+        self.get = get
+        self.data = data
+        self.held = held  # the store held it already: stored again only to renew and pin it
 
 
 class _Assembly:
@@ -193,10 +249,14 @@ class BlobMover:
 
         # The mover thread's own state.
         self._copies: dict[tuple[str, str, tuple[str, ...]], _Copy] = {}
-        self._outq: dict[str, deque[_Out]] = {}
-        self._out_keys: set[tuple[str, str, str | None, bool]] = set()
-        self._active: dict[str, _Out] = {}
-        self._inflight: dict[str, tuple[str, float]] = {}  # peer -> (digest, sent at)
+        self._send: dict[str, _PeerSend] = {}
+        # Every blob waiting, being sent or unacknowledged, by its key: what is asked again
+        # meanwhile is not sent twice.
+        self._out_live: dict[_OutKey, _Out] = {}
+        self._queued = 0  # entries in the peers' queues, cancelled ones included
+        self._batch: list[_Stored] = []  # received blobs of one chunk, stored at the turn's end
+        self._batch_keys: set[tuple[str, str, str | None, bool]] = set()
+        self._batch_bytes = 0
         self._asm: dict[tuple[str, str], _Assembly] = {}
         self._spool_seq = 0
         self._next_expire_ms = 0.0
@@ -228,8 +288,7 @@ class BlobMover:
         thread, or dropped and counted when the inbox is full."""
         if ftype not in (FrameType.F_BLOB_PUT, FrameType.F_BLOB_GET):
             raise ValueError(f"the blob mover takes blob frames only, not {ftype!r}")
-        data = body.get("data") if isinstance(body, dict) else None
-        size = len(data) if isinstance(data, bytes | bytearray) else 0
+        size = _body_bytes(body)
         with self._cond:
             if self._stopping:
                 self._drop_locked("stopped")
@@ -295,8 +354,10 @@ class BlobMover:
         self._ask(digest, f)
 
     def stats(self) -> dict[str, Any]:
-        """Counters (copies asked/completed, chunks sent/received, acks, fetches, gets served),
-        `dropped` by reason, and the sizes of the queues."""
+        """Counters (copies asked/completed, chunks sent/received, blobs sent/received,
+        digests acknowledged (`acks_sent`, `acks_received`), fetches, gets served), `dropped`
+        by reason, and the sizes of the queues (`sending`: waiting or being streamed,
+        `inflight`: sent and not yet acknowledged)."""
         with self._lock:
             out: dict[str, Any] = dict(self._counters)
             out["dropped"] = dict(self._dropped)
@@ -305,7 +366,9 @@ class BlobMover:
             out["fetching"] = len(self._fetches)
         # The mover thread's own state, read without its cooperation: sizes only.
         out["assemblies"] = len(self._asm)
-        out["sending"] = len(self._active) + sum(len(q) for q in list(self._outq.values()))
+        sends = list(self._send.values())
+        out["sending"] = self._queued + sum(1 for ps in sends if ps.active is not None)
+        out["inflight"] = sum(len(ps.inflight) for ps in sends)
         out["copies_waiting"] = len(self._copies)
         return out
 
@@ -347,6 +410,7 @@ class BlobMover:
                         self._on_copy(item[1], item[2], item[3])
                     else:
                         self._on_frame(item[1], item[2], item[3])
+                self._store_batch()
                 busy = self._pump()
                 now = self._clock_ms()
                 if now >= self._next_expire_ms:
@@ -377,39 +441,32 @@ class BlobMover:
             self._queue_out(_Out(to, d, owner, get=False))
 
     def _queue_out(self, out: _Out) -> None:
-        if out.key in self._out_keys:
-            return  # already waiting or being sent
-        pending = len(self._active) + sum(len(q) for q in self._outq.values())
-        if pending >= limits.blob_mover_queue_max:
+        if out.key in self._out_live:
+            return  # already waiting, being sent, or sent and not yet acknowledged
+        if self._queued >= limits.blob_send_queue_max:
             self._drop("sends_full")
             return
-        self._outq.setdefault(out.to, deque()).append(out)
-        self._out_keys.add(out.key)
+        ps = self._send.get(out.to)
+        if ps is None:
+            ps = self._send[out.to] = _PeerSend()
+        ps.queue.append(out)
+        self._queued += 1
+        self._out_live[out.key] = out
 
     def _pump(self) -> bool:
-        """Hand the next window of every blob being sent to the links; True while some send
-        waits for room or for an acknowledgement."""
+        """Hand the next frames for every peer to the links; True while some send waits for
+        room or for an acknowledgement."""
         busy = False
         peers: dict[str, dict[str, Any]] | None = None
         now = self._clock_ms()
-        for to in list(set(self._outq) | set(self._active)):
-            out = self._active.get(to)
-            if out is None:
-                inflight = self._inflight.get(to)
-                if inflight is not None and now - inflight[1] < limits.blob_ack_wait_ms:
+        for to, ps in list(self._send.items()):
+            self._expire_inflight(ps, now)
+            if ps.active is None and not ps.queue:
+                if ps.inflight:
                     busy = True
-                    continue
-                self._inflight.pop(to, None)
-                q = self._outq.get(to)
-                if not q:
-                    self._outq.pop(to, None)
-                    continue
-                out = q.popleft()
-                if not self._start_out(out):
-                    self._out_keys.discard(out.key)
-                    busy = True
-                    continue
-                self._active[to] = out
+                else:
+                    del self._send[to]
+                continue
             if peers is None:
                 peers = self.links.peers()
             info = peers.get(to)
@@ -419,30 +476,169 @@ class BlobMover:
             busy = True
             if info["queued"] + info["waiting"] > _ROOM_FRAMES:
                 continue
-            self._send_window(out)
+            if ps.active is not None:
+                self._send_window(ps, ps.active)
+            else:
+                self._send_next(ps, to)
         return busy
 
-    def _start_out(self, out: _Out) -> bool:
-        """Open the blob to send; False (after saying so) when this member does not hold it."""
+    def _expire_inflight(self, ps: _PeerSend, now: float) -> None:
+        """Blobs not acknowledged within `blob_ack_wait_ms` leave the window (oldest first);
+        their copies wait until the node asks again."""
+        while ps.inflight:
+            key, (sent_ms, size) = next(iter(ps.inflight.items()))
+            if now - sent_ms < limits.blob_ack_wait_ms:
+                return
+            del ps.inflight[key]
+            ps.inflight_bytes -= size
+            self._out_live.pop(key, None)
+            self._drop("ack_late")
+
+    def _room(self, ps: _PeerSend, blobs: int, size: int) -> bool:
+        """True when `blobs` more blobs of `size` bytes in all fit in the peer's window; a
+        blob larger than the whole byte window goes once the window is empty."""
+        n = len(ps.inflight) + (ps.active is not None)
+        if n + blobs > limits.blob_inflight_max:
+            return False
+        return n + blobs == 1 or ps.inflight_bytes + size <= limits.blob_inflight_bytes_max
+
+    def _send_next(self, ps: _PeerSend, to: str) -> None:
+        """Take waiting blobs while the window has room: blobs of one chunk are read and packed
+        into frames of at most `blob_frame_bytes`, at most `blob_window_frames` frames a turn;
+        a larger blob becomes the one being streamed."""
+        frames: list[tuple[dict[str, Any], list[_Out]]] = []
+        pack: list[list[Any]] = []
+        pack_outs: list[_Out] = []
+        pack_bytes = 0
+        taken = reserved = 0  # blobs and bytes of this turn's frames
+        while ps.queue and len(frames) < limits.blob_window_frames:
+            out = ps.queue[0]
+            if self._out_live.get(out.key) is not out:
+                ps.queue.popleft()  # cancelled: acknowledged meanwhile
+                self._queued -= 1
+                continue
+            size = self._size_of(out)
+            if size is None:
+                ps.queue.popleft()
+                self._queued -= 1
+                del self._out_live[out.key]
+                continue
+            if not self._room(ps, taken + 1, reserved + size):
+                break
+            if size > limits.blob_frame_bytes:
+                if pack_outs or frames:
+                    break  # it starts once what is packed so far is on its way
+                ps.queue.popleft()
+                self._queued -= 1
+                if self._start_out(out, size):
+                    ps.active = out
+                    ps.inflight_bytes += size
+                    self._send_window(ps, out)
+                else:
+                    del self._out_live[out.key]
+                return
+            data = self._read_small(out, size)
+            ps.queue.popleft()
+            self._queued -= 1
+            if data is None:
+                del self._out_live[out.key]
+                continue
+            taken += 1
+            reserved += size
+            if out.get:
+                # An answer to a fetch goes alone, as a chunk: the asker takes it as such.
+                frames.append((self._chunk_body(out, data, size), [out]))
+                continue
+            if pack_outs and pack_bytes + size > limits.blob_frame_bytes:
+                frames.append(({"blobs": pack}, pack_outs))
+                pack, pack_outs, pack_bytes = [], [], 0
+            pack.append([out.d, out.owner, data])
+            pack_outs.append(out)
+            pack_bytes += size
+        if pack_outs:
+            frames.append(({"blobs": pack}, pack_outs))
+        if frames:
+            self._hand_over(ps, to, frames)
+
+    def _hand_over(self, ps: _PeerSend, to: str,
+                   frames: list[tuple[dict[str, Any], list[_Out]]]) -> None:
+        taken = self.links.send_batch(to, [(FrameType.F_BLOB_PUT, body) for body, _ in frames],
+                                      table=True)
+        now = self._clock_ms()
+        sent = gets = 0
+        for i, (_, outs) in enumerate(frames):
+            for out in outs:
+                if i < taken:
+                    ps.inflight[out.key] = (now, out.size)
+                    ps.inflight_bytes += out.size
+                    sent += 1
+                    gets += out.get
+                else:
+                    del self._out_live[out.key]
+        with self._lock:
+            self._counters["chunks_sent"] += sent
+            self._counters["blobs_sent"] += sent
+            self._counters["gets_served"] += gets
+        if taken < len(frames):
+            # The node asks again for what the links had no room for.
+            self._drop("send_dropped", sum(len(outs) for _, outs in frames[taken:]))
+
+    def _size_of(self, out: _Out) -> int | None:
+        """The blob's size, or None (after saying so) when this member does not hold it."""
+        if out.size >= 0:
+            return out.size
         try:
             size = self.blobs.size(out.d)
-            chunks = self.blobs.open(out.d) if size is not None else None
+        except BlobError as e:
+            self._log.error("blob_send_unreadable", digest=out.d, to=out.to, error=str(e))
+            size = None
+        if size is None:
+            self._not_here(out)
+            return None
+        out.size = size
+        return size
+
+    def _not_here(self, out: _Out) -> None:
+        self._log.warning("blob_send_not_here", digest=out.d, to=out.to, get=out.get)
+        self._drop("not_here")
+        if out.get:
+            self._send_missing(out.to, out.d)
+
+    def _read_small(self, out: _Out, size: int) -> bytes | None:
+        """The bytes of a blob of one chunk, or None (after saying why) when they cannot be
+        read or are not `size` bytes long."""
+        try:
+            chunks = self.blobs.open(out.d)
+            data = None if chunks is None else b"".join(chunks)
+        except BlobError as e:
+            self._log.error("blob_send_failed", digest=out.d, to=out.to, error=str(e))
+            self._drop("read_failed")
+            return None
+        if data is None:
+            self._not_here(out)
+            return None
+        if len(data) != size:
+            self._log.error("blob_send_short", digest=out.d, to=out.to, sent=len(data),
+                            size=size)
+            self._drop("read_failed")
+            return None
+        return data
+
+    def _start_out(self, out: _Out, size: int) -> bool:
+        """Open a larger blob to stream; False (after saying so) when it cannot be read."""
+        try:
+            chunks = self.blobs.open(out.d)
         except BlobError as e:
             self._log.error("blob_send_unreadable", digest=out.d, to=out.to, error=str(e))
             chunks = None
-            size = None
-        if chunks is None or size is None:
-            self._log.warning("blob_send_not_here", digest=out.d, to=out.to, get=out.get)
-            self._drop("not_here")
-            if out.get:
-                self._send_missing(out.to, out.d)
+        if chunks is None:
+            self._not_here(out)
             return False
-        out.size = size
         out.pieces = _pieces(chunks, limits.blob_frame_bytes)
         return True
 
-    def _send_window(self, out: _Out) -> None:
-        assert out.pieces is not None
+    def _send_window(self, ps: _PeerSend, out: _Out) -> None:
+        assert out.pieces is not None and ps.active is out
         frames: list[tuple[FrameType, dict[str, Any]]] = []
         try:
             for piece in islice(out.pieces, limits.blob_window_frames):
@@ -454,16 +650,14 @@ class BlobMover:
         except BlobError as e:
             self._log.error("blob_send_failed", digest=out.d, to=out.to, error=str(e))
             self._drop("read_failed")
-            self._end_out(out)
+            self._end_active(ps, out, sent=False)
             return
-        if out.size == 0 and out.off == 0 and not frames:
-            frames.append((FrameType.F_BLOB_PUT, self._chunk_body(out, b"", 0)))
         if not frames:
             # The store's chunks ended before the blob's size: it changed under us.
             self._log.error("blob_send_short", digest=out.d, to=out.to, sent=out.off,
                             size=out.size)
             self._drop("read_failed")
-            self._end_out(out)
+            self._end_active(ps, out, sent=False)
             return
         taken = self.links.send_batch(out.to, frames, table=True)
         with self._lock:
@@ -471,15 +665,14 @@ class BlobMover:
         if taken < len(frames):
             # The rest of this blob would not follow on; the node asks again later.
             self._drop("send_dropped")
-            self._end_out(out)
+            self._end_active(ps, out, sent=False)
             return
         if frames[-1][1]["last"]:
             with self._lock:
                 self._counters["blobs_sent"] += 1
                 if out.get:
                     self._counters["gets_served"] += 1
-            self._inflight[out.to] = (out.d, self._clock_ms())
-            self._end_out(out)
+            self._end_active(ps, out, sent=True)
 
     def _chunk_body(self, out: _Out, piece: bytes, end: int) -> dict[str, Any]:
         body: dict[str, Any] = {"d": out.d, "o": out.owner, "size": out.size,
@@ -488,23 +681,31 @@ class BlobMover:
             body["get"] = True
         return body
 
-    def _end_out(self, out: _Out) -> None:
-        if self._active.get(out.to) is out:
-            del self._active[out.to]
-        self._out_keys.discard(out.key)
+    def _end_active(self, ps: _PeerSend, out: _Out, sent: bool) -> None:
+        """The streamed blob is all sent (it waits for its acknowledgement) or given up."""
+        ps.active = None
         out.pieces = None
+        if sent:
+            # Its bytes were counted in the window when it started.
+            ps.inflight[out.key] = (self._clock_ms(), out.size)
+        else:
+            ps.inflight_bytes -= out.size
+            del self._out_live[out.key]
 
     def _abort_peer(self, to: str) -> None:
         """`to` is not linked: what was to be sent to it is dropped."""
+        ps = self._send.pop(to, None)
+        if ps is None:
+            return
         n = 0
-        out = self._active.pop(to, None)
-        if out is not None:
-            self._out_keys.discard(out.key)
-            n += 1
-        for queued in self._outq.pop(to, deque()):
-            self._out_keys.discard(queued.key)
-            n += 1
-        self._inflight.pop(to, None)
+        outs = list(ps.queue) + ([ps.active] if ps.active is not None else [])
+        for out in outs:
+            if self._out_live.get(out.key) is out:
+                del self._out_live[out.key]
+                n += 1
+        self._queued -= len(ps.queue)
+        for key in ps.inflight:
+            self._out_live.pop(key, None)
         if n:
             self._drop("peer_down", n)
 
@@ -531,6 +732,8 @@ class BlobMover:
             self._on_ack(peer, body)
         elif body.get("missing") is True:
             self._on_missing(peer, body)
+        elif "blobs" in body:
+            self._on_pack(peer, body)
         else:
             self._on_chunk(peer, body)
 
@@ -551,17 +754,22 @@ class BlobMover:
             self._drop("bad_ack")
             return
         with self._lock:
-            self._counters["acks_received"] += 1
-        inflight = self._inflight.get(peer)
-        if inflight is not None and inflight[0] in acked:
-            del self._inflight[peer]
+            self._counters["acks_received"] += len(acked)
         done = set(acked)
-        q = self._outq.get(peer)
-        if q:
-            # A copy asked again while its blob was on the way need not be sent twice.
-            for out in [o for o in q if o.d in done and o.owner == owner and not o.get]:
-                q.remove(out)
-                self._out_keys.discard(out.key)
+        ps = self._send.get(peer)
+        if ps is not None:
+            get = owner is None  # a fetch's answer carries no owner, a copy always one
+            for d in done:
+                key: _OutKey = (peer, d, owner, get)
+                sent = ps.inflight.pop(key, None)
+                if sent is not None:
+                    ps.inflight_bytes -= sent[1]
+                    del self._out_live[key]
+                elif (out := self._out_live.get(key)) is not None and ps.active is not out:
+                    # Asked again while an earlier transfer was on its way: that one was
+                    # acknowledged, so the waiting one is cancelled (and skipped when its
+                    # turn comes).
+                    del self._out_live[key]
         if owner is None:
             return
         for key, c in list(self._copies.items()):
@@ -582,6 +790,22 @@ class BlobMover:
             f.missing.add(peer)
             if f.asking_done and f.asked <= f.missing:
                 self._resolve_locked(d, False)
+
+    def _on_pack(self, peer: str, body: dict) -> None:
+        """Whole blobs of one chunk each, `[d, o, data]`: each is taken as a chunk at offset 0
+        that is also its last."""
+        pack = body.get("blobs")
+        if not isinstance(pack, list) or len(body) != 1:
+            self._drop("bad_body")
+            return
+        for entry in pack:
+            if not isinstance(entry, list | tuple) or len(entry) != 3:
+                self._drop("bad_body")
+                continue
+            d, owner, data = entry
+            self._on_chunk(peer, {"d": d, "o": owner,
+                                  "size": len(data) if isinstance(data, bytes) else None,
+                                  "off": 0, "data": data, "last": True})
 
     def _on_chunk(self, peer: str, b: dict) -> None:
         d, size, off, data, last = (b.get(k) for k in ("d", "size", "off", "data", "last"))
@@ -616,6 +840,9 @@ class BlobMover:
                     # Nobody waits for it any more (the fetch timed out).
                     self._drop("unasked")
                     return
+            if last:
+                self._stage(_Stored(peer, d, owner, get, data, skip))
+                return
             if len(self._asm) >= limits.blob_assemblies_max:
                 self._drop("assemblies_full")
                 return
@@ -646,6 +873,90 @@ class BlobMover:
         asm.off = end
         if last:
             self._finish(key, asm)
+
+    def _stage(self, blob: _Stored) -> None:
+        """A whole blob of one chunk: checked now, stored with the rest of the turn's."""
+        if blake3.blake3(blob.data).hexdigest() != blob.d:
+            self._log.warning("blob_digest_mismatch", digest=blob.d, peer=blob.peer)
+            self._drop("digest_mismatch")
+            return
+        with self._lock:
+            self._counters["chunks_received"] += 1
+        key = (blob.peer, blob.d, blob.owner, blob.get)
+        if key in self._batch_keys:
+            return  # sent twice in one turn: stored and acknowledged once
+        self._batch_keys.add(key)
+        self._batch.append(blob)
+        self._batch_bytes += len(blob.data)
+        if len(self._batch) >= batch_blobs_max or self._batch_bytes >= batch_bytes_max:
+            self._store_batch()
+
+    def _store_batch(self) -> None:
+        """Keep the staged blobs durably, pinned for their owners, in one transaction and one
+        fsync; then acknowledge them, one frame per peer and owner, and answer their fetches.
+        A store without `write_batch` keeps them one `put` (and `pin`) at a time."""
+        batch = self._batch
+        if not batch:
+            return
+        self._batch, self._batch_keys, self._batch_bytes = [], set(), 0
+        write_batch = getattr(self.blobs, "write_batch", None)
+        try:
+            if write_batch is not None:
+                got = write_batch([b.data for b in batch], [b.owner for b in batch])
+                self.blobs.sync()
+            else:
+                got = [self._put_one(b) for b in batch]
+        except (OSError, BlobError) as e:
+            self._log.error("blob_store_failed", blobs=len(batch), error=str(e))
+            self._drop("store_failed", len(batch))
+            return
+        if len(got) != len(batch):
+            raise AssertionError(f"the store answered {len(got)} of a batch of {len(batch)}")
+        acks: dict[tuple[str, str | None], list[str]] = {}
+        stored: set[str] = set()
+        new = 0
+        for b, r in zip(batch, got, strict=True):
+            if isinstance(r, Exception):
+                self._log.error("blob_store_failed", digest=b.d, peer=b.peer, error=str(r))
+                self._drop("store_failed")
+                continue
+            if r != b.d:
+                # The bytes were checked before the batch: the store kept something else.
+                self._log.error("blob_digest_mismatch", digest=b.d, stored=r, peer=b.peer)
+                self._drop("digest_mismatch")
+                continue
+            new += not b.held
+            stored.add(b.d)
+            acks.setdefault((b.peer, b.owner), []).append(b.d)
+        with self._lock:
+            self._counters["blobs_received"] += new
+            for d in stored:
+                self._resolve_locked(d, True)
+        if self._asm:
+            # Other transfers of the same blobs need not keep their bytes any more.
+            for other in list(self._asm.values()):
+                if other.d in stored and not other.skip:
+                    self._unspool(other)
+                    other.skip = True
+        for (peer, owner), digests in acks.items():
+            for i in range(0, len(digests), _ACK_DIGESTS):
+                self._send_ack(peer, owner, digests[i:i + _ACK_DIGESTS])
+
+    def _put_one(self, b: _Stored) -> str | Exception:
+        """One blob kept by a store without batches: durable and pinned when it returns."""
+        try:
+            got = self.blobs.put(b.data)
+            if b.owner is not None and got == b.d:
+                self.blobs.pin(b.d, b.owner)
+        except (OSError, BlobError) as e:
+            return e
+        return got
+
+    def _send_ack(self, peer: str, owner: str | None, digests: list[str]) -> None:
+        if self.links.send(peer, FrameType.F_BLOB_PUT, {"ack": digests, "o": owner},
+                           table=True):
+            with self._lock:
+                self._counters["acks_sent"] += len(digests)
 
     def _open_spool(self, asm: _Assembly) -> bool:
         self._spool_seq += 1
@@ -701,10 +1012,7 @@ class BlobMover:
             if other.d == d and not other.skip:
                 self._unspool(other)
                 other.skip = True
-        if self.links.send(asm.peer, FrameType.F_BLOB_PUT, {"ack": [d], "o": asm.owner},
-                           table=True):
-            with self._lock:
-                self._counters["acks_sent"] += 1
+        self._send_ack(asm.peer, asm.owner, [d])
         with self._lock:
             self._resolve_locked(d, True)
 

@@ -29,7 +29,7 @@ DEFAULT_KEEP_JOBS = 100_000  # [retention] keep_jobs: and at most this many are 
 TOP_KEYS = {"name", "data", "http", "peer", "raft", "secret_file", "fleet", "pools", "blobs",
             "retention", "log"}
 POOL_KEYS = {"kind", "slots", "runtime_s", "hold", "drain"}
-POOL_KINDS = ("command",)
+POOL_KINDS = ("command", "python")  # python: slots pre-forked meshjobs.pyworker processes
 
 
 class ConfigError(Exception):
@@ -138,7 +138,17 @@ def _pools(raw: Any) -> dict[str, Pool]:
             slots = 0  # a draining or held pool takes no new items
         pools[name] = Pool(name=name, kind=kind, slots=slots,
                            runtime_s=None if runtime is None else float(runtime))
+    workers = python_workers(pools)
+    if workers > limits.py_workers_max:
+        # Each slot of a python pool is a resident process, not a fork per item.
+        raise ConfigError(f"[pools]: python pools have {workers} slots together, over "
+                          f"{limits.py_workers_max} worker processes (py_workers_max)")
     return pools
+
+
+def python_workers(pools: dict[str, Pool]) -> int:
+    """The python worker processes a member keeps: the slots of its python pools together."""
+    return sum(p.slots for p in pools.values() if p.kind == "python")
 
 
 def _number(table: dict, key: str, where: str, default: Any, integer: bool = False,

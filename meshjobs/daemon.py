@@ -20,7 +20,7 @@ import uuid
 import structlog
 
 from meshjobs import limits, logs
-from meshjobs.config import Config, ConfigError, load_config, parse_addr
+from meshjobs.config import Config, ConfigError, load_config, parse_addr, python_workers
 from meshjobs.dumpfile import DumpCorrupt
 from meshjobs.failpoints import Failpoints
 from meshjobs.journal import JournalCorrupt
@@ -154,7 +154,8 @@ class Member:
             fail_stop(log, "the blob store could not store outputs", exc)
 
         driver = Driver(blobs, os.path.join(cfg.data, "spool"),
-                        on_end=lambda end: jobs.item_ended(end), writers=writers, on_fatal=fatal)
+                        on_end=lambda end: jobs.item_ended(end), writers=writers, on_fatal=fatal,
+                        python_workers=python_workers(cfg.pools))
         links = mover = None
         if not cfg.fleet_of_one:
             from meshjobs.blobmover import BlobMover

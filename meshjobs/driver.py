@@ -1,4 +1,7 @@
-"""The driver: runs the items this member leased as subprocesses and reports how each one ended.
+"""The driver: runs the items this member leased and reports how each one ended.
+
+Items of kind "command" run as subprocesses; items of kind "python" are calls made by the
+workers of the python pool (meshjobs.pypool), which the driver thread owns.
 
 Theory of operation. The jobs thread hands the driver `RunItem`s (`start`) and revocations
 (`cut`); both only append to state guarded by one lock and wake the driver thread through a pipe.
@@ -19,6 +22,12 @@ Rules:
    first; after `stop` nothing more is reported.
 5. Spool files live only between a start and its report; leftovers of a previous run are removed
    when a driver is constructed.
+6. Python items: the job's argv[0] is the target "package.module:function" and its argv[1:], when
+   there are any, are passed as the keyword `args` (see meshjobs.pyworker). The stdin blob (at
+   most limits.py_request_bytes_max bytes) is the function's argument; its return value is the
+   stdout blob; what it printed, then the traceback or why the call failed, is the stderr blob.
+   Outputs are stored and the end reported exactly as for command items. A cut or a runtime
+   limit kills the worker (SIGKILL to its group) and a new one takes its place.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ import structlog
 from blobstore.digest import EMPTY_DIGEST
 from blobstore.errors import BlobError
 from meshjobs import limits
+from meshjobs.pypool import PyEnd, PyPool
 
 RunKey = tuple[str, int, int]  # (job_id, index, epoch)
 
@@ -53,7 +63,13 @@ class BlobStore(Protocol):
 
     def put_file(self, path: str) -> str: ...
 
+    def put(self, data: bytes) -> str: ...
+
     def open(self, digest: str) -> Iterator[bytes] | None: ...
+
+    def get(self, digest: str) -> bytes | None: ...
+
+    def size(self, digest: str) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -68,7 +84,7 @@ class RunItem:
     cwd: str | None
     stdin: str | None  # a blob digest, or None for an empty stdin
     runtime_s: float | None
-    kind: str = "command"  # the pool's kind: "command" runs argv as a subprocess
+    kind: str = "command"  # the pool's kind: "command" runs argv, "python" calls argv[0]
 
     @property
     def key(self) -> RunKey:
@@ -138,7 +154,11 @@ class Driver:
         log: Any = None,
         writers: Any = None,
         on_fatal: Callable[[BaseException], None] | None = None,
+        python_workers: int | None = None,
     ) -> None:
+        """python_workers: the python worker processes to pre-fork when run() starts (the
+        slots of this member's python pools together). None starts os.cpu_count() workers when
+        the first python item comes; 0 starts one then."""
         self._blobs = blobs
         # The blob writer threads (group commit, backpressure); without them, outputs are
         # stored on the driver thread.
@@ -166,6 +186,11 @@ class Driver:
         self._runs: dict[RunKey, _Run] = {}
         self._seq = 0
         self._ran = False
+        if python_workers is not None and not 0 <= python_workers <= limits.py_workers_max:
+            raise ValueError(f"python_workers must be 0..{limits.py_workers_max}, "
+                             f"not {python_workers}")
+        self._python_workers = python_workers
+        self._pool: PyPool | None = None
 
     # --- Other threads -------------------------------------------------------------------------
 
@@ -229,12 +254,17 @@ class Driver:
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         try:
+            if self._python_workers:
+                self._python_pool()
             while True:
-                for key, _ in self._sel.select(self._next_timeout()):
+                for key, mask in self._sel.select(self._next_timeout()):
                     if key.data is None:
                         self._drain_wake()
-                    else:
+                    elif isinstance(key.data, _Run):
                         self._reap(key.data)
+                    else:
+                        assert self._pool is not None
+                        self._pool.on_event(key.data, mask)
                 with self._lock:
                     if self._stopping:
                         break
@@ -247,13 +277,19 @@ class Driver:
                         cuts.discard(item.key)
                         now = self._clock_ms()
                         self._report_unstarted(item, "cut", now, None)
+                    elif item.kind == "python":
+                        self._py_start(item)
                     else:
                         self._spawn(item)
                 for key in cuts:
                     run = self._runs.get(key)
                     if run is not None:
                         self._cut_run(run)
+                    elif self._pool is not None:
+                        self._pool.cut(key)
                 self._check_deadlines()
+                if self._pool is not None:
+                    self._pool.check()
         finally:
             # Also on an error (on_end raising, say): no item may outlive the driver.
             self._shutdown()
@@ -264,6 +300,10 @@ class Driver:
             for t in (run.deadline, run.kill_at):
                 if t is not None and (soonest is None or t < soonest):
                     soonest = t
+        if self._pool is not None:
+            t = self._pool.next_deadline()
+            if t is not None and (soonest is None or t < soonest):
+                soonest = t
         if soonest is None:
             return None
         return max(0.0, soonest - time.monotonic())
@@ -435,6 +475,14 @@ class Driver:
                 futs.append(done)
             else:
                 futs.append(self._writers.put_file(path, owner=item.job_id, remove=True))
+        self._when_stored(item, futs, lambda stdout, stderr: ItemEnd(
+            item.job_id, item.index, item.epoch, state, rc, sig, stdout, stderr,
+            run.started_ms, ended_ms, None))
+
+    def _when_stored(self, item: RunItem, futs: list[Future],
+                     make_end: Callable[[str, str], ItemEnd]) -> None:
+        """Report make_end(stdout, stderr) once both outputs are durable (from a writer thread,
+        or at once when both were durable already)."""
         left = [len(futs)]
         lock = threading.Lock()
 
@@ -452,11 +500,80 @@ class Driver:
                     raise
                 self._on_fatal(exc)
                 return
-            self._report(ItemEnd(item.job_id, item.index, item.epoch, state, rc, sig, stdout,
-                                 stderr, run.started_ms, ended_ms, None))
+            self._report(make_end(stdout, stderr))
 
         for fut in futs:
             fut.add_done_callback(stored)
+
+    # --- Python items --------------------------------------------------------------------------
+
+    def _python_pool(self) -> PyPool:
+        if self._pool is None:
+            size = self._python_workers
+            if size is None:
+                size = min(os.cpu_count() or 1, limits.py_workers_max)
+            self._pool = PyPool(max(1, size), self._sel, self._py_load, self._py_finish,
+                                self._clock_ms, self._log)
+            self._pool.start()
+        return self._pool
+
+    def _py_start(self, item: RunItem) -> None:
+        if not item.argv:
+            self._report_unstarted(item, "failed", self._clock_ms(),
+                                   "empty argv: give the job's argv[0] as 'package.module:function'")
+            return
+        self._python_pool().submit(item)
+
+    def _py_load(self, item: RunItem) -> bytes | str:
+        """The item's stdin payload, or why it cannot be had."""
+        if item.stdin is None:
+            return b""
+        missing = f"stdin blob {item.stdin} is not on this member: submit its stdin again"
+        try:
+            size = self._blobs.size(item.stdin)
+            if size is None:
+                return missing
+            if size > limits.py_request_bytes_max:
+                return (f"stdin of {size} bytes is over the python pool's limit of "
+                        f"{limits.py_request_bytes_max} bytes (py_request_bytes_max): use a "
+                        f"command pool, or pass a path or a blob digest instead")
+            data = self._blobs.get(item.stdin)
+        except KeyError:
+            return missing
+        except BlobError as e:
+            return f"stdin blob {item.stdin} is unreadable on this member ({e}): submit it again"
+        if data is None:
+            return missing
+        return data
+
+    def _py_finish(self, end: PyEnd) -> None:
+        """Store a python call's outputs (durable), then report its end."""
+        item = end.item
+        self._log.debug("item_ended", job=item.job_id, index=item.index, epoch=item.epoch,
+                        rc=end.rc, signal=end.signal, state=end.state, error=end.error)
+        if end.stdout is None or end.stderr is None:
+            self._report(ItemEnd(item.job_id, item.index, item.epoch, end.state, end.rc,
+                                 end.signal, None, None, end.started_ms, end.ended_ms, end.error))
+            return
+        if self._writers is None:
+            stdout = self._blobs.put(end.stdout)
+            stderr = self._blobs.put(end.stderr)
+            self._report(ItemEnd(item.job_id, item.index, item.epoch, end.state, end.rc,
+                                 end.signal, stdout, stderr, end.started_ms, end.ended_ms,
+                                 end.error))
+            return
+        # An empty output is the empty blob, stored and pinned for good when the member starts.
+        futs: list[Future] = []
+        for data in (end.stdout, end.stderr):
+            if data:
+                futs.append(self._writers.put(data, owner=item.job_id))
+            else:
+                done: Future = Future()
+                done.set_result(EMPTY_DIGEST)
+                futs.append(done)
+        self._when_stored(item, futs, lambda stdout, stderr: ItemEnd(
+            item.job_id, item.index, item.epoch, end.state, end.rc, end.signal, stdout, stderr,
+            end.started_ms, end.ended_ms, end.error))
 
     def _report_unstarted(self, item: RunItem, state: str, started_ms: int,
                           error: str | None) -> None:
@@ -478,6 +595,8 @@ class Driver:
             self._cuts.discard(key)
 
     def _shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.stop()
         for run in self._runs.values():
             _killpg(run.proc.pid, signal.SIGKILL)
         for run in self._runs.values():

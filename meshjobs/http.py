@@ -333,7 +333,28 @@ class HttpApi:
         return await self._relay({"op": "submit", "rid": rid, "spec": spec, "items": items})
 
     def _store_items(self, payloads: list[bytes | tuple[str, int]]) -> list[str | None]:
-        """Runs in the executor: store inline payloads, check referred blobs exist."""
+        """Runs in the executor: store inline payloads, check referred blobs exist.
+
+        An array job's payloads are stored together: each distinct payload once, all in one
+        transaction and one fsync (`write_batch` + `sync`), not one durable put per item."""
+        distinct: dict[bytes, int] = {}
+        for p in payloads:
+            if not isinstance(p, tuple) and p not in distinct:
+                distinct[p] = len(distinct)
+        stored: list[str] = []
+        if distinct:
+            batch = getattr(self._blobs, "write_batch", None)
+            if batch is None:
+                stored = [self._blobs.put(p) for p in distinct]
+            else:
+                stored = []
+                for k in range(0, len(distinct), limits.http_store_batch_max):
+                    out = batch(list(distinct)[k:k + limits.http_store_batch_max])
+                    for r in out:
+                        if isinstance(r, Exception):
+                            raise r
+                    stored.extend(out)  # type: ignore[arg-type]
+                self._blobs.sync()
         digests: list[str | None] = []
         for p in payloads:
             if isinstance(p, tuple):
@@ -342,7 +363,7 @@ class HttpApi:
                     raise HttpError(400, f"no blob {digest} on this member (items[{index}])")
                 digests.append(digest)
             else:
-                digests.append(self._blobs.put(p))
+                digests.append(stored[distinct[p]])
         return digests
 
     async def _get_job(self, request: web.Request) -> web.Response:

@@ -402,8 +402,7 @@ class JobsThread:
             if self._awaiting_input.pop((eff.job_id, eff.index, eff.epoch), None) is None:
                 self.driver.cut(eff.job_id, eff.index, eff.epoch)
         elif isinstance(eff, Pin):
-            for d in eff.digests:
-                self.blobs.pin(d, eff.owner)
+            self.blobs.pin_many(eff.digests, eff.owner)
         elif isinstance(eff, Unpin):
             self.blobs.unpin_owner(eff.owner)
         elif isinstance(eff, UnpinAllBut):

@@ -81,17 +81,22 @@ frame_assemblies_max = 8  # bodies in parts being put back together at once
 
 # --- Blob copies and fetches between members (blobmover.py) -----------------------------------
 blob_frame_bytes = 1 << 20  # blob bytes in one F_BLOB_PUT frame (one chunk)
-blob_window_frames = 4  # chunks of one blob handed to the links at a time
-blob_ack_wait_ms = 5_000  # the next blob to a peer waits this long at most for the last one's ack
+blob_window_frames = 4  # frames (chunks or packs of small blobs) handed to the links at a time
+blob_ack_wait_ms = 5_000  # a blob sent and not acknowledged by then leaves the peer's window
+blob_inflight_max = 256  # blobs sent to one peer and not yet acknowledged
+blob_inflight_bytes_max = 16 << 20  # and their bytes (a larger blob goes alone)
+blob_send_queue_max = 200_000  # blobs waiting to be sent, all peers together (~200 bytes each)
 blob_fetch_s_max = 30  # the longest a fetch of a blob this member lacks waits for a peer's copy
 blob_assemblies_max = 64  # blobs being received at once, each in its own spool file
 blob_assembly_bytes_max = 64 << 30  # the largest blob a member accepts from a peer
 blob_assembly_idle_ms = 30_000  # a blob being received with no chunk for this long is removed
-blob_mover_queue_max = 1024  # frames and copy requests queued to the mover; also pending sends
+blob_mover_queue_max = 1024  # frames and copy requests queued to the mover; also fetches, copies
 blob_mover_queue_bytes_max = 64 << 20  # chunk bytes queued to the mover
 blob_copy_wait_ms = 600_000  # a copy not acknowledged by then is forgotten (the node asks again)
 join_s_max = 60  # a worker member keeps trying to reach the member it joins through this long
-raft_message_bytes_max = entry_bytes_max + (1 << 20)  # one message on the Raft port
+# One message on the Raft port: a batch of entries up to about twice the largest entry, pickled,
+# compressed and then encrypted (Fernet's base64 adds a third).
+raft_message_bytes_max = 3 * entry_bytes_max
 ctl_resend_ms = 500  # a forwarded change not answered by then is sent to the leader again
 py_request_bytes_max = 64 << 20  # an item's stdin payload handed to a python worker
 py_result_bytes_max = 64 << 20  # a python call's output and captured prints together
@@ -101,3 +106,5 @@ py_worker_start_s_max = 30  # a python worker not ready this long after its spaw
 py_worker_respawn_ms = 1_000  # a python worker that failed to start is replaced after this
 py_workers_max = 256  # worker processes of one member's python pools together
 ctl_batch_max = 1024  # control changes the leader puts in one entry
+state_resend_ms = 1_000  # a worker behind what was sent, not moving this long, is sent it again
+http_store_batch_max = 4_096  # distinct inline payloads of a submit stored per write transaction

@@ -148,6 +148,11 @@ class Replica(SyncObj):
             logCompactionMinEntries=limits.log_compaction_entries_min,
             logCompactionMinTime=limits.log_compaction_s_min,
             commandsQueueSize=limits.ctl_queue_max * 10,
+            # pysyncobj 0.3.17 splits an entry larger than this into a "transmission" and gets
+            # the split wrong (it marks the last part by the command's length, not the pickled
+            # entry's): the follower unpickles half an entry and stops. Entries are bounded by
+            # `entry_bytes_max`, so a batch size above it means no entry is ever split.
+            appendEntriesBatchSizeBytes=limits.entry_bytes_max + 1,
             dynamicMembershipChange=False,
             bindRetryTime=0.3,
             maxBindRetries=5,

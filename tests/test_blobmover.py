@@ -46,7 +46,8 @@ class Member:
     """A blob store, its links and its mover, with the links' and the mover's threads."""
 
     def __init__(self, name: str, base: Path, run_mover: bool = True,
-                 clock_ms: Callable[[], float] | None = None) -> None:
+                 clock_ms: Callable[[], float] | None = None,
+                 wrap: Callable[[LmdbBlobStore], Any] | None = None) -> None:
         self.name = name
         self.store_path = str(base / name / "blobs")
         self.spool = str(base / name / "spool")
@@ -56,8 +57,8 @@ class Member:
         self.links = Links(name, os.urandom(4).hex(), ("127.0.0.1", 0), SECRET,
                            on_frame=self._on_frame)
         kw = {} if clock_ms is None else {"clock_ms": clock_ms}
-        self.mover = BlobMover(name, self.store, self.links, self.spool,
-                               on_copied=self._on_copied, **kw)
+        self.mover = BlobMover(name, self.store if wrap is None else wrap(self.store),
+                               self.links, self.spool, on_copied=self._on_copied, **kw)
         self.threads = [threading.Thread(target=self.links.run, name=f"links-{name}",
                                          daemon=True)]
         if run_mover:
@@ -93,6 +94,22 @@ class Member:
 
     def mover_alive(self) -> bool:
         return len(self.threads) == 2 and self.threads[1].is_alive()
+
+    def start_mover(self) -> None:
+        """Start the mover of a member made with its mover idle."""
+        assert len(self.threads) == 1
+        t = threading.Thread(target=self.mover.run, name=f"mover-{self.name}", daemon=True)
+        self.threads.append(t)
+        t.start()
+
+    def put_many(self, payloads: list[bytes]) -> tuple[str, ...]:
+        out: list[str] = []
+        for i in range(0, len(payloads), 4096):
+            got = self.store.write_batch(payloads[i:i + 4096])
+            assert all(isinstance(d, str) for d in got), got
+            out += got
+        self.store.sync()
+        return tuple(out)
 
     def stop(self) -> None:
         if self.stopped:
@@ -443,3 +460,174 @@ def test_large_copy_in_bounded_sender_memory(fleet, tmp_path: Path) -> None:
         for chunk in r.store.open(d):
             assert chunk == f.read(len(chunk))
     assert r.mover.stats()["dropped"] == {}
+
+
+def small_payloads(n: int, salt: bytes = b"") -> list[bytes]:
+    """`n` distinct payloads of 8 to 16 bytes (a salt of at most 4 bytes, then the index)."""
+    assert len(salt) <= 4
+    return [(salt + i.to_bytes(4, "big") + os.urandom(16))[:8 + i % 9] for i in range(n)]
+
+
+def test_copy_of_many_small_blobs(fleet) -> None:
+    """A copy of 20,000 distinct small blobs (an array job's stdins) completes: every one
+    durable and pinned at the receiver, stored in batches (far fewer fsyncs than blobs), and
+    on_copied fires once with all the digests."""
+    a, b = fleet("a", "b")
+    n = 20_000
+    payloads = small_payloads(n)
+    assert all(8 <= len(p) <= 16 for p in payloads)
+    digests = a.put_many(payloads)
+    assert len(set(digests)) == n
+    t0 = time.monotonic()
+    a.mover.copy("b", "job-many", digests)
+    wait_for(a.copies, timeout=WAIT_S, what="on_copied for 20,000 small blobs")
+    took = time.monotonic() - t0
+    print(f"copied {n} small blobs in {took:.2f} s")
+    time.sleep(0.3)
+    assert a.copies() == [("b", digests)]
+    st_a, st_b = a.mover.stats(), b.mover.stats()
+    assert st_a["blobs_sent"] == n and st_a["acks_received"] == n
+    assert st_b["blobs_received"] == n and st_b["dropped"] == {} and st_a["dropped"] == {}
+    assert st_a["sending"] == 0 and st_a["inflight"] == 0
+    assert b.store.stats()["fsyncs"] < n // 10
+    assert os.listdir(b.spool) == []
+    for d, p in zip(digests, payloads, strict=True):
+        assert b.store.get(d) == p
+    assert b.store.owners() == {"job-many"} and b.store.stats()["pins"] == n
+
+
+def test_copy_of_small_and_large_blobs_mixed(fleet, tmp_path: Path) -> None:
+    """Small blobs travel packed and larger ones in chunks on the same link: 5,000 small and
+    three multi-chunk blobs all arrive intact and pinned."""
+    a, b = fleet("a", "b")
+    small = small_payloads(5_000, salt=b"m")
+    large = [os.urandom(limits.blob_frame_bytes + 1), os.urandom(3 * MiB + 5),
+             os.urandom(2 * limits.blob_frame_bytes)]
+    small_ds = a.put_many(small)
+    large_ds = tuple(a.put(p, tmp_path) for p in large)
+    # The large ones sit among the small ones in the copy's order.
+    digests = small_ds[:100] + large_ds[:1] + small_ds[100:2500] + large_ds[1:] + small_ds[2500:]
+    a.mover.copy("b", "job-mix", digests)
+    wait_for(a.copies, what="on_copied for the mixed copy")
+    assert a.copies() == [("b", digests)]
+    st_b = b.mover.stats()
+    assert st_b["blobs_received"] == len(digests) and st_b["dropped"] == {}
+    for d, p in zip(large_ds, large, strict=True):
+        assert read_all(b.store, d) == p and b.store.pinned(d)
+    for d, p in zip(small_ds, small, strict=True):
+        assert b.store.get(d) == p
+    assert b.store.stats()["pins"] == len(digests)
+    assert os.listdir(b.spool) == []
+
+
+def test_copy_asked_again_while_in_flight_is_not_sent_twice(fleet) -> None:
+    """While the receiver does not acknowledge, the sender has at most `blob_inflight_max`
+    blobs on the way and reads no more; the same copy asked again meanwhile adds nothing, and
+    once the receiver answers every blob is sent exactly once."""
+    a, b = fleet("a", "b", idle=("b",))
+    n = 3 * limits.blob_inflight_max + 17
+    digests = a.put_many(small_payloads(n, salt=b"w"))
+    a.mover.copy("b", "job-w", digests)
+    wait_for(lambda: a.mover.stats()["inflight"] == limits.blob_inflight_max,
+             what="a full window")
+    a.mover.copy("b", "job-w", digests)
+    a.mover.copy("b", "job-w", digests[:10])  # another copy of some of the same blobs
+    time.sleep(0.5)
+    st = a.mover.stats()
+    assert st["blobs_sent"] == limits.blob_inflight_max
+    assert st["inflight"] == limits.blob_inflight_max
+    assert st["sending"] == n - limits.blob_inflight_max
+    b.start_mover()
+    wait_for(lambda: len(a.copies()) == 2, what="both copies confirmed")
+    time.sleep(0.3)
+    assert sorted(a.copies()) == sorted([("b", digests), ("b", digests[:10])])
+    st_a, st_b = a.mover.stats(), b.mover.stats()
+    assert st_a["blobs_sent"] == n and st_b["chunks_received"] == n
+    assert st_b["blobs_received"] == n and st_a["dropped"] == {}
+
+
+def test_fetch_of_small_blob(fleet) -> None:
+    """A fetch of a blob of one chunk is answered as one chunk and stored with the turn's
+    batch; the fetch returns True with the blob in the store."""
+    a, b = fleet("a", "b")
+    (d,) = a.put_many([b"a small stdin"])
+    assert b.mover.fetch(d, 20) is True
+    assert b.store.get(d) == b"a small stdin"
+    assert a.mover.stats()["gets_served"] == 1
+    assert b.mover.stats()["fetches_found"] == 1 and b.mover.stats()["blobs_received"] == 1
+
+
+class _NoBatches:
+    """A real store seen through the calls a store without `write_batch` offers."""
+
+    def __init__(self, store: LmdbBlobStore) -> None:
+        self._store = store
+        self.puts = 0
+
+    def put(self, data: bytes) -> str:
+        self.puts += 1
+        return self._store.put(data)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("write_batch", "sync"):
+            raise AttributeError(name)
+        return getattr(self._store, name)
+
+
+def test_store_without_batches_keeps_blobs_one_by_one(fleet, tmp_path: Path) -> None:
+    """A receiver whose store has no `write_batch` stores small blobs with `put` and pins
+    them; the copy completes as with any store."""
+    made: list[_NoBatches] = []
+
+    def wrap(store: LmdbBlobStore) -> _NoBatches:
+        made.append(_NoBatches(store))
+        return made[-1]
+
+    (a,) = fleet("a")
+    b = Member("b", tmp_path, wrap=wrap)
+    try:
+        a.links.connect("b", b.address)
+        wait_for(lambda: a.links.peers().get("b", {}).get("up")
+                 and b.links.peers().get("a", {}).get("up"), what="linked")
+        payloads = small_payloads(300, salt=b"n")
+        digests = a.put_many(payloads)
+        a.mover.copy("b", "job-n", digests)
+        wait_for(a.copies, what="on_copied through a store without batches")
+        assert made[0].puts == len(payloads)
+        for d, p in zip(digests, payloads, strict=True):
+            assert b.store.get(d) == p and b.store.pinned(d)
+    finally:
+        b.stop()
+
+
+def test_garbage_packs_are_dropped_and_counted(fleet) -> None:
+    """Malformed packs of small blobs are dropped and counted by reason; the good entries of a
+    pack are stored, pinned and acknowledged all the same."""
+    a, b = fleet("a", "b", idle=("a",))
+    good = b"a good small blob"
+    d = hexdigest(good)
+    put = FrameType.F_BLOB_PUT
+    cases: list[tuple[str, dict[str, Any]]] = [
+        ("bad_body", {"blobs": "nope"}),
+        ("bad_body", {"blobs": [[d, "job-p"]]}),
+        ("bad_body", {"blobs": [[d, "job-p", "text"]]}),
+        ("bad_body", {"blobs": [[d, 5, good]]}),
+        ("bad_body", {"blobs": [["not-a-digest", "job-p", good]]}),
+        ("bad_body", {"blobs": [], "extra": 1}),
+        ("bad_offset", {"blobs": [[d, "job-p", bytes(limits.blob_frame_bytes + 1)]]}),
+        ("digest_mismatch", {"blobs": [[d, "job-p", b"other bytes"]]}),
+    ]
+    for _reason, body in cases:
+        b.mover.frame("a", put, body)
+    want: dict[str, int] = {}
+    for reason, _ in cases:
+        want[reason] = want.get(reason, 0) + 1
+    wait_for(lambda: b.mover.stats()["dropped"] == want, timeout=10,
+             what=f"dropped == {want}")
+    assert b.store.stats()["blobs"] == 0
+    b.mover.frame("a", put, {"blobs": [[d, "job-p", b"wrong"], [d, "job-p", good]]})
+    want["digest_mismatch"] += 1
+    wait_for(lambda: b.mover.stats()["acks_sent"] == 1, what="the good entry acknowledged")
+    assert b.mover.stats()["dropped"] == want
+    assert b.store.get(d) == good and b.store.pinned(d)
+    assert b.mover_alive()

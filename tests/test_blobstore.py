@@ -596,3 +596,19 @@ def test_closed_store_refuses_calls(tmp_path: Path) -> None:
         s.get(d)
     with pytest.raises(StoreClosed):
         s.put(b"y")
+
+
+def test_pin_many_is_one_durable_step(tmp_path):
+    """pin_many pins every digest for the owner with one fsync; unpin_owner removes them all;
+    the memory twin agrees."""
+    from blobstore import LmdbBlobStore, MemoryBlobStore
+
+    for store in (LmdbBlobStore(str(tmp_path / "s")), MemoryBlobStore()):
+        ds = [store.put(b"p%d" % i) for i in range(50)]
+        before = store.stats()["fsyncs"]
+        store.pin_many(ds, "job")
+        assert all(store.pinned(d) for d in ds)
+        if isinstance(store, LmdbBlobStore):
+            assert store.stats()["fsyncs"] - before <= 1
+        assert store.unpin_owner("job") == 50
+        store.close()

@@ -295,9 +295,12 @@ class JobNode(LeaderDuties, Following):
                 return
         else:
             job_id = req["id"]
-            if job_id not in self.table.jobs:
-                self._not_found(token, job_id)
+            if job_id in self.table.forgotten:
+                self._not_found(token, job_id)  # a tombstone is a fact even a stale table knows
                 return
+            # A job this table does not know may still exist: a member that believes it leads
+            # may have been deposed, and its table may lag. "No such job" must come from a
+            # committed entry (the table refuses it with 404), never from a stale table.
             entry["id"] = job_id
             if op == "tone":
                 for k in ("priority", "hold", "max_leases"):

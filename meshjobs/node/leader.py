@@ -30,7 +30,8 @@ class Member:
     blob_bytes: int = 0
     last_ms: int = 0
     sent_upto: int = 0  # the table position F_JOB_STATE has been sent up to (workers)
-    sent_ms: int = 0
+    sent_ms: int = 0  # when F_JOB_STATE last went to it (entries or a keep-alive)
+    pos_ms: int = 0  # when its reported position last moved
 
 
 def parse_have(body: Any) -> dict | None:
@@ -69,13 +70,19 @@ class LeaderDuties:
             m = self.members[peer] = Member(peer)
         if m.boot and m.boot != have["boot"]:
             m.sent_upto = 0  # a new incarnation starts its table again
+        if have["pos"] != m.pos:
+            m.pos_ms = self.now_ms
         m.boot, m.role, m.pools = have["boot"], have["role"], have["pools"]
         m.pressure, m.pos, m.running = have["pressure"], have["pos"], have["running"]
         m.blob_bytes = have["blob_bytes"]
         m.last_ms = self.now_ms
         if m.role == "worker" and (m.pos > m.sent_upto or (
-                m.pos < m.sent_upto and self.now_ms - m.sent_ms >= limits.proposal_retry_ms)):
-            m.sent_upto = m.pos  # caught up by other means, or frames were lost: resend
+                m.pos < m.sent_upto and self.now_ms - m.pos_ms >= limits.state_resend_ms)):
+            # Caught up by other means; or behind what was sent and not moving: frames were
+            # lost, so send again from where it is. (Not timed from the last send: keep-alives
+            # go out every `have_ms` and would put this off for ever.)
+            m.sent_upto = m.pos
+            m.pos_ms = self.now_ms
 
     def _alive(self, name: str, boot: str | None = None) -> bool:
         """Is this member (in this incarnation, when `boot` is given) alive, as the leader sees it?"""

@@ -1,0 +1,437 @@
+"""The python pool: pre-forked `meshjobs.pyworker` processes that the driver thread hands items to.
+
+Theory of operation. The pool is no thread of its own: the driver thread owns it and calls it.
+Each worker is a `python -m meshjobs.pyworker` process in its own session, with a request pipe
+(its stdin), an answer pipe (its stdout) and a pidfd, all three registered on the driver's one
+selector (non-blocking), so the driver thread waits on workers and command items alike. Frames
+are described in meshjobs.pyworker. A worker is `starting` until its ready frame, then `idle` or
+`busy` with one call; it runs until it dies or is killed.
+
+Rules:
+1. Only the driver thread calls the pool (`submit`, `cut`, `on_event`, `check`, `stop`).
+2. Items wait in the pool's queue (bounded by the driver's: every item in it is accepted) until
+   a worker is ready; an item's stdin is loaded only when a worker takes it, so waiting items
+   hold no payload.
+3. A call ends exactly once, through `on_end`: with the worker's answer; or, when the worker
+   dies first, "failed" (or "timeout" or "cut" when the pool killed it for that reason). A
+   worker the pool killed or that died is reaped and replaced at once; one that died before it
+   was ready is replaced after limits.py_worker_respawn_ms, and if no worker is ready then, the
+   waiting items fail (the member cannot run python items until a worker starts).
+4. Killing a worker kills its whole process group (SIGKILL) before it is reaped, so nothing a
+   function started outlives its worker.
+5. Garbage on an answer pipe (a frame too large, or not msgpack) is WorkerProtocolError: the
+   worker is killed and its item fails saying so; the member carries on.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import structlog
+
+from meshjobs import limits, pyworker
+
+RunKey = tuple[str, int, int]  # (job_id, index, epoch)
+_READ_BYTES = 1 << 20  # one read of an answer pipe; a frame may take many
+# The folder meshjobs itself was imported from: first on the workers' PYTHONPATH, so a worker runs
+# the same meshjobs as its member whatever the member's cwd or installed copies.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(pyworker.__file__)))
+
+
+class WorkerProtocolError(Exception):
+    """A worker sent something that is not a well-formed answer."""
+
+
+@dataclass(frozen=True)
+class PyEnd:
+    """How one python call ended. stdout and stderr are None only when no worker took the item
+    (then error says why)."""
+
+    item: Any  # the driver's RunItem
+    state: str  # done | failed | timeout | cut
+    rc: int | None
+    signal: int | None
+    stdout: bytes | None
+    stderr: bytes | None
+    started_ms: int
+    ended_ms: int
+    error: str | None
+
+
+class _Worker:
+    """One worker process; touched by the driver thread only."""
+
+    __slots__ = ("proc", "pidfd", "r_fd", "w_fd", "rbuf", "wbuf", "writing", "ready",
+                 "start_by", "item", "started_ms", "deadline", "reason", "dead", "closed")
+
+    def __init__(self, proc: subprocess.Popen[bytes], pidfd: int, start_by: float) -> None:
+        assert proc.stdin is not None and proc.stdout is not None
+        self.proc = proc
+        self.pidfd = pidfd
+        self.r_fd = proc.stdout.fileno()
+        self.w_fd = proc.stdin.fileno()
+        self.rbuf = bytearray()
+        self.wbuf = memoryview(b"")  # the rest of the request being written
+        self.writing = False  # w_fd is registered for EVENT_WRITE
+        self.ready = False
+        self.start_by: float | None = start_by  # time.monotonic() its ready frame is due by
+        self.item: Any = None  # the RunItem of the call it is making
+        self.started_ms = 0
+        self.deadline: float | None = None  # time.monotonic() when the item's runtime passes
+        self.reason: str | None = None  # "timeout" or "cut" once the pool killed it for that
+        self.dead = False  # killed, or closed its answer pipe (its pidfd is still to fire)
+        self.closed = False  # reaped: its descriptors are closed (their numbers may be reused)
+
+
+class PyPool:
+    """Python workers on the driver's selector; see the module docstring for its rules."""
+
+    def __init__(
+        self,
+        size: int,
+        sel: selectors.BaseSelector,
+        load: Callable[[Any], bytes | str],
+        on_end: Callable[[PyEnd], None],
+        clock_ms: Callable[[], int],
+        log: Any = None,
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"a python pool needs at least one worker, not {size}")
+        self._size = size
+        self._sel = sel
+        self._load = load  # an item's stdin payload, or why it could not be read
+        self._on_end = on_end
+        self._clock_ms = clock_ms
+        self._log = log if log is not None else structlog.get_logger(__name__)
+        self._workers: list[_Worker] = []
+        self._queue: deque[Any] = deque()
+        self._respawn_at: float | None = None
+        self._last_start_failure = ""
+        self._stopped = False
+
+    # --- The driver's calls --------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Spawn the workers (they get ready in the background)."""
+        for _ in range(self._size - len(self._workers)):
+            self._spawn()
+
+    def submit(self, item: Any) -> None:
+        """Queue an item; it is handed to the first ready worker. With limits.driver_queue_max
+        items waiting already, it fails at once (the leader leases no more than the slots, so
+        only a broken lease count gets there)."""
+        if len(self._queue) >= limits.driver_queue_max:
+            now = self._clock_ms()
+            self._on_end(PyEnd(item, "failed", None, None, None, None, now, now,
+                               f"{len(self._queue)} python items wait on this member already "
+                               f"(driver_queue_max)"))
+            return
+        self._queue.append(item)
+        self._assign()
+
+    def cut(self, key: RunKey) -> bool:
+        """End that item: a waiting one is reported "cut" at once, a running one when its
+        worker (killed now) is reaped. False when the pool does not hold it."""
+        for item in self._queue:
+            if item.key == key:
+                self._queue.remove(item)
+                now = self._clock_ms()
+                self._on_end(PyEnd(item, "cut", None, None, None, None, now, now, None))
+                return True
+        for w in self._workers:
+            if w.item is not None and w.item.key == key:
+                if w.reason is None:
+                    w.reason = "cut"
+                    w.deadline = None
+                    self._kill(w)
+                return True
+        return False
+
+    def on_event(self, data: tuple[_Worker, str], mask: int) -> None:
+        """A worker's descriptor is ready: `data` is what the pool registered with it."""
+        w, what = data
+        if w.closed or (what == "r" and w.dead):
+            return  # an event of the same select() round, for a worker reaped or killed since
+        if what == "pid":
+            self._reap(w)
+        elif what == "w":
+            self._write(w)
+        elif what == "r":
+            self._read(w)
+        else:
+            raise AssertionError(f"unknown pool registration {what!r}")
+
+    def next_deadline(self) -> float | None:
+        """The soonest time.monotonic() at which `check` has something to do."""
+        times = [t for w in self._workers for t in (w.deadline, w.start_by) if t is not None]
+        if self._respawn_at is not None:
+            times.append(self._respawn_at)
+        return min(times) if times else None
+
+    def check(self) -> None:
+        """Kill workers past their runtime limit or start deadline; respawn when due."""
+        now = time.monotonic()
+        for w in self._workers:
+            if w.deadline is not None and now >= w.deadline:
+                w.deadline = None
+                if w.reason is None:  # a cut that came first stands
+                    w.reason = "timeout"
+                self._kill(w)
+            if w.start_by is not None and now >= w.start_by:
+                w.start_by = None
+                self._last_start_failure = (f"not ready within {limits.py_worker_start_s_max} s "
+                                            f"(py_worker_start_s_max)")
+                self._kill(w)
+        if self._respawn_at is not None and now >= self._respawn_at:
+            self._respawn_at = None
+            if not self._stopped:
+                self.start()
+
+    def stop(self) -> None:
+        """Kill every worker, reap it and close its descriptors; report nothing more."""
+        self._stopped = True
+        for w in self._workers:
+            _killpg(w.proc.pid, signal.SIGKILL)
+        for w in self._workers:
+            w.proc.wait()
+            self._close(w)
+        self._workers.clear()
+        self._queue.clear()
+
+    # --- Workers ---------------------------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        path = os.environ.get("PYTHONPATH")
+        env = {**os.environ, "PYTHONPATH": _ROOT + (os.pathsep + path if path else "")}
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "meshjobs.pyworker"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
+                close_fds=True, env=env)
+        except OSError as e:
+            # Out of memory or processes, for now: try again later, as for a worker that died
+            # before it was ready.
+            self._start_failed(None, f"could not spawn {sys.executable}: {e.strerror or e}")
+            return
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError:
+            # Out of descriptors: the member cannot supervise a worker it cannot watch.
+            _killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+        w = _Worker(proc, pidfd, time.monotonic() + limits.py_worker_start_s_max)
+        os.set_blocking(w.r_fd, False)
+        os.set_blocking(w.w_fd, False)
+        self._sel.register(pidfd, selectors.EVENT_READ, (w, "pid"))
+        self._sel.register(w.r_fd, selectors.EVENT_READ, (w, "r"))
+        self._workers.append(w)
+        self._log.debug("py_worker_started", pid=proc.pid)
+
+    def _assign(self) -> None:
+        while self._queue:
+            w = next((w for w in self._workers if w.ready and w.item is None and not w.dead),
+                     None)
+            if w is None:
+                return
+            item = self._queue.popleft()
+            started_ms = self._clock_ms()
+            payload = self._load(item)
+            if isinstance(payload, str):
+                self._on_end(PyEnd(item, "failed", None, None, None, None, started_ms,
+                                   self._clock_ms(), payload))
+                continue
+            req = pyworker.frame({
+                "job": item.job_id, "index": item.index, "epoch": item.epoch,
+                "target": item.argv[0], "payload": payload, "env": item.env, "cwd": item.cwd,
+                "args": list(item.argv[1:]),
+            })
+            w.item = item
+            w.started_ms = started_ms
+            w.deadline = None if item.runtime_s is None else time.monotonic() + item.runtime_s
+            w.wbuf = memoryview(req)
+            self._write(w)
+
+    def _write(self, w: _Worker) -> None:
+        while w.wbuf:
+            try:
+                n = os.write(w.w_fd, w.wbuf)
+            except BlockingIOError:
+                break
+            except BrokenPipeError:
+                # The worker is dying; its pidfd ends the call.
+                w.wbuf = memoryview(b"")
+                break
+            w.wbuf = w.wbuf[n:]
+        want = bool(w.wbuf)
+        if want and not w.writing:
+            self._sel.register(w.w_fd, selectors.EVENT_WRITE, (w, "w"))
+        elif not want and w.writing:
+            self._sel.unregister(w.w_fd)
+        w.writing = want
+
+    def _read(self, w: _Worker) -> None:
+        """Take what the answer pipe holds and act on every whole frame in it."""
+        eof = False
+        while True:
+            try:
+                chunk = os.read(w.r_fd, _READ_BYTES)
+            except BlockingIOError:
+                break
+            if not chunk:
+                eof = True
+                break
+            w.rbuf += chunk
+            try:
+                self._frames(w)
+            except WorkerProtocolError as e:
+                self._garbage(w, str(e))
+                return
+        if eof and not w.dead:
+            # The worker closed its answer pipe: it is exiting; its pidfd ends what is left.
+            self._sel.unregister(w.r_fd)
+            w.dead = True
+
+    def _frames(self, w: _Worker) -> None:
+        limit = pyworker.answer_frame_bytes_max()
+        while len(w.rbuf) >= pyworker.HEADER_BYTES:
+            n = int.from_bytes(w.rbuf[:pyworker.HEADER_BYTES], "big")
+            if n > limit:
+                raise WorkerProtocolError(f"an answer of {n} bytes, over {limit}")
+            end = pyworker.HEADER_BYTES + n
+            if len(w.rbuf) < end:
+                return
+            body = bytes(w.rbuf[pyworker.HEADER_BYTES:end])
+            del w.rbuf[:end]
+            try:
+                msg = msgpack.unpackb(body, raw=False)
+            except (ValueError, msgpack.UnpackException) as e:
+                raise WorkerProtocolError(f"an answer that is not msgpack ({e})") from None
+            if not isinstance(msg, dict):
+                raise WorkerProtocolError(f"an answer that is a {type(msg).__name__}, not a map")
+            self._answer(w, msg)
+
+    def _answer(self, w: _Worker, msg: dict[str, Any]) -> None:
+        if msg == pyworker.READY:
+            if w.ready:
+                raise WorkerProtocolError("a second ready frame")
+            w.ready = True
+            w.start_by = None
+            self._assign()
+            return
+        if w.item is None:
+            raise WorkerProtocolError("an answer with no call under way")
+        ok, out, err = msg.get("ok"), msg.get("out"), msg.get("err")
+        if not isinstance(ok, bool) or not isinstance(out, bytes) or not isinstance(err, bytes):
+            raise WorkerProtocolError("an answer without ok, out and err")
+        item, started_ms = w.item, w.started_ms
+        w.item = None
+        w.deadline = None
+        state = w.reason or ("done" if ok else "failed")
+        self._on_end(PyEnd(item, state, 0 if ok else 1, None, out, err, started_ms,
+                           self._clock_ms(), None))
+        if not w.dead:
+            self._assign()
+
+    def _garbage(self, w: _Worker, why: str) -> None:
+        self._log.error("py_worker_garbage", pid=w.proc.pid, why=why)
+        self._kill(w)
+        if w.item is not None:
+            item, started_ms = w.item, w.started_ms
+            w.item = None
+            w.deadline = None
+            msg = f"python worker sent {why}: the function wrote to the frames' descriptor?\n"
+            self._on_end(PyEnd(item, "failed", None, None, b"", msg.encode(), started_ms,
+                               self._clock_ms(), None))
+
+    def _kill(self, w: _Worker) -> None:
+        """SIGKILL the worker's group; its pidfd then reaps and replaces it."""
+        _killpg(w.proc.pid, signal.SIGKILL)
+        if not w.dead:
+            w.dead = True
+            self._sel.unregister(w.r_fd)
+
+    def _reap(self, w: _Worker) -> None:
+        """The worker exited: read what it answered, kill its group, reap it, replace it."""
+        if not w.dead:
+            self._read(w)  # an answer it sent before it exited still counts
+        _killpg(w.proc.pid, signal.SIGKILL)  # the leader is a zombie: its pgid is still ours
+        if not w.dead:
+            w.dead = True
+            self._sel.unregister(w.r_fd)
+        returncode = w.proc.wait()
+        self._close(w)
+        self._workers.remove(w)
+        rc, sig = (None, -returncode) if returncode < 0 else (returncode, None)
+        self._log.debug("py_worker_exited", pid=w.proc.pid, rc=rc, signal=sig,
+                        ready=w.ready, item=None if w.item is None else w.item.key)
+        if w.item is not None:
+            item, started_ms = w.item, w.started_ms
+            w.item = None
+            state = w.reason or "failed"
+            if state == "timeout":
+                why = f"runtime limit of {item.runtime_s} s passed: the python worker was killed"
+            elif state == "cut":
+                why = "cut: the python worker running it was killed"
+            elif sig is not None:
+                why = f"the python worker died of signal {sig} during the call"
+            else:
+                why = f"the python worker exited with status {rc} during the call"
+            self._on_end(PyEnd(item, state, None, sig, b"", (why + "\n").encode(), started_ms,
+                               self._clock_ms(), None))
+        if self._stopped:
+            return
+        if w.ready:
+            self._spawn()
+            return
+        why = self._last_start_failure or (f"exit status {rc}" if sig is None
+                                           else f"signal {sig}")
+        self._last_start_failure = ""
+        self._start_failed(w.proc.pid, why)
+
+    def _start_failed(self, pid: int | None, why: str) -> None:
+        """A worker could not start: python itself does not start here, for now. Wait, then
+        retry; the waiting items fail unless some worker is ready to take them."""
+        self._log.error("py_worker_not_started", pid=pid, why=why)
+        if self._respawn_at is None:
+            self._respawn_at = time.monotonic() + limits.py_worker_respawn_ms / 1000
+        if not any(x.ready for x in self._workers):
+            while self._queue:
+                item = self._queue.popleft()
+                now = self._clock_ms()
+                self._on_end(PyEnd(item, "failed", None, None, None, None, now, now,
+                                   f"python workers do not start on this member ({why}): see "
+                                   f"its log"))
+
+    def _close(self, w: _Worker) -> None:
+        for fd, registered in ((w.pidfd, True), (w.w_fd, w.writing), (w.r_fd, not w.dead)):
+            if registered:
+                try:
+                    self._sel.unregister(fd)
+                except (KeyError, ValueError):
+                    pass
+        w.writing = False
+        w.closed = True
+        os.close(w.pidfd)
+        assert w.proc.stdin is not None and w.proc.stdout is not None
+        w.proc.stdin.close()  # nothing was ever written through its buffer, so no flush fails
+        w.proc.stdout.close()
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass  # The whole group is gone already.
+    except PermissionError:
+        pass  # Only members that changed their user remain; the rest got the signal.

@@ -1,0 +1,894 @@
+"""A seeded, deterministic simulation of a whole fleet's job nodes (after TigerBeetle's VOPR).
+
+Theory of operation. Five members (voters v1..v3, workers w1 and w2) each run a real `JobNode`
+over a real `JobTable`, in one process, on simulated time. Around them the simulator plays what
+the jobs thread, pysyncobj, the links, the driver, the blob mover and the clients would do, and
+breaks them:
+
+- Raft is modelled, not run. One committed log; a leader elected among live voters that reach a
+  majority, with a term that grows. Proposals of the member that leads in the model go to an
+  uncommitted tail (some are lost, as if the leader were deposed first); at an election a random
+  prefix of the old tail survives. Committed indexes have random gaps (pysyncobj's no-ops). Each
+  voter applies committed entries at its own pace, only while it reaches the leader. A deposed
+  leader cut off from the new one goes on believing it leads for a while (pysyncobj does).
+- Frames go through a lossy network: dropped, duplicated, delayed and reordered, cut by
+  partitions (with `PeerLink` events); every body is msgpack round-tripped, as is every entry.
+  Frames in flight to or from a member that crashes are lost (its connections die with it).
+- The driver runs fake items that end after a random delay with random output digests; blob
+  copies land after a delay when the target is reachable.
+- Members crash and restart with a new boot id: a voter keeps its journal (it replays its applied
+  prefix, sometimes from a snapshot), a worker starts empty and relearns from the leader. A
+  member's blob store may run over (`Pressure`) for a while; some seeds keep only 20 finished
+  jobs (retention).
+- Clients submit jobs (some held then released, some cancelled, some forgotten once finished)
+  and retry with the same request id after a 503 or a timeout.
+
+Rule 1: pure and replayable. No IO, clock or threads; every choice comes from one
+        `random.Random(seed)`, and nothing iterates a set whose order could change between runs.
+        `run(seed)` twice gives equal reports.
+Rule 2: the checks are the point. A broken one raises `SimFailure`, whose message starts with
+        the seed. Checked after every committed entry (against an oracle table that applies the
+        log): at most one accepted result per lease epoch, and only under the item's current
+        epoch; epochs never go backwards; a forgotten id never comes back; `table.check()`; the
+        blobs of a committed result or submit are on `blob_copies` members. Checked after every
+        step: every member's table equals every other table (and the oracle) at the same index;
+        a submit, cancel or forget is answered 200/201 only once committed; a change of an
+        acknowledged, committed job is never answered 404; no answer is given twice.
+Rule 3: a safety phase of `steps` steps with faults, then a liveness phase with every fault
+        healed, which must end, within a bound, with every acknowledged job ended or forgotten
+        and every member's table caught up.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import blake3
+import msgpack
+
+from meshjobs import limits
+from meshjobs.control import Answer
+from meshjobs.node import (
+    Applied,
+    BlobsCopied,
+    CopyBlobs,
+    Ctl,
+    Cut,
+    FrameIn,
+    ItemEnded,
+    JobNode,
+    NodeConfig,
+    PeerLink,
+    Pin,
+    Pool,
+    Pressure,
+    Propose,
+    Reply,
+    Run,
+    Send,
+    Tick,
+    Unpin,
+    UnpinAllBut,
+    View,
+)
+from meshjobs.table import LEASED, JobTable
+
+T0_MS = 1_700_000_000_000
+VOTERS = ("v1", "v2", "v3")
+WORKERS = ("w1", "w2")
+MEMBERS = VOTERS + WORKERS
+FINAL_STATES = ("done", "failed", "cancelled")
+
+
+class SimFailure(AssertionError):
+    """A check of the simulation failed; the message names the seed that replays it."""
+
+    def __init__(self, seed: int, step: int, now_ms: int, what: str) -> None:
+        super().__init__(f"seed={seed} step={step} t={now_ms - T0_MS}ms: {what} "
+                         f"(replay: meshjobs.sim.run({seed}))")
+        self.seed = seed
+        self.what = what
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The simulated world's knobs: fault rates per step or per frame, and time ranges in ms."""
+
+    steps: int = 2500  # steps of the safety phase
+    step_ms_max: int = 40  # simulated time between two steps: 1..this
+    liveness_ms_max: int = 300_000  # the liveness phase must settle within this
+    frame_drop: float = 0.05
+    frame_dup: float = 0.03
+    frame_delay_ms_max: int = 120
+    frame_late: float = 0.03  # a frame delayed up to frame_late_ms_max (so reordered)
+    frame_late_ms_max: int = 3_000
+    proposal_lost: float = 0.03
+    crash: float = 0.002  # per step
+    restart_ms: tuple[int, int] = (300, 8_000)
+    partition: float = 0.003  # per step
+    partition_ms: tuple[int, int] = (500, 12_000)
+    pressure: float = 0.001  # per step: a member's blob store runs over for a while
+    election_ms: tuple[int, int] = (150, 1_500)
+    fallback_ms: tuple[int, int] = (200, 4_000)  # a deposed leader believes it leads this long
+    apply_all: float = 0.7  # a voter that can apply applies everything committed (else a part)
+    job_new: float = 0.03  # per step, while fewer than jobs_max jobs were made
+    jobs_max: int = 40
+    items_max: int = 20
+    run_ms: tuple[int, int] = (20, 1_500)
+    client_timeout_ms: int = limits.ctl_commit_ms_max + 2_000
+
+
+@dataclass
+class Report:
+    """What one run did. Two runs of one seed give equal reports."""
+
+    seed: int
+    steps: int
+    sim_ms: int
+    liveness_ms: int
+    digest: str  # of the final committed table
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Member:
+    name: str
+    role: str
+    alive: bool = False
+    inc: int = 0
+    boot: str = ""
+    table: Any = None
+    node: Any = None
+    inbox: list = field(default_factory=list)  # events for its next step, in order
+    applied: list = field(default_factory=list)  # Applied events for its next step
+    view_sent: View | None = None
+    links: dict[str, bool] = field(default_factory=dict)
+    pos: int = 0  # voters: committed entries applied (kept over a crash, as the journal is)
+    tokens: int = 0
+    running: dict[tuple, int] = field(default_factory=dict)  # run -> seq of its end event
+    checked_index: int = -1
+    pressure: bool = False
+
+
+@dataclass
+class _Client:
+    cid: int
+    req: dict
+    plan: list[str]
+    phase: str = "submit"
+    job_id: str | None = None
+    attempt: int = 0  # bumped when a phase starts over with a fresh request id
+    inflight: tuple | None = None
+    deadline_ms: int = 0
+    next_ms: int = 0
+
+
+def _pack(x: Any) -> bytes:
+    return msgpack.packb(x, use_bin_type=True)
+
+
+def _unpack(raw: bytes) -> Any:
+    return msgpack.unpackb(raw, raw=False, strict_map_key=False, use_list=True)
+
+
+def table_digest(table: JobTable) -> bytes:
+    return blake3.blake3(_pack(table.to_state())).digest()
+
+
+class Sim:
+    """The whole simulated fleet. `run()` drives it; tests may build one to plant bugs."""
+
+    def __init__(self, seed: int, config: SimConfig | None = None,
+                 table_cls: type[JobTable] = JobTable, node_cls: type[JobNode] = JobNode) -> None:
+        self.seed = seed
+        self.cfg = config or SimConfig()
+        self.rng = random.Random(seed)
+        self.table_cls = table_cls
+        self.node_cls = node_cls
+        self.now = T0_MS
+        self.step_no = 0
+        self.faulty = True
+        self.counts: dict[str, int] = {}
+        self._heap: list = []
+        self._seq = 0
+        self.members = {n: _Member(n, "voter" if n in VOTERS else "worker") for n in MEMBERS}
+        self.blobs: dict[str, set[str]] = {n: set() for n in MEMBERS}  # durable over crashes
+        self.cuts: dict[int, frozenset] = {}  # partition id -> pairs of members cut apart
+        self.keep_jobs = self.rng.choice([None, None, 20])
+        # Raft, modelled.
+        self.term = 0
+        self.leader: str | None = None
+        self.ready_pos = 0
+        self.election_at = self.now
+        self.believes: dict[str, int] = {}  # deposed leader -> until when it believes it leads
+        self.tail: list[tuple[bytes, int]] = []  # proposed, not committed: (entry, commit at)
+        self.log: list[tuple[int, bytes]] = []  # committed: (index, entry)
+        self.last_index = 0
+        # The oracle: a table that applies the committed log as it commits.
+        self.oracle = table_cls()
+        self.oracle_hash = table_digest(self.oracle)
+        self.ref_hash: dict[int, bytes] = {}  # table index -> the first digest seen there
+        self.accepted: dict[tuple[str, int, int], int] = {}
+        self.max_epoch: dict[tuple[str, int], int] = {}
+        self.ever_forgotten: set[str] = set()
+        # Clients.
+        self.clients: list[_Client] = []
+        self.waiting: dict[tuple, _Client] = {}
+        self.asked: dict[tuple, dict] = {}  # (member, inc, token) -> request, until answered
+        self.answered: set[tuple] = set()
+        self.acked: dict[str, int] = {}  # acknowledged job id -> its client
+        for name in MEMBERS:
+            self._start(self.members[name])
+
+    # --- plumbing ---------------------------------------------------------------------------
+
+    def fail(self, what: str) -> None:
+        raise SimFailure(self.seed, self.step_no, self.now, what)
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counts[name] = self.counts.get(name, 0) + n
+
+    def _at(self, t: int, kind: str, payload: Any) -> int:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, payload))
+        return self._seq
+
+    def _between(self, r: tuple[int, int]) -> int:
+        return self.rng.randint(r[0], r[1])
+
+    def _reachable(self, a: str, b: str) -> bool:
+        if not (self.members[a].alive and self.members[b].alive):
+            return False
+        pair = frozenset((a, b))
+        return all(pair not in cut for cut in self.cuts.values())
+
+    def _has_majority(self, v: str) -> bool:
+        votes = 1 + sum(1 for o in VOTERS if o != v and self._reachable(v, o))
+        return self.members[v].alive and votes * 2 > len(VOTERS)
+
+    # --- members ------------------------------------------------------------------------------
+
+    def _start(self, m: _Member) -> None:
+        if m.alive:
+            raise AssertionError(f"{m.name} started twice")
+        m.inc += 1
+        m.inbox, m.applied, m.running, m.links, m.view_sent = [], [], {}, {}, None
+        m.boot = f"{m.name}.{m.inc}.{self.rng.getrandbits(32):08x}"
+        if m.role == "voter":
+            table = self._voter_table(m)
+        else:
+            table = self.table_cls()
+            m.inbox.append(View())  # a worker's replica has no Raft: one empty view at start
+        cfg = NodeConfig(member=m.name, boot=m.boot, pools={"default": Pool("default", slots=2)},
+                         keep_jobs=self.keep_jobs, role=m.role, voters=VOTERS,
+                         dead_ms=limits.member_dead_ms, blob_copies=2)
+        m.table = table
+        m.node = self.node_cls(table, cfg, random.Random(self.rng.getrandbits(64)))
+        m.alive = True
+        m.checked_index = -1
+
+    def _voter_table(self, m: _Member) -> JobTable:
+        """A restarted voter replays its journal: from the start, or from a snapshot (a dump
+        taken at some earlier position) and then the rest, as pysyncobj does."""
+        start = 0
+        table = self.table_cls()
+        if m.pos and self.rng.random() < 0.5:
+            start = self.rng.randint(1, m.pos)
+            for index, raw in self.log[:start]:
+                table.apply(_unpack(raw), index)
+            table = self.table_cls.from_state(_unpack(_pack(table.to_state())))
+            self.count("restarts_from_snapshot")
+        for index, raw in self.log[start:m.pos]:
+            entry = _unpack(raw)
+            prev = table.applied_index
+            m.applied.append(Applied(index, entry, table.apply(entry, index), prev))
+        return table
+
+    def _crash(self, m: _Member) -> None:
+        self.count("crashes_" + m.role)
+        m.alive = False
+        m.node = m.table = m.view_sent = None
+        m.inbox, m.applied, m.running, m.links = [], [], {}, {}
+        m.pressure = False
+        self.believes.pop(m.name, None)
+        self._at(self.now + self._between(self.cfg.restart_ms), "restart", m.name)
+
+    def _step_member(self, m: _Member) -> None:
+        node = m.node
+        if m.role == "voter":
+            view = self._voter_view(m)
+            if view != m.view_sent:
+                m.view_sent = view
+                node.step(view)
+        node.step(Tick(self.now))
+        applied, m.applied = m.applied, []
+        for a in applied:
+            node.step(a)
+        inbox, m.inbox = m.inbox, []
+        for ev in inbox:
+            node.step(ev)
+        for eff in node.take():
+            self._effect(m, eff)
+
+    def _effect(self, m: _Member, eff: Any) -> None:
+        if isinstance(eff, Propose):
+            self._propose(m, eff.entry)
+        elif isinstance(eff, Reply):
+            self._reply(m, eff.token, eff.answer)
+        elif isinstance(eff, Send):
+            self._send(m, eff)
+        elif isinstance(eff, Run):
+            self._run(m, eff)
+        elif isinstance(eff, Cut):
+            key = (eff.job_id, eff.index, eff.epoch)
+            if m.running.pop(key, None) is None:
+                self.count("cuts_idle")
+                return
+            self.count("cuts")
+            end = ItemEnded(eff.job_id, eff.index, eff.epoch, "cut", None, 15, None, None,
+                            self.now, self.now)
+            m.running[key] = self._at(self.now + self.rng.randint(1, 50), "end",
+                                      (m.name, m.inc, end))
+        elif isinstance(eff, CopyBlobs):
+            self.count("copies_asked")
+            missing = [d for d in eff.digests if d not in self.blobs[m.name]]
+            if missing:
+                self.fail(f"{m.name} asked to copy blobs it does not hold: {missing[:2]}")
+            if self._reachable(m.name, eff.to) and not (self.faulty and
+                                                        self.rng.random() < self.cfg.frame_drop):
+                self._at(self.now + self.rng.randint(5, 400), "copied",
+                         (m.name, m.inc, eff.to, self.members[eff.to].inc, eff.digests))
+        elif isinstance(eff, Pin | Unpin | UnpinAllBut):
+            self.count("pins")
+        else:
+            self.fail(f"{m.name} made an unknown effect {eff!r}")
+
+    # --- Raft, modelled -----------------------------------------------------------------------
+
+    def _propose(self, m: _Member, entry: dict) -> None:
+        if m.role != "voter":
+            self.fail(f"worker {m.name} proposed {entry!r}")
+        raw = _pack(entry)
+        if len(raw) > limits.entry_bytes_max:
+            self.fail(f"{m.name} proposed an entry of {len(raw)} bytes")
+        if m.name != self.leader:
+            self.count("proposals_not_leader")  # a deposed leader's: never committed
+            return
+        if self.faulty and self.rng.random() < self.cfg.proposal_lost:
+            self.count("proposals_lost")
+            return
+        at = max(self.tail[-1][1] if self.tail else 0, self.now + self.rng.randint(1, 30))
+        self.tail.append((raw, at))
+
+    def _depose(self) -> None:
+        old = self.leader
+        self.leader = None
+        self.election_at = self.now + self._between(self.cfg.election_ms)
+        self.count("depositions")
+        if old is not None and self.members[old].alive:
+            self.believes[old] = self.now + self._between(self.cfg.fallback_ms)
+
+    def _elect(self) -> None:
+        candidates = [v for v in VOTERS if self._has_majority(v)]
+        if not candidates:
+            self.election_at = self.now + self._between(self.cfg.election_ms)
+            return
+        leader = self.rng.choice(candidates)
+        self.term += self.rng.randint(1, 2)
+        keep = self.rng.randint(0, len(self.tail))
+        for raw, _at in self.tail[:keep]:
+            self._commit(raw)
+        self.count("proposals_lost_at_election", len(self.tail) - keep)
+        self.tail = []
+        self.last_index += 1  # the new leader's no-op
+        self.ready_pos = len(self.log)
+        self.leader = leader
+        self.believes.pop(leader, None)
+        self.count("elections")
+
+    def _commit(self, raw: bytes) -> None:
+        self.last_index += 1 if self.rng.random() < 0.8 else self.rng.randint(2, 4)
+        self.log.append((self.last_index, raw))
+        self._oracle_apply(_unpack(raw), self.last_index)
+
+    def _voter_view(self, m: _Member) -> View:
+        lead = self.leader
+        if lead == m.name:
+            return View(self.term, lead, True, m.pos >= self.ready_pos)
+        if lead is not None and self._reachable(m.name, lead):
+            return View(self.term, lead, False, False)
+        last = m.view_sent or View()
+        if self.believes.get(m.name, 0) > self.now and last.is_leader:
+            return last
+        return View(last.term, None, False, False)
+
+    def _raft(self) -> None:
+        if self.leader is not None and not self._has_majority(self.leader):
+            self._depose()
+        if self.leader is None and self.now >= self.election_at:
+            self._elect()
+        if self.leader is None:
+            return
+        while self.tail and self.tail[0][1] <= self.now:
+            self._commit(self.tail.pop(0)[0])
+        for v in VOTERS:
+            m = self.members[v]
+            if not m.alive or not (v == self.leader or self._reachable(v, self.leader)):
+                continue
+            left = len(self.log) - m.pos
+            if left <= 0:
+                continue
+            n = left if self.rng.random() < self.cfg.apply_all else self.rng.randint(0, left)
+            for index, raw in self.log[m.pos:m.pos + n]:
+                entry = _unpack(raw)
+                prev = m.table.applied_index
+                m.applied.append(Applied(index, entry, m.table.apply(entry, index), prev))
+            m.pos += n
+
+    # --- the oracle's checks, entry by entry --------------------------------------------------
+
+    def _oracle_apply(self, entry: Any, index: int) -> None:
+        t = self.oracle
+        kind = entry.get("k") if isinstance(entry, dict) else None
+        # A batch entry carries several changes; the checks look at each.
+        subs = entry.get("es") if kind == "batch" else [entry]
+        subs = [e for e in subs if isinstance(e, dict)] if isinstance(subs, list) else []
+        rows: list[list] = []
+        results: list[list] = []
+        for e in subs:
+            field_ = {"result": "r", "lease": "g", "revoke": "l"}.get(e.get("k"))
+            if field_ is not None and isinstance(e.get(field_), list):
+                part = [r for r in e[field_] if isinstance(r, list) and len(r) >= 3
+                        and isinstance(r[0], str) and type(r[1]) is int]
+                rows += part
+                if field_ == "r":
+                    results += part
+        keys = sorted({(r[0], r[1]) for r in rows}, key=repr)
+        before = {k: self._item(k) for k in keys}
+        ids_before = set(t.jobs)
+        outcome = t.apply(entry, index)
+        self.count("entries_" + str(kind))
+        try:
+            t.check()
+        except AssertionError as e:
+            self.fail(f"oracle table broken after entry {index} {kind}: {e}")
+        if results:
+            self._check_results(results, index, before,
+                                outcome if kind == "result" else None)
+        for key in keys:
+            after = self._item(key)
+            if after is None:
+                continue
+            epoch = after[1]
+            if epoch < self.max_epoch.get(key, 0):
+                self.fail(f"lease epoch of {key} went back from {self.max_epoch[key]} to {epoch}")
+            self.max_epoch[key] = epoch
+        for jid in sorted(set(t.jobs) - ids_before):
+            if jid in self.ever_forgotten:
+                self.fail(f"forgotten job {jid} came back at index {index}")
+            self._check_copies(index, [d.hex() for d in t.jobs[jid].stdin if d is not None])
+        for jid in sorted(t.forgotten - self.ever_forgotten):
+            self.ever_forgotten.add(jid)
+            self.count("jobs_forgotten")
+        if any(jid in self.ever_forgotten for jid in t.jobs):
+            self.fail("a forgotten job is in the table again")
+        self.oracle_hash = table_digest(t)
+
+    def _item(self, key: tuple[str, int]) -> tuple | None:
+        job = self.oracle.jobs.get(key[0])
+        if job is None or not 0 <= key[1] < job.n:
+            return None
+        i = key[1]
+        return (job.st[i], job.epoch[i], job.fails[i], job.out[i], job.ended_ms[i])
+
+    def _check_results(self, rows: list[list], index: int, before: dict,
+                       outcome: dict | None) -> None:
+        """Which items a result entry moved, from the items themselves: each must have been
+        leased under the epoch of one of its rows, and no epoch gets two results."""
+        accepted = 0
+        for key in sorted({(r[0], r[1]) for r in rows}, key=repr):
+            b, a = before[key], self._item(key)
+            if b is None:
+                continue
+            if b[0] != LEASED:
+                if a != b:
+                    self.fail(f"result entry {index} changed {key}, which was not leased")
+                continue
+            if a is not None and a[0] == LEASED and a == b:
+                continue  # refused
+            epochs = [r[2] for r in rows if (r[0], r[1]) == key]
+            if b[1] not in epochs:
+                self.fail(f"result entry {index} accepted a stale result for {key}: "
+                          f"result epochs {epochs}, lease epoch {b[1]}")
+            k3 = (key[0], key[1], b[1])
+            self.accepted[k3] = self.accepted.get(k3, 0) + 1
+            if self.accepted[k3] > 1:
+                self.fail(f"two accepted results for {k3}")
+            row = next(r for r in rows if (r[0], r[1], r[2]) == k3)
+            if len(row) == 10:
+                self._check_copies(index, [d.hex() for d in (row[6], row[7])
+                                           if isinstance(d, bytes)])
+            accepted += 1
+        if outcome is not None and outcome.get("accepted") != accepted:
+            self.fail(f"result entry {index}: table says {outcome.get('accepted')} accepted, "
+                      f"items show {accepted}")
+        self.count("results_accepted", accepted)
+        self.count("results_refused", len(rows) - accepted)
+
+    def _check_copies(self, index: int, digests: list[str]) -> None:
+        for d in digests:
+            holders = sum(1 for n in MEMBERS if d in self.blobs[n])
+            if holders < 2:
+                self.fail(f"entry {index} committed with blob {d[:12]} on {holders} member(s)")
+
+    # --- network, driver, blobs ---------------------------------------------------------------
+
+    def _send(self, m: _Member, eff: Send) -> None:
+        self.count("frames_sent")
+        if eff.to not in self.members or eff.to == m.name:
+            self.fail(f"{m.name} sent {eff.ftype} to {eff.to!r}")
+        if not self._reachable(m.name, eff.to):
+            self.count("frames_cut")
+            return
+        if self.faulty and self.rng.random() < self.cfg.frame_drop:
+            self.count("frames_dropped")
+            return
+        raw = _pack(eff.body)
+        dst = self.members[eff.to]
+        copies = 2 if self.faulty and self.rng.random() < self.cfg.frame_dup else 1
+        self.count("frames_duplicated", copies - 1)
+        for _ in range(copies):
+            delay = self.rng.randint(1, self.cfg.frame_delay_ms_max)
+            if self.faulty and self.rng.random() < self.cfg.frame_late:
+                delay = self.rng.randint(delay, self.cfg.frame_late_ms_max)
+                self.count("frames_late")
+            self._at(self.now + delay, "frame", (m.name, m.inc, dst.name, dst.inc, eff.ftype, raw))
+
+    def _run(self, m: _Member, eff: Run) -> None:
+        key = (eff.job_id, eff.index, eff.epoch)
+        if key in m.running:
+            self.fail(f"{m.name} ran {key} twice")
+        if eff.stdin is not None and not any(eff.stdin in self.blobs[n] for n in MEMBERS):
+            self.fail(f"{m.name} runs {key} whose input {eff.stdin[:12]} no member holds")
+        self.count("runs")
+        r = self.rng.random()
+        state = "done" if r < 0.7 else "failed" if r < 0.92 else "timeout"
+        rc = {"done": 0, "failed": self.rng.randint(1, 3), "timeout": None}[state]
+        out = self.rng.randbytes(32).hex()
+        err = self.rng.randbytes(32).hex() if self.rng.random() < 0.3 else None
+        start = self.now
+        end = start + self._between(self.cfg.run_ms)
+        ev = ItemEnded(eff.job_id, eff.index, eff.epoch, state, rc,
+                       9 if state == "timeout" else None, out, err, start, end)
+        m.running[key] = self._at(end, "end", (m.name, m.inc, ev))
+
+    def _due(self) -> None:
+        while self._heap and self._heap[0][0] <= self.now:
+            _t, seq, kind, p = heapq.heappop(self._heap)
+            if kind == "frame":
+                src, src_inc, dst, dst_inc, ftype, raw = p
+                s, d = self.members[src], self.members[dst]
+                if s.inc != src_inc or d.inc != dst_inc or not self._reachable(src, dst):
+                    self.count("frames_lost_in_flight")
+                    continue
+                d.inbox.append(FrameIn(src, ftype, _unpack(raw)))
+            elif kind == "end":
+                name, inc, ev = p
+                m = self.members[name]
+                key = (ev.job_id, ev.index, ev.epoch)
+                if m.inc != inc or not m.alive or m.running.get(key) != seq:
+                    continue
+                del m.running[key]
+                # The driver writes the outputs to the blob store before it reports the end.
+                self.blobs[name].update(d for d in (ev.stdout, ev.stderr) if d is not None)
+                m.inbox.append(ev)
+            elif kind == "copied":
+                src, src_inc, dst, dst_inc, digests = p
+                if (self.members[dst].inc != dst_inc or self.members[src].inc != src_inc
+                        or not self._reachable(src, dst)):
+                    self.count("copies_lost")
+                    continue
+                self.blobs[dst].update(digests)
+                self.members[src].inbox.append(BlobsCopied(dst, digests))
+                self.count("copies_done")
+            elif kind == "restart":
+                if not self.members[p].alive:  # else healed and restarted already
+                    self.count("restarts")
+                    self._start(self.members[p])
+            elif kind == "heal":
+                self.cuts.pop(p, None)
+            elif kind == "pressure_off":
+                m = self.members[p[0]]
+                if m.inc == p[1] and m.pressure:
+                    m.pressure = False
+                    m.inbox.append(Pressure(False))
+
+    def _links(self) -> None:
+        for m in self.members.values():
+            if not m.alive:
+                continue
+            for peer in MEMBERS:
+                if peer == m.name:
+                    continue
+                up = self._reachable(m.name, peer)
+                if m.links.get(peer) != up:
+                    m.links[peer] = up
+                    m.inbox.append(PeerLink(peer, up))
+
+    # --- faults -------------------------------------------------------------------------------
+
+    def _faults(self) -> None:
+        cfg, rng = self.cfg, self.rng
+        if rng.random() < cfg.crash:
+            alive = [n for n in MEMBERS if self.members[n].alive]
+            if alive:
+                self._crash(self.members[rng.choice(alive)])
+        if rng.random() < cfg.partition:
+            self._seq += 1
+            if rng.random() < 0.5:
+                lone = rng.choice(MEMBERS)
+                pairs = frozenset(frozenset((lone, o)) for o in MEMBERS if o != lone)
+            else:
+                side = {n for n in MEMBERS if rng.random() < 0.5}
+                pairs = frozenset(frozenset((a, b)) for a in MEMBERS for b in MEMBERS
+                                  if a < b and (a in side) != (b in side))
+            self.cuts[self._seq] = pairs
+            self._at(self.now + self._between(cfg.partition_ms), "heal", self._seq)
+            self.count("partitions")
+        if rng.random() < cfg.pressure:
+            m = self.members[rng.choice(MEMBERS)]
+            if m.alive and not m.pressure:
+                m.pressure = True
+                m.inbox.append(Pressure(True))
+                self._at(self.now + rng.randint(200, 5_000), "pressure_off", (m.name, m.inc))
+                self.count("pressure")
+
+    def heal(self) -> None:
+        """End every fault: no more drops, partitions, crashes or lost proposals."""
+        self.faulty = False
+        self.cuts.clear()
+        for m in self.members.values():
+            if not m.alive:
+                self.count("restarts")
+                self._start(m)
+            elif m.pressure:
+                m.pressure = False
+                m.inbox.append(Pressure(False))
+
+    # --- clients ------------------------------------------------------------------------------
+
+    def _new_client(self) -> None:
+        rng = self.rng
+        cid = len(self.clients)
+        n = rng.randint(1, self.cfg.items_max)
+        hold = rng.random() < 0.2
+        spec: dict[str, Any] = {"argv": ["sim", str(cid)], "hold": hold,
+                                "priority": rng.choice([0, 0, 0, 1, -1, 5]),
+                                "retries": rng.choice([0, 0, 1, 2])}
+        if rng.random() < 0.5:
+            spec["id"] = f"job{cid}"
+        if rng.random() < 0.15:
+            spec["max_leases"] = rng.randint(1, 3)
+        items: list[str | None] = [None] * n
+        if rng.random() < 0.15:
+            items = [rng.randbytes(32).hex() if rng.random() < 0.7 else None for _ in range(n)]
+        plan = (["release"] if hold else []) + (["cancel"] if rng.random() < 0.15 else [])
+        plan += (["poll", "forget"] if rng.random() < 0.3 else []) + ["done"]
+        req = {"op": "submit", "rid": f"s{cid}", "spec": spec, "items": items}
+        self.clients.append(_Client(cid, req, plan, next_ms=self.now))
+        self.count("jobs_made")
+
+    def _client_request(self, c: _Client) -> dict:
+        rid = f"c{c.cid}.{c.phase}.{c.attempt}"
+        if c.phase == "submit":
+            return c.req
+        if c.phase == "release":
+            return {"op": "tone", "rid": rid, "id": c.job_id, "hold": False}
+        if c.phase in ("cancel", "forget"):
+            return {"op": c.phase, "rid": rid, "id": c.job_id}
+        return {"op": "get", "id": c.job_id}
+
+    def _clients(self) -> None:
+        for c in self.clients:
+            if c.phase in ("done", "refused"):
+                continue
+            if c.inflight is not None:
+                if self.now < c.deadline_ms:
+                    continue
+                self.waiting.pop(c.inflight, None)  # the client gives up on this request
+                c.inflight = None
+                self.count("client_timeouts")
+            if self.now < c.next_ms:
+                continue
+            alive = [n for n in MEMBERS if self.members[n].alive]
+            if not alive:
+                c.next_ms = self.now + 500
+                continue
+            m = self.members[self.rng.choice(alive)]
+            req = self._client_request(c)
+            if req["op"] == "submit":
+                # The HTTP edge stores a submit's inputs in its member's blob store first.
+                self.blobs[m.name].update(d for d in req["items"] if d is not None)
+            m.tokens += 1
+            key = (m.name, m.inc, m.tokens)
+            c.inflight, c.deadline_ms = key, self.now + self.cfg.client_timeout_ms
+            self.waiting[key] = c
+            self.asked[key] = req
+            m.inbox.append(Ctl(m.tokens, req))
+            self.count("ctl_" + req["op"])
+
+    def _reply(self, m: _Member, token: int, answer: Answer) -> None:
+        key = (m.name, m.inc, token)
+        if key in self.answered:
+            self.fail(f"{m.name} answered token {token} twice: {answer!r}")
+        self.answered.add(key)
+        req = self.asked.pop(key, None)
+        if req is None:
+            self.fail(f"{m.name} answered token {token}, which nobody asked")
+        status, body = answer
+        if req["op"] == "submit" and status in (200, 201):
+            jid = body["id"]
+            if jid not in self.oracle.jobs and jid not in self.oracle.forgotten:
+                self.fail(f"{m.name} acknowledged submit {req['rid']} (job {jid}) before it "
+                          "was committed")
+            if body["items_total"] != len(req["items"]):
+                self.fail(f"submit {req['rid']} acknowledged with {body['items_total']} items")
+        elif (req["op"] in ("cancel", "forget", "tone") and status == 404
+              and req["id"] in self.oracle.jobs and req["id"] in self.acked):
+            # Rule 4 of the node: a change is answered from a committed entry. "No such job"
+            # for a job acknowledged and in the committed log is a wrong answer, not a stale one.
+            self.fail(f"{m.name} answered {req['op']} of acknowledged job {req['id']} 404 "
+                      f"({body.get('error')!r}), its own table at index "
+                      f"{m.table.applied_index}; the job was committed (log at {self.last_index})")
+        elif req["op"] in ("cancel", "forget") and status == 200:
+            # A change is answered only once applied: the committed table must show it.
+            jid, t = req["id"], self.oracle
+            done = jid in t.forgotten or (req["op"] == "cancel" and jid in t.jobs
+                                            and t.jobs[jid].cancelled)
+            if not done:
+                self.fail(f"{m.name} answered {req['op']} of {jid} 200 before it was committed")
+        c = self.waiting.pop(key, None)
+        if c is None:
+            return
+        c.inflight = None
+        self.count(f"answers_{status}")
+        self._answered(c, status, body)
+
+    def _answered(self, c: _Client, status: int, body: Any) -> None:
+        later = self.now + self.rng.randint(20, 1_000)
+        if status == 503:
+            c.next_ms = later
+            return
+        if status == 400 or status == 413:
+            self.fail(f"client {c.cid} {c.phase}: a well-formed request answered {status} {body}")
+        if c.phase == "submit":
+            if status in (200, 201):
+                c.job_id = body["id"]
+                self.acked[c.job_id] = c.cid
+                self.count("jobs_acked")
+                self._next_phase(c)
+            else:
+                c.phase = "refused"  # 404/409: its job was forgotten before the client heard
+                self.count("submits_refused")
+        elif c.phase == "poll":
+            if status == 200 and body["state"] in FINAL_STATES:
+                self._next_phase(c)
+            elif status == 404 and "forgotten" in body.get("error", ""):
+                c.phase = "done"
+            else:
+                c.next_ms = self.now + self.rng.randint(500, 3_000)
+        elif c.phase == "forget" and status == 409:
+            c.attempt += 1  # not finished as the leader sees it: look again, then ask anew
+            c.phase = "poll"
+            c.next_ms = later
+        else:  # release, cancel, forget: 200, 404 and 409 all end the phase
+            if c.phase == "forget" and status == 200:
+                self.count("jobs_forgotten_by_clients")
+            self._next_phase(c)
+
+    def _next_phase(self, c: _Client) -> None:
+        c.phase = c.plan.pop(0)
+        c.attempt = 0
+        c.next_ms = self.now + self.rng.randint(0, 6_000)
+
+    # --- checks after each step ---------------------------------------------------------------
+
+    def _check_tables(self) -> None:
+        for m in self.members.values():
+            if not m.alive or m.table.applied_index == m.checked_index:
+                continue
+            index = m.table.applied_index
+            m.checked_index = index
+            try:
+                m.table.check()
+            except AssertionError as e:
+                self.fail(f"{m.name}'s table broken at index {index}: {e}")
+            h = table_digest(m.table)
+            ref = self.oracle_hash if index == self.oracle.applied_index else self.ref_hash.get(index)
+            if ref is None:
+                self.ref_hash[index] = h
+            elif ref != h:
+                self.fail(f"{m.name}'s table at index {index} differs from another table there")
+
+    # --- driving ------------------------------------------------------------------------------
+
+    def step(self) -> None:
+        self.step_no += 1
+        self.now += self.rng.randint(1, self.cfg.step_ms_max)
+        self._due()
+        if self.faulty:
+            self._faults()
+            if len(self.clients) < self.cfg.jobs_max and self.rng.random() < self.cfg.job_new:
+                self._new_client()
+        self._raft()
+        self._links()
+        self._clients()
+        for name in MEMBERS:
+            m = self.members[name]
+            if m.alive:
+                self._step_member(m)
+        self._check_tables()
+
+    def settled(self) -> bool:
+        """Every client past its submit, every acknowledged job ended or forgotten, and every
+        member's table at the last committed entry."""
+        if any(c.phase == "submit" for c in self.clients):
+            return False
+        for jid in self.acked:
+            job = self.oracle.jobs.get(jid)
+            if job is None:
+                if jid not in self.oracle.forgotten:
+                    self.fail(f"acknowledged job {jid} is neither in the table nor forgotten")
+                continue
+            if not job.finished:
+                return False
+        last = self.log[-1][0] if self.log else 0
+        # Every run ended or was cut: a run whose lease is gone must not go on for ever.
+        return all(m.table.applied_index == last and not m.running for m in self.members.values())
+
+    def unsettled(self) -> str:
+        open_jobs = sorted(j for j in self.acked if j in self.oracle.jobs
+                           and not self.oracle.jobs[j].finished)
+        last = self.log[-1][0] if self.log else 0
+        behind = [n for n in WORKERS if self.members[n].table.applied_index < last]
+        return (f"clients submitting: {[c.cid for c in self.clients if c.phase == 'submit']}; "
+                + (f"workers behind the log: {behind}; " if behind else "")
+                + f"jobs not ended: {open_jobs[:5]}; leader {self.leader} term {self.term}; "
+                f"tables at {[(m.name, m.table.applied_index) for m in self.members.values()]}, "
+                f"runs {[(m.name, sorted(m.running)[:3]) for m in self.members.values() if m.running]}, "
+                f"log at {last}")
+
+    def report(self, liveness_ms: int) -> Report:
+        counts = dict(self.counts)
+        counts["entries_committed"] = len(self.log)
+        counts["term"] = self.term
+        counts["clients"] = len(self.clients)
+        for k, v in self.oracle.counts.items():
+            counts["table_" + k] = v
+        return Report(self.seed, self.step_no, self.now - T0_MS, liveness_ms,
+                      self.oracle_hash.hex(), dict(sorted(counts.items())))
+
+
+def run(seed: int, config: SimConfig | None = None, table_cls: type[JobTable] = JobTable,
+        node_cls: type[JobNode] = JobNode) -> Report:
+    """Simulate one fleet from `seed`: the safety phase, then the liveness phase. Raises
+    SimFailure (naming the seed) when a check fails."""
+    sim = Sim(seed, config, table_cls, node_cls)
+    try:
+        for _ in range(sim.cfg.steps):
+            sim.step()
+        sim.heal()
+        healed = sim.now
+        while not sim.settled():
+            if sim.now - healed > sim.cfg.liveness_ms_max:
+                sim.fail(f"liveness: not settled {sim.cfg.liveness_ms_max} ms after healing: "
+                         + sim.unsettled())
+            sim.step()
+    except SimFailure:
+        raise
+    except Exception as e:  # a node or table crashed on an invariant of its own
+        raise SimFailure(seed, sim.step_no, sim.now, f"{type(e).__name__}: {e}") from e
+    return sim.report(sim.now - healed)
