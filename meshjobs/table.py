@@ -30,6 +30,8 @@ from array import array
 from collections import deque
 from typing import Any
 
+import blake3
+
 from meshjobs import limits
 from meshjobs.control import ControlError, parse_submit
 
@@ -48,6 +50,7 @@ TRANSITIONS: dict[str, frozenset[tuple[int, int]]] = {
 }
 
 RC_NONE = -(2**31)  # "no exit code" in the rc array
+_EMPTY = blake3.blake3(b"").digest()  # the digest of the empty payload
 JOB_FINAL_STATES = frozenset({"done", "failed", "cancelled"})
 
 
@@ -329,8 +332,9 @@ class JobTable:
                 continue
             job.rc[i] = RC_NONE if rc is None else rc
             job.sig[i] = sig or 0
-            job.out[i] = out
-            job.err[i] = err
+            # The empty output is by far the most common: one shared object, not 65 bytes each.
+            job.out[i] = _EMPTY if out == _EMPTY else out
+            job.err[i] = _EMPTY if err == _EMPTY else err
             job.started_ms[i] = started
             job.ended_ms[i] = ended
             if state == DONE:
@@ -569,8 +573,8 @@ class JobTable:
             j.member = list(member)
             j.rc = array("i", rc)
             j.sig = bytearray(sig)
-            j.out = list(out)
-            j.err = list(err)
+            j.out = [_EMPTY if d == _EMPTY else d for d in out]
+            j.err = [_EMPTY if d == _EMPTY else d for d in err]
             j.started_ms = array("Q", started)
             j.ended_ms = array("Q", ended)
             j.not_before = {int(k): v for k, v in nb}
