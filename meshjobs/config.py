@@ -47,17 +47,6 @@ class Voter:
     def raft_addr(self) -> str:
         return f"{self.raft[0]}:{self.raft[1]}"
 
-    @property
-    def role(self) -> str:
-        """voter when named among the voters (or in a fleet of one), worker otherwise."""
-        if self.fleet_of_one or any(v.name == self.name for v in self.voters):
-            return "voter"
-        return "worker"
-
-    @property
-    def fleet_of_one(self) -> bool:
-        return not self.voters and self.join is None
-
 
 @dataclass
 class Config:

@@ -174,6 +174,17 @@ class Meshd:
             return status, json.loads(payload)
         return status, payload
 
+    def metrics(self) -> dict[str, float]:
+        """GET /metrics, parsed: metric name (with labels) -> value."""
+        status, text = self.request("GET", "/metrics")
+        assert status == 200, (status, text)
+        out = {}
+        for line in text.decode().splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
+
     def ctl(self, *args: str, timeout_s: float = 60.0, input: bytes | None = None) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "meshjobs.cli", "--at", self.url, *args],
                               capture_output=True, timeout=timeout_s, env=env_with_path(),

@@ -14,13 +14,7 @@ pytestmark = pytest.mark.fleet
 
 
 def _metrics(m) -> dict[str, float]:
-    status, text = m.request("GET", "/metrics")
-    out = {}
-    for line in text.decode().splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
+    return m.metrics()
 
 
 def test_pressure_stops_leases_then_resumes(tmp_path):

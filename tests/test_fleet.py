@@ -80,13 +80,7 @@ def submit(m, spec: dict, timeout_s: float = 30.0) -> dict:
 
 
 def metrics(m) -> dict[str, float]:
-    status, text = m.request("GET", "/metrics")
-    out = {}
-    for line in text.decode().splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
+    return m.metrics()
 
 
 def test_follower_forwards_changes_and_reads_locally(fleet):

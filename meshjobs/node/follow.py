@@ -169,15 +169,7 @@ class Following:
                 self._out.append(Send(to, "F_JOB_HAVE", body))
         if leader is None:
             return
-        rows = []
-        for key, row in self._results.items():
-            if key in self._awaiting_copies:
-                continue
-            sent = self._results_sent.get(key)
-            if sent is not None and now - sent < limits.proposal_retry_ms:
-                continue
-            self._results_sent[key] = now
-            rows.append(row)
+        rows = self._due_results(len(self._results))
         for k in range(0, len(rows), limits.result_batch_max):
             self._out.append(Send(leader, "F_RESULT", {"r": rows[k:k + limits.result_batch_max]}))
         for rid, ch in self._forwarded.items():

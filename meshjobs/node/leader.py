@@ -169,7 +169,9 @@ class LeaderDuties:
             self._count("leases_proposed", len(grants))
             self._out.append(Propose({"k": "lease", "t": now, "g": grants}))
 
-    def _propose_results(self) -> None:
+    def _due_results(self, rows_max: int) -> list[list]:
+        """Results ready to go (their outputs on enough members) and not sent lately, marked
+        sent now: proposed by the leader, sent to it by any other member."""
         now = self.now_ms
         rows = []
         for key, row in self._results.items():
@@ -180,8 +182,13 @@ class LeaderDuties:
                 continue
             self._results_sent[key] = now
             rows.append(row)
-            if len(rows) >= limits.result_batch_max:
+            if len(rows) >= rows_max:
                 break
+        return rows
+
+    def _propose_results(self) -> None:
+        now = self.now_ms
+        rows = self._due_results(limits.result_batch_max)
         if rows:
             self._count("results_proposed", len(rows))
             self._out.append(Propose({"k": "result", "t": now, "r": rows}))
