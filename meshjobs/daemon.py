@@ -177,7 +177,7 @@ class Member:
                                   BlobsCopied(member, tuple(digests))))
         jobs = JobsThread(node, replica, driver, blobs, links=links, mover=mover)
         jobs.writers = writers
-        http_blobs = blobs if mover is None else _FleetBlobs(blobs, mover)
+        http_blobs = _HttpBlobs(blobs, mover, fatal)
         http = HttpApi(cfg.http[0], cfg.http[1], jobs, http_blobs, cfg.name)
         del voters
 
@@ -254,26 +254,44 @@ class Member:
         return 0
 
 
-class _FleetBlobs:
-    """The blob store as HTTP sees it on a member of a bigger fleet: a blob this member does not
-    hold is fetched from one that does before it is served."""
+class _HttpBlobs:
+    """The blob store as HTTP sees it. A write the disk fails (an fsync error) stops the member
+    (fail-stop), as everywhere else; and on a member of a bigger fleet, a blob this member does
+    not hold is fetched from one that does before it is served."""
 
-    def __init__(self, blobs, mover) -> None:
+    def __init__(self, blobs, mover, fatal) -> None:
         self._blobs = blobs
         self._mover = mover
+        self._fatal = fatal
 
     def __getattr__(self, name):
         return getattr(self._blobs, name)
 
+    def _durably(self, fn, *args):
+        try:
+            return fn(*args)
+        except OSError as exc:
+            self._fatal(exc)
+            raise
+
+    def put(self, data: bytes) -> str:
+        return self._durably(self._blobs.put, data)
+
+    def write_batch(self, payloads):
+        return self._durably(self._blobs.write_batch, payloads)
+
+    def sync(self) -> bool:
+        return self._durably(self._blobs.sync)
+
     def open(self, digest: str):
         it = self._blobs.open(digest)
-        if it is None and self._mover.fetch(digest, limits.blob_fetch_s_max):
+        if it is None and self._mover is not None and self._mover.fetch(digest, limits.blob_fetch_s_max):
             it = self._blobs.open(digest)
         return it
 
     def size(self, digest: str):
         size = self._blobs.size(digest)
-        if size is None and self._mover.fetch(digest, limits.blob_fetch_s_max):
+        if size is None and self._mover is not None and self._mover.fetch(digest, limits.blob_fetch_s_max):
             size = self._blobs.size(digest)
         return size
 

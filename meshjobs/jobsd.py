@@ -37,6 +37,7 @@ from meshjobs import limits
 from meshjobs.control import Answer
 from meshjobs.driver import RunItem
 from meshjobs.node import (
+    BlobBytes,
     CopyBlobs,
     Ctl,
     Cut,
@@ -188,6 +189,7 @@ class JobsThread:
         self.frames_dropped = 0
         self.syncs = 0
         self._metrics_tokens: set[int] = set()
+        self._next_publish_ms = 0
         self.writers: Any = None  # the blob writer threads, for their counters
 
     # --- called from other threads ---------------------------------------------------------------
@@ -284,7 +286,12 @@ class JobsThread:
             node.step(view)
             log.info("raft_view", term=view.term, leader=view.leader, is_leader=view.is_leader,
                      ready=view.ready)
-        node.step(Tick(self.clock_ms()))
+        now = self.clock_ms()
+        node.step(Tick(now))
+        if now >= self._next_publish_ms:
+            # Every `publish_ms`: what the blob store holds, for this member's reports.
+            self._next_publish_ms = now + limits.publish_ms
+            node.step(BlobBytes(int(self.blobs.stats().get("bytes", 0))))
         applied = replica.take_applied()
         for a in applied:
             node.step(a)

@@ -103,3 +103,21 @@ def test_flipped_byte_in_the_middle_stops_the_member(meshd):
     assert meshd.proc.returncode not in (0, None)
     assert "journal" in str(e.value).lower()
     time.sleep(0.1)
+
+
+def test_blob_fsync_failure_on_submit_fail_stops(meshd_factory):
+    """An fsync error while storing a submit's payloads stops the member (non-zero exit); the
+    submit is not acknowledged."""
+    m = meshd_factory(env={"MESHJOBS_FAILPOINTS": "blob.fsync=3"})
+    answered = []
+    for i in range(20):
+        try:
+            status, rec = m.request("POST", "/jobs", {"argv": ["cat"], "items": [f"payload {i}"]},
+                                    timeout_s=15)
+        except (urllib.error.URLError, ConnectionError, OSError):
+            break
+        answered.append(status)
+        if status >= 500:
+            break
+    assert m.proc.wait(15) not in (0, None), "the member must exit non-zero"
+    assert answered.count(201) + answered.count(200) < 20

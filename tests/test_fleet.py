@@ -323,3 +323,26 @@ def test_large_array_job_replicates(fleet):
     assert leader.ctl("job", "tone", "array", "--release").returncode == 0
     done = leader.wait_job("array", timeout_s=600)
     assert done["state"] == "done" and done["items_done"] == n
+
+
+def test_fleet_view_shows_every_member(fleet):
+    """meshctl fleet: term, leader and every member with role, alive, slots, blob bytes and
+    last seen, as the leader knows them."""
+    members = fleet(3, workers=1)
+    leader = leader_of(members)
+    submit(leader, {"argv": ["sh", "-c", "echo some-output"], "id": "out"})
+    leader.wait_job("out")
+
+    def complete():
+        view = json.loads(leader.ctl("--json", "fleet").stdout)
+        rows = {r["name"]: r for r in view["members"]}
+        ok = (set(rows) == {"v1", "v2", "v3", "w1"} and all(r["alive"] for r in rows.values())
+              and sum(r.get("blob_bytes", 0) for r in rows.values()) > 0)
+        return (view, rows) if ok else None
+
+    view, rows = wait_for(complete, what="every member reported")
+    assert view["leader"] == leader.name and view["term"] >= 1
+    assert rows[leader.name]["role"] == "leader" and rows["w1"]["role"] == "worker"
+    assert sorted(r["role"] for r in rows.values()) == ["follower", "follower", "leader", "worker"]
+    for r in rows.values():
+        assert r["slots"] == 2 and r["last_seen"] is not None

@@ -3,6 +3,7 @@
 from meshjobs.node.core import JobNode
 from meshjobs.node.events import (
     Applied,
+    BlobBytes,
     BlobsCopied,
     CopyBlobs,
     Ctl,
@@ -27,7 +28,7 @@ from meshjobs.node.events import (
 from meshjobs.node.leader import Member
 
 __all__ = [
-    "Applied", "BlobsCopied", "CopyBlobs", "Ctl", "Cut", "FrameIn", "ItemEnded", "JobNode",
+    "Applied", "BlobBytes", "BlobsCopied", "CopyBlobs", "Ctl", "Cut", "FrameIn", "ItemEnded", "JobNode",
     "Member", "NodeConfig", "PeerLink", "Pin", "Pool", "Pressure", "Propose", "Reply", "Run",
     "Send", "Tick", "Unpin", "UnpinAllBut", "View", "spec_digest",
 ]

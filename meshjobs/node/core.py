@@ -35,6 +35,7 @@ from meshjobs.node.events import (
     EMPTY_DIGEST,
     MEMBER_OWNER,
     Applied,
+    BlobBytes,
     BlobsCopied,
     CopyBlobs,
     Ctl,
@@ -113,6 +114,7 @@ class JobNode(LeaderDuties, Following):
         self._leader_since_ms = 0
         self._leader_seen_ms = 0
         self._pressure = False
+        self._blob_bytes = 0
         self._expiring: dict[str, int] = {}
         self._next_expiry_ms = 0
         self._next_have_ms = 0
@@ -156,6 +158,8 @@ class JobNode(LeaderDuties, Following):
         elif isinstance(ev, Pressure):
             self._pressure = ev.on
             self._count("pressure_on" if ev.on else "pressure_off")
+        elif isinstance(ev, BlobBytes):
+            self._blob_bytes = ev.n
         else:
             raise AssertionError(f"unknown event {ev!r}")
 
@@ -604,6 +608,7 @@ class JobNode(LeaderDuties, Following):
             "slots": sum(p.slots for p in self.cfg.pools.values()),
             "running": running,
             "blob_pressure": self._pressure,
+            "blob_bytes": self._blob_bytes,
             "last_seen": self.now_ms / 1000.0,
         }
         members = {self.cfg.member: me}

@@ -54,6 +54,13 @@ class Pressure:
 
 
 @dataclass(frozen=True)
+class BlobBytes:
+    """How many payload bytes this member's blob store holds (reported to the leader)."""
+
+    n: int
+
+
+@dataclass(frozen=True)
 class ItemEnded:
     job_id: str
     index: int

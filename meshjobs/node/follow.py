@@ -162,6 +162,7 @@ class Following:
                 "boot": self.cfg.boot, "role": self.cfg.role, "pos": self.table.applied_index,
                 "pools": {} if self._pressure else {p.name: p.slots for p in self.cfg.pools.values()},
                 "pressure": self._pressure,
+                "blob_bytes": self._blob_bytes,
                 "running": sum(1 for ended in self._running.values() if not ended),
             }
             targets = [leader] if leader else [v for v in self.cfg.voters if v != self.cfg.member]
