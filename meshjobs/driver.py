@@ -458,6 +458,7 @@ class Driver:
         if self._writers is None:
             stdout = self._blobs.put_file(run.paths[1])
             stderr = self._blobs.put_file(run.paths[2])
+            self._pin_outputs(item.job_id, stdout, stderr)
             self._remove(run.paths)
             self._report(ItemEnd(item.job_id, item.index, item.epoch, state, rc, sig, stdout,
                                  stderr, run.started_ms, ended_ms, None))
@@ -558,6 +559,7 @@ class Driver:
         if self._writers is None:
             stdout = self._blobs.put(end.stdout)
             stderr = self._blobs.put(end.stderr)
+            self._pin_outputs(item.job_id, stdout, stderr)
             self._report(ItemEnd(item.job_id, item.index, item.epoch, end.state, end.rc,
                                  end.signal, stdout, stderr, end.started_ms, end.ended_ms,
                                  end.error))
@@ -574,6 +576,13 @@ class Driver:
         self._when_stored(item, futs, lambda stdout, stderr: ItemEnd(
             item.job_id, item.index, item.epoch, end.state, end.rc, end.signal, stdout, stderr,
             end.started_ms, end.ended_ms, end.error))
+
+    def _pin_outputs(self, job_id: str, *digests: str) -> None:
+        """Without the writers (which pin in the same transaction), pin outputs for their job."""
+        pin = getattr(self._blobs, "pin", None)
+        if pin is not None:
+            for d in digests:
+                pin(d, job_id)
 
     def _report_unstarted(self, item: RunItem, state: str, started_ms: int,
                           error: str | None) -> None:

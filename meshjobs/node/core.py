@@ -433,9 +433,9 @@ class JobNode(LeaderDuties, Following):
             self._count("ends_unknown")
             return
         self._running[key] = True
+        # The outputs are pinned for the job already: the blob writers pin them in the same
+        # transaction that stores them (and the empty payload is pinned for good).
         outs = tuple(d for d in (ev.stdout, ev.stderr) if d is not None)
-        if outs:
-            self._out.append(Pin(ev.job_id, outs))
         if ev.state == "cut":
             return
         code = {"done": DONE, "failed": FAILED, "timeout": TIMEOUT}.get(ev.state)
