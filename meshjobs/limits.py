@@ -36,6 +36,11 @@ rids_remembered_max = 100_000  # request ids the table remembers to dedupe retri
 events_batch_max = 1024  # events stepped between two gate syncs
 lease_batch_max = 4096  # grants in one lease entry
 result_batch_max = 4096  # results in one result entry
+# Leasing ahead: a member is leased more items than it has slots when a pool's items are short,
+# so that its next items are there when one ends instead of a Raft round later.
+lease_ahead_ms = 50  # per slot, items expected to run this long in all are leased ahead
+lease_ahead_per_slot_max = 32  # and never more than this many items per slot
+lease_ahead_run_ms_max = 1_000  # a pool whose items run longer than this is leased no further ahead
 proposal_retry_ms = 5_000  # a proposal not seen committed by then may be proposed again
 publish_ms = 250  # status, programs and jobs view are published this often
 retry_backoff_ms_base = 500  # first retry of a failed item waits this long

@@ -433,39 +433,30 @@ class Sim:
     def _oracle_apply(self, entry: Any, index: int) -> None:
         t = self.oracle
         kind = entry.get("k") if isinstance(entry, dict) else None
-        # A batch entry carries several changes; the checks look at each.
-        subs = entry.get("es") if kind == "batch" else [entry]
-        subs = [e for e in subs if isinstance(e, dict)] if isinstance(subs, list) else []
-        rows: list[list] = []
-        results: list[list] = []
-        for e in subs:
-            field_ = {"result": "r", "lease": "g", "revoke": "l"}.get(e.get("k"))
-            if field_ is not None and isinstance(e.get(field_), list):
-                part = [r for r in e[field_] if isinstance(r, list) and len(r) >= 3
-                        and isinstance(r[0], str) and type(r[1]) is int]
-                rows += part
-                if field_ == "r":
-                    results += part
-        keys = sorted({(r[0], r[1]) for r in rows}, key=repr)
-        before = {k: self._item(k) for k in keys}
         ids_before = set(t.jobs)
-        outcome = t.apply(entry, index)
+        # A batch entry carries several changes; the checks look at each, as it is applied.
+        stack: list[tuple[list, list, dict]] = []
+
+        def observe(sub: Any, outcome: dict | None) -> None:
+            if outcome is None:
+                stack.append(self._rows_before(sub))
+            else:
+                self._check_entry(sub, index, outcome, *stack.pop())
+
+        if kind == "batch":
+            t.observe = observe
+            try:
+                t.apply(entry, index)
+            finally:
+                t.observe = None
+        else:
+            rows = self._rows_before(entry)
+            self._check_entry(entry, index, t.apply(entry, index), *rows)
         self.count("entries_" + str(kind))
         try:
             t.check()
         except AssertionError as e:
             self.fail(f"oracle table broken after entry {index} {kind}: {e}")
-        if results:
-            self._check_results(results, index, before,
-                                outcome if kind == "result" else None)
-        for key in keys:
-            after = self._item(key)
-            if after is None:
-                continue
-            epoch = after[1]
-            if epoch < self.max_epoch.get(key, 0):
-                self.fail(f"lease epoch of {key} went back from {self.max_epoch[key]} to {epoch}")
-            self.max_epoch[key] = epoch
         for jid in sorted(set(t.jobs) - ids_before):
             if jid in self.ever_forgotten:
                 self.fail(f"forgotten job {jid} came back at index {index}")
@@ -476,6 +467,35 @@ class Sim:
         if any(jid in self.ever_forgotten for jid in t.jobs):
             self.fail("a forgotten job is in the table again")
         self.oracle_hash = table_digest(t)
+
+    def _rows_before(self, e: Any) -> tuple[list, list, dict]:
+        """The item rows an entry names (leases, results, revokes), its result rows, and the
+        state of those items before it is applied."""
+        rows: list[list] = []
+        results: list[list] = []
+        field_ = {"result": "r", "lease": "g", "revoke": "l"}.get(
+            e.get("k") if isinstance(e, dict) else None)
+        if field_ is not None and isinstance(e.get(field_), list):
+            rows = [r for r in e[field_] if isinstance(r, list) and len(r) >= 3
+                    and isinstance(r[0], str) and type(r[1]) is int]
+            if field_ == "r":
+                results = rows
+        before = {(r[0], r[1]): self._item((r[0], r[1])) for r in rows}
+        return rows, results, before
+
+    def _check_entry(self, e: Any, index: int, outcome: dict, rows: list, results: list,
+                     before: dict) -> None:
+        if results:
+            self._check_results(results, index, before,
+                                outcome if isinstance(e, dict) and e.get("k") == "result" else None)
+        for key in sorted(before, key=repr):
+            after = self._item(key)
+            if after is None:
+                continue
+            epoch = after[1]
+            if epoch < self.max_epoch.get(key, 0):
+                self.fail(f"lease epoch of {key} went back from {self.max_epoch[key]} to {epoch}")
+            self.max_epoch[key] = epoch
 
     def _item(self, key: tuple[str, int]) -> tuple | None:
         job = self.oracle.jobs.get(key[0])

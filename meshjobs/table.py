@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import blake3
@@ -160,6 +161,9 @@ class JobTable:
         # Finished jobs in the order they finished: what retention forgets first. Derived from
         # the jobs (rebuilt on load), so it is not part of a snapshot.
         self.finished: dict[str, int] = {}
+        # A checker's hook (the simulator's oracle): called with each entry of a batch before
+        # (outcome None) and after it is applied. Never set in a member.
+        self.observe: Callable[[Any, dict | None], None] | None = None
 
     # --- applying entries -------------------------------------------------------------------
 
@@ -253,7 +257,15 @@ class JobTable:
         es = e.get("es")
         if not isinstance(es, list) or not es or len(es) > limits.ctl_batch_max:
             raise Refused(400, "malformed batch", "malformed")
-        return {"ok": True, "outcomes": [self._apply_one(sub, index, nested=True) for sub in es]}
+        observe = self.observe
+        if observe is None:
+            return {"ok": True, "outcomes": [self._apply_one(sub, index, nested=True) for sub in es]}
+        outcomes = []
+        for sub in es:
+            observe(sub, None)
+            outcomes.append(self._apply_one(sub, index, nested=True))
+            observe(sub, outcomes[-1])
+        return {"ok": True, "outcomes": outcomes}
 
     def _apply_submit(self, e: dict, index: int, t: int) -> dict:
         job_id = e.get("id")

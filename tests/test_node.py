@@ -17,11 +17,14 @@ from meshjobs import limits
 from meshjobs.control import Answer
 from meshjobs.node import (
     Applied,
+    BlobsCopied,
+    CopyBlobs,
     Ctl,
     Cut,
     ItemEnded,
     JobNode,
     NodeConfig,
+    PeerLink,
     Pool,
     Pressure,
     Propose,
@@ -41,16 +44,18 @@ DIGEST_OUT = "ab" * 32
 class Fleet1:
     """One member, its table and a log that commits whatever the node proposes when told to."""
 
-    def __init__(self, slots: int = 2, seed: int = 7) -> None:
+    def __init__(self, slots: int = 2, seed: int = 7, **cfg_kw: Any) -> None:
         self.table = JobTable()
-        cfg = NodeConfig(member="m1", boot="b1", pools={"default": Pool("default", slots=slots)})
+        cfg = NodeConfig(member="m1", boot="b1", pools={"default": Pool("default", slots=slots)},
+                         **cfg_kw)
         self.node = JobNode(self.table, cfg, random.Random(seed))
         self.index = 0
         self.now = 1_700_000_000_000
         self.replies: dict[int, list[Answer]] = {}
         self.runs: list[Run] = []
         self.cuts: list[Cut] = []
-        self.pending: list[dict] = []  # proposed, not yet committed
+        self.pending: list[dict] = []  # proposed, not yet committed (a batch's entries one by one)
+        self.batches: list[dict] = []  # every batch entry proposed, whole
         self.proposed: list[dict] = []  # every proposal ever
         self.node.step(LEADER)
         self.tick(0)
@@ -66,8 +71,14 @@ class Fleet1:
         effects = self.node.take()
         for eff in effects:
             if isinstance(eff, Propose):
-                self.pending.append(eff.entry)
-                self.proposed.append(eff.entry)
+                # A batch's entries are committed one by one here, so that a test can commit
+                # (or lose) a lease, a result or a change on its own.
+                subs = [eff.entry]
+                if eff.entry["k"] == "batch":
+                    self.batches.append(eff.entry)
+                    subs = eff.entry["es"]
+                self.pending += subs
+                self.proposed += subs
             elif isinstance(eff, Reply):
                 self.replies.setdefault(eff.token, []).append(eff.answer)
             elif isinstance(eff, Run):
@@ -105,9 +116,9 @@ class Fleet1:
         assert len(got) == 1, f"token {token} answered {len(got)} times: {got}"
         return got[0]
 
-    def end(self, run: Run, state: str = "done", rc: int | None = 0) -> None:
+    def end(self, run: Run, state: str = "done", rc: int | None = 0, ran_ms: int = 5) -> None:
         self.node.step(ItemEnded(run.job_id, run.index, run.epoch, state, rc, None, DIGEST_OUT,
-                                 None, self.now - 5, self.now))
+                                 None, self.now - ran_ms, self.now))
 
 
 def submit_req(rid: str = "r1", job_id: str | None = "j1", n: int = 1, **spec: Any) -> dict:
@@ -139,13 +150,18 @@ def test_submit_answered_only_after_applied() -> None:
     f.ctl(1, submit_req(n=2, tags=["t"]))
     f.take()
     assert 1 not in f.replies
-    [entry] = f.pending
+    [entry] = f.pending_of("submit")
     assert entry["k"] == "submit" and entry["rid"] == "r1" and entry["id"] == "j1"
+    # Free slots and nothing older waiting: the job's items are leased in the same entry.
+    [batch] = f.batches
+    assert [e["k"] for e in batch["es"]] == ["submit", "lease"]
+    assert [g[:2] for g in batch["es"][1]["g"]] == [["j1", 0], ["j1", 1]]
     assert entry["t"] == f.now and entry["items"] == [None, None] and "id" not in entry["spec"]
     f.tick(10)
     f.take()
     assert 1 not in f.replies
-    f.commit_pending()
+    f.pending.remove(entry)
+    f.commit(entry)
     f.take()
     ans = f.answer(1)
     assert ans.status == 201
@@ -275,7 +291,7 @@ def test_change_not_applied_in_time_503() -> None:
     f = Fleet1()
     f.ctl(1, submit_req())
     f.take()
-    [entry] = f.pending
+    [entry] = f.pending_of("submit")
     f.pending.clear()  # lost: never committed in time
     assert f.node.next_deadline_ms() == f.now + limits.ctl_commit_ms_max
     f.tick(limits.ctl_commit_ms_max - 1)
@@ -378,9 +394,9 @@ def test_leases_up_to_free_slots_and_runs_after_lease() -> None:
     assert not f.pending and len(f.runs) == 2, "full slots: nothing more leased, nothing rerun"
     f.end(f.runs[0])
     f.take()
-    assert [e["k"] for e in f.pending] == ["result"]
-    f.commit_pending()
-    f.take()
+    # The ended item's slot is free at once: the next lease goes with its result, in one entry.
+    assert [e["k"] for e in f.pending] == ["lease", "result"]
+    assert [e["k"] for e in f.batches[-1]["es"]] == ["lease", "result"]
     [lease2] = f.pending_of("lease")
     assert [g[:2] for g in lease2["g"]] == [["j1", 2]]
 
@@ -553,8 +569,83 @@ def test_changes_arriving_together_share_one_entry() -> None:
     f.ctl(2, submit_req(rid="b", job_id="jb"))
     f.ctl(3, submit_req(rid="c", job_id="jc"))
     f.take()
-    [batch] = f.pending
-    assert batch["k"] == "batch" and [e["id"] for e in batch["es"]] == ["ja", "jb", "jc"]
+    [batch] = f.batches
+    assert [e["k"] for e in batch["es"]] == ["submit", "submit", "submit", "lease"]
+    assert [e["id"] for e in batch["es"][:3]] == ["ja", "jb", "jc"]
+    assert [g[:2] for g in batch["es"][3]["g"]] == [["ja", 0], ["jb", 0]]
     f.settle()
     assert [f.answer(t).status for t in (1, 2, 3)] == [201, 201, 201]
     assert set(f.table.jobs) == {"ja", "jb", "jc"}
+
+
+# --- leasing ahead ----------------------------------------------------------------------------
+
+
+def _leased_to_me(f: Fleet1) -> int:
+    return sum(1 for m, _b in f.table.leased.values() if m == "m1")
+
+
+def test_short_items_are_leased_ahead_and_run_slots_at_a_time() -> None:
+    """Once a pool's items are known to be short, a member is leased more items than it has
+    slots; it runs only its slots at a time, and starts the next leased item the moment one
+    ends, with no Raft round in between."""
+    f = Fleet1(slots=1)
+    submitted(f, n=200)
+    f.settle()
+    assert _leased_to_me(f) == 1, "no history of run times yet: nothing leased ahead"
+    [run] = f.runs
+    f.end(run, ran_ms=5)
+    f.settle()
+    ahead = -(-limits.lease_ahead_ms // 5)
+    assert f.node._ahead("default") == ahead
+    assert _leased_to_me(f) == 1 + ahead
+    assert len(f.runs) == 2 and f.node.metrics()["items_running"] == 1, "one slot: one runs"
+    # The next run starts as the current one ends, in the same round that proposes its result.
+    f.end(f.runs[-1], ran_ms=5)
+    f.take()
+    assert len(f.runs) == 3 and f.runs[-1].index == 2
+    assert [e["k"] for e in f.pending] == ["lease", "result"]
+
+
+def test_long_items_are_not_leased_ahead() -> None:
+    """Items that run longer than lease_ahead_run_ms_max are leased to free slots only, so none
+    waits behind a long item on a busy member while another member could take it."""
+    f = Fleet1(slots=2)
+    submitted(f, n=20)
+    f.settle()
+    for _ in range(3):
+        f.end(f.runs[-1], ran_ms=limits.lease_ahead_run_ms_max + 1)
+        f.settle()
+    assert f.node._ahead("default") == 0
+    assert _leased_to_me(f) == 2 and f.node.metrics()["items_running"] == 2
+
+
+def test_result_waiting_for_copies_keeps_its_slot() -> None:
+    """An ended item frees its slot for a new lease only once its result may be proposed: one
+    whose outputs are still being copied holds it, so a member whose copies fail takes no more
+    work than its slots."""
+    f = Fleet1(slots=1, voters=("m1", "m2"), blob_copies=2)
+    f.node.step(PeerLink("m2", True))
+    submitted(f, n=5)
+    f.settle()
+    [run] = f.runs
+    f.end(run)
+    effects = f.take()
+    assert any(isinstance(e, CopyBlobs) and e.to == "m2" for e in effects)
+    assert not f.pending, "no result and no new lease while the outputs are not copied"
+    f.node.step(BlobsCopied("m2", (DIGEST_OUT,)))
+    f.take()
+    assert [e["k"] for e in f.pending] == ["lease", "result"]
+
+
+def test_one_entry_per_round_whatever_the_leader_proposes() -> None:
+    """Changes, leases and results of one round are one batch entry, the changes first."""
+    f = Fleet1(slots=1)
+    submitted(f, token=1, n=2)
+    f.settle()
+    f.end(f.runs[-1])
+    f.ctl(2, submit_req(rid="r2", job_id="j2"))
+    effects = f.take()
+    props = [e for e in effects if isinstance(e, Propose)]
+    assert len(props) == 1 and props[0].entry["k"] == "batch"
+    assert [e["k"] for e in props[0].entry["es"]] == ["submit", "lease", "result"]

@@ -158,11 +158,15 @@ class EagerNode(JobNode):
     def take(self) -> list:
         out = super().take()
         for eff in out:
-            if isinstance(eff, Propose) and eff.entry.get("k") == "submit":
-                change = self._changes.get(eff.entry["rid"])
+            if not isinstance(eff, Propose):
+                continue
+            entries = eff.entry["es"] if eff.entry.get("k") == "batch" else [eff.entry]
+            for e in entries:
+                if e.get("k") != "submit":
+                    continue
+                change = self._changes.get(e["rid"])
                 for token in change.tokens if change else []:
-                    self._answer(token, Answer(201, {"id": eff.entry["id"],
-                                                     "items_total": len(eff.entry["items"])}))
+                    self._answer(token, Answer(201, {"id": e["id"], "items_total": len(e["items"])}))
         extra, self._out = self._out, []
         return out + extra
 

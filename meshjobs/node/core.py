@@ -94,6 +94,8 @@ class JobNode(LeaderDuties, Following):
         self.view = View()
         self._out: list[Any] = []
         self._ctl_entries: list[dict] = []  # changes to propose at the end of this round
+        self._lead_entries: list[dict] = []  # and the leader's leases, results, revokes, expiries
+        self._run_ms: dict[str, float] = {}  # pool -> moving average of its items' run times
         self._changes: dict[str, _Change] = {}
         self._forwarded: dict[str, _Change] = {}
         self._remote: dict[int, tuple[str, str]] = {}  # token -> (member, rid) of a forwarded change
@@ -171,15 +173,18 @@ class JobNode(LeaderDuties, Following):
         return out
 
     def _flush_changes(self) -> None:
-        """Changes that arrived together go into the log together: one entry (a batch) for
-        many, so that a busy leader commits them with one Raft round and one fsync."""
-        entries, self._ctl_entries = self._ctl_entries, []
+        """Everything this round proposes goes into the log together: one entry (a batch) for
+        the changes that arrived and the leader's leases, results, revokes and expiries, so
+        that a busy leader commits them with one Raft round and one fsync. Changes come first:
+        a lease may name a job submitted in the same batch."""
+        entries = self._ctl_entries + self._lead_entries
+        self._ctl_entries, self._lead_entries = [], []
         for k in range(0, len(entries), limits.ctl_batch_max):
             chunk = entries[k:k + limits.ctl_batch_max]
             if len(chunk) == 1:
                 self._out.append(Propose(chunk[0]))
             else:
-                self._count("ctl_batches")
+                self._count("batches_proposed")
                 self._out.append(Propose({"k": "batch", "t": self.now_ms, "es": chunk}))
 
     def next_deadline_ms(self) -> int | None:
@@ -411,8 +416,12 @@ class JobNode(LeaderDuties, Following):
             for member, items in hints.items():
                 self._out.append(Send(member, "F_LEASE", {"index": ev.index, "g": items}))
         elif kind == "result":
+            jobs = self.table.jobs
             for r in e["r"]:
                 key = (r[0], r[1], r[2])
+                job = jobs.get(r[0])
+                if job is not None:
+                    self._note_run(job.pool, r[8], r[9])
                 self._results.pop(key, None)
                 self._results_sent.pop(key, None)
                 self._result_from.pop(key, None)
@@ -572,13 +581,23 @@ class JobNode(LeaderDuties, Following):
                 if not ended:
                     self._out.append(Cut(*key))
         # A lease naming this incarnation's boot id was made after this process started, so it
-        # is safe to run whatever the member's role; leases of earlier boots are revoked.
+        # is safe to run whatever the member's role; leases of earlier boots are revoked. At
+        # most a pool's slots run at once: items leased ahead wait here, in lease order.
+        busy: dict[str, int] = {}
+        for (jid, _i, _epoch), ended in self._running.items():
+            if not ended:
+                pool_name = table.jobs[jid].pool
+                busy[pool_name] = busy.get(pool_name, 0) + 1
         for jid, i, epoch, boot in table.leases_of(self.cfg.member):
             key = (jid, i, epoch)
             if boot != self.cfg.boot or key in self._running:
                 continue
             job = table.jobs[jid]
             pool = self.cfg.pools.get(job.pool)
+            if pool is not None:
+                if busy.get(pool.name, 0) >= pool.slots:
+                    continue
+                busy[pool.name] = busy.get(pool.name, 0) + 1
             runtime = job.runtime_s
             if pool is not None and pool.runtime_s is not None:
                 runtime = pool.runtime_s if runtime is None else min(runtime, pool.runtime_s)

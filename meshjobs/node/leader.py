@@ -9,11 +9,15 @@ still missing, and the table's epochs and request ids make a repeat harmless.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from meshjobs import limits
-from meshjobs.node.events import Propose, Send
+from meshjobs.node.events import Send
+
+# Weight of the newest result in a pool's moving average of run times.
+RUN_MS_WEIGHT = 0.2
 
 
 @dataclass
@@ -96,25 +100,53 @@ class LeaderDuties:
             return False
         return self.now_ms - m.last_ms <= self.cfg.dead_ms
 
+    def _ahead(self, pool: str) -> int:
+        """Items per slot leased ahead in `pool`: none until its items are known to be short
+        (from the results committed lately), then as many as run in `lease_ahead_ms`."""
+        run_ms = self._run_ms.get(pool)
+        if run_ms is None or run_ms > limits.lease_ahead_run_ms_max:
+            return 0
+        return min(limits.lease_ahead_per_slot_max,
+                   max(1, math.ceil(limits.lease_ahead_ms / max(run_ms, 1.0))))
+
     def _room(self) -> dict[str, dict[str, int]]:
-        """Free slots per member and pool: pool slots, minus leases held, minus leases proposed."""
+        """Room per member and pool: its slots (and the items leased ahead in a pool of short
+        items), minus items leased to it that have not ended, minus leases proposed. An item
+        that ended frees its slot at once, though its result is not committed yet; one whose
+        outputs are still being copied does not (a member whose copies fail stops there)."""
         room: dict[str, dict[str, int]] = {}
+
+        def cap(pools: dict[str, int]) -> dict[str, int]:
+            return {p: n * (1 + self._ahead(p)) for p, n in pools.items()}
+
         if not self._pressure:
-            room[self.cfg.member] = {p.name: p.slots for p in self.cfg.pools.values()}
+            room[self.cfg.member] = cap({p.name: p.slots for p in self.cfg.pools.values()})
         for name, m in self.members.items():
             if name != self.cfg.member and not m.pressure and self._alive(name, m.boot):
-                room[name] = dict(m.pools)
-        for (jid, _i), (member, _boot) in self.table.leased.items():
+                room[name] = cap(m.pools)
+        jobs, results = self.table.jobs, self._results
+        for (jid, i), (member, _boot) in self.table.leased.items():
             pools = room.get(member)
             if pools is not None:
-                pool = self.table.jobs[jid].pool
-                if pool in pools:
-                    pools[pool] -= 1
+                job = jobs[jid]
+                key = (jid, i, job.epoch[i])
+                if key in results and key not in self._awaiting_copies:
+                    continue
+                if job.pool in pools:
+                    pools[job.pool] -= 1
         for _sent, pool, member in self._inflight.values():
             pools = room.get(member)
             if pools is not None and pool in pools:
                 pools[pool] -= 1
         return room
+
+    def _note_run(self, pool: str, started_ms: Any, ended_ms: Any) -> None:
+        """Keep each pool's typical run time (a moving average of committed results)."""
+        if type(started_ms) is not int or type(ended_ms) is not int or not 0 < started_ms <= ended_ms:
+            return
+        ms = float(ended_ms - started_ms)
+        old = self._run_ms.get(pool)
+        self._run_ms[pool] = ms if old is None else old + RUN_MS_WEIGHT * (ms - old)
 
     # --- proposals ---------------------------------------------------------------------------------
 
@@ -141,7 +173,7 @@ class LeaderDuties:
                 break
         if dead:
             self._count("revokes_proposed", len(dead))
-            self._out.append(Propose({"k": "revoke", "t": now, "l": dead}))
+            self._lead_entries.append({"k": "revoke", "t": now, "l": dead})
 
     def _propose_leases(self) -> None:
         now = self.now_ms
@@ -158,7 +190,10 @@ class LeaderDuties:
             total = min(total, limits.lease_batch_max - len(grants))
             if total <= 0:
                 continue
-            for jid, i in self.table.pick(pool, total, now, set(self._inflight)):
+            picked = self.table.pick(pool, total, now, set(self._inflight))
+            if len(picked) < total:
+                picked += self._new_items(pool, total - len(picked))
+            for jid, i in picked:
                 # Spread by load: the member with the most free slots in this pool takes it.
                 member = max((n for n in room if room[n].get(pool, 0) > 0),
                              key=lambda n: (room[n][pool], n == self.cfg.member, n))
@@ -167,7 +202,28 @@ class LeaderDuties:
                 grants.append([jid, i, member, boots[member]])
         if grants:
             self._count("leases_proposed", len(grants))
-            self._out.append(Propose({"k": "lease", "t": now, "g": grants}))
+            self._lead_entries.append({"k": "lease", "t": now, "g": grants})
+
+    def _new_items(self, pool: str, count: int) -> list[tuple[str, int]]:
+        """Room that nothing committed waits for goes to the jobs submitted in this round: their
+        first items are leased in the same entry as the submit (it is applied first), one Raft
+        round sooner than after it commits."""
+        out: list[tuple[str, int]] = []
+        seen: set[str] = set()
+        for e in self._ctl_entries:
+            if len(out) >= count:
+                break
+            if e["k"] != "submit" or e["id"] in seen:
+                continue
+            seen.add(e["id"])
+            spec = e["spec"]
+            if spec.get("pool") != pool or spec.get("hold"):
+                continue
+            n = len(e["items"])
+            if spec.get("max_leases") is not None:
+                n = min(n, spec["max_leases"])
+            out += [(e["id"], i) for i in range(min(n, count - len(out)))]
+        return out
 
     def _due_results(self, rows_max: int) -> list[list]:
         """Results ready to go (their outputs on enough members) and not sent lately, marked
@@ -191,7 +247,7 @@ class LeaderDuties:
         rows = self._due_results(limits.result_batch_max)
         if rows:
             self._count("results_proposed", len(rows))
-            self._out.append(Propose({"k": "result", "t": now, "r": rows}))
+            self._lead_entries.append({"k": "result", "t": now, "r": rows})
 
     def _propose_expiry(self) -> None:
         """Retention: forget the oldest finished jobs past `keep_s` or beyond `keep_jobs`."""
@@ -216,7 +272,7 @@ class LeaderDuties:
                 ids.append(job_id)
         if ids:
             self._count("expiries_proposed", len(ids))
-            self._out.append(Propose({"k": "expire", "t": now, "ids": ids}))
+            self._lead_entries.append({"k": "expire", "t": now, "ids": ids})
 
     # --- worker members' tables --------------------------------------------------------------------
 
