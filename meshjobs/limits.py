@@ -42,6 +42,10 @@ lease_ahead_ms = 50  # per slot, items expected to run this long in all are leas
 lease_ahead_per_slot_max = 32  # and never more than this many items per slot
 lease_ahead_run_ms_max = 1_000  # a pool whose items run longer than this is leased no further ahead
 proposal_retry_ms = 5_000  # a proposal not seen committed by then may be proposed again
+# The leader's entries in flight: while this many are proposed and not applied, what comes next
+# waits and goes into the next entry together (fewer, larger Raft rounds under load).
+proposals_in_flight_max = 1
+proposal_wait_ms = 1_000  # an entry not applied by then no longer holds the next one back
 publish_ms = 250  # status, programs and jobs view are published this often
 retry_backoff_ms_base = 500  # first retry of a failed item waits this long
 retry_backoff_ms_max = 60_000  # and no retry waits longer than this

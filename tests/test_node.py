@@ -56,6 +56,7 @@ class Fleet1:
         self.cuts: list[Cut] = []
         self.pending: list[dict] = []  # proposed, not yet committed (a batch's entries one by one)
         self.batches: list[dict] = []  # every batch entry proposed, whole
+        self._tags: dict[int, int] = {}  # id of a batch's entry -> the batch's tag
         self.proposed: list[dict] = []  # every proposal ever
         self.node.step(LEADER)
         self.tick(0)
@@ -77,6 +78,8 @@ class Fleet1:
                 if eff.entry["k"] == "batch":
                     self.batches.append(eff.entry)
                     subs = eff.entry["es"]
+                    for sub in subs:
+                        self._tags[id(sub)] = eff.entry["p"]
                 self.pending += subs
                 self.proposed += subs
             elif isinstance(eff, Reply):
@@ -88,6 +91,11 @@ class Fleet1:
         return effects
 
     def commit(self, entry: dict) -> int:
+        tag = self._tags.pop(id(entry), None)
+        if tag is not None:
+            # An entry of a batch, committed on its own: as a batch of one with the batch's tag
+            # (the node holds back its next entry until it sees one of its entries applied).
+            entry = {"k": "batch", "t": entry["t"], "p": tag, "es": [entry]}
         self.index += 1
         e = msgpack.unpackb(msgpack.packb(entry, use_bin_type=True), raw=False,
                             strict_map_key=False)
@@ -649,3 +657,30 @@ def test_one_entry_per_round_whatever_the_leader_proposes() -> None:
     props = [e for e in effects if isinstance(e, Propose)]
     assert len(props) == 1 and props[0].entry["k"] == "batch"
     assert [e["k"] for e in props[0].entry["es"]] == ["submit", "lease", "result"]
+
+
+def test_changes_wait_while_an_entry_is_in_flight() -> None:
+    """While the leader's entry is in flight, new changes wait and go together in the next one
+    once it is applied; an entry lost for proposal_wait_ms holds nothing back any more."""
+    f = Fleet1(slots=0)
+    f.ctl(1, submit_req(rid="a", job_id="ja"))
+    f.take()
+    assert len(f.batches) == 1
+    f.ctl(2, submit_req(rid="b", job_id="jb"))
+    f.ctl(3, submit_req(rid="c", job_id="jc"))
+    f.tick(1)
+    f.take()
+    assert len(f.batches) == 1, "nothing more proposed while the first entry is in flight"
+    f.commit_pending()
+    f.take()
+    assert len(f.batches) == 2 and [e["id"] for e in f.batches[1]["es"]] == ["jb", "jc"]
+    assert f.answer(1).status == 201
+    f.pending.clear()  # the second entry is lost
+    f.ctl(4, submit_req(rid="d", job_id="jd"))
+    f.tick(limits.proposal_wait_ms - 1)
+    f.take()
+    assert len(f.batches) == 2
+    assert f.node.next_deadline_ms() == f.now + 1
+    f.tick(1)
+    f.take()
+    assert len(f.batches) == 3 and [e["id"] for e in f.batches[2]["es"]] == ["jd"]

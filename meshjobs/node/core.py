@@ -96,6 +96,8 @@ class JobNode(LeaderDuties, Following):
         self._ctl_entries: list[dict] = []  # changes to propose at the end of this round
         self._lead_entries: list[dict] = []  # and the leader's leases, results, revokes, expiries
         self._run_ms: dict[str, float] = {}  # pool -> moving average of its items' run times
+        self._props: dict[int, int] = {}  # this leader's entries in flight: tag -> when proposed
+        self._prop_seq = 0
         self._changes: dict[str, _Change] = {}
         self._forwarded: dict[str, _Change] = {}
         self._remote: dict[int, tuple[str, str]] = {}  # token -> (member, rid) of a forwarded change
@@ -140,6 +142,8 @@ class JobNode(LeaderDuties, Following):
             if ev.is_leader and not self.view.is_leader:
                 self._leader_since_ms = self.now_ms
                 self.members.clear()  # soft state of an earlier reign is stale
+            if ev.term != self.view.term or not ev.is_leader:
+                self._props.clear()  # what an earlier reign proposed holds nothing back
             if ev.leader is not None:
                 self._leader_seen_ms = self.now_ms
             if ev.leader != self.view.leader:
@@ -172,20 +176,37 @@ class JobNode(LeaderDuties, Following):
         out, self._out = self._out, []
         return out
 
+    def _may_propose(self) -> bool:
+        """Is there room for another entry in flight? (One applied, or lost for
+        `proposal_wait_ms`, makes room.)"""
+        now = self.now_ms
+        for tag, sent in list(self._props.items()):
+            if now - sent >= limits.proposal_wait_ms:
+                del self._props[tag]
+        return len(self._props) < limits.proposals_in_flight_max
+
     def _flush_changes(self) -> None:
         """Everything this round proposes goes into the log together: one entry (a batch) for
         the changes that arrived and the leader's leases, results, revokes and expiries, so
         that a busy leader commits them with one Raft round and one fsync. Changes come first:
-        a lease may name a job submitted in the same batch."""
+        a lease may name a job submitted in the same batch. While the entry before is still in
+        flight, changes wait for the next one (and the leader proposes nothing else)."""
+        if not self._ctl_entries and not self._lead_entries:
+            return
+        if not self._leading():
+            self._ctl_entries = []  # never proposed: their changes time out and are retried
+            self._lead_entries = []
+            return
+        if not self._lead_entries and not self._may_propose():
+            return
         entries = self._ctl_entries + self._lead_entries
         self._ctl_entries, self._lead_entries = [], []
         for k in range(0, len(entries), limits.ctl_batch_max):
-            chunk = entries[k:k + limits.ctl_batch_max]
-            if len(chunk) == 1:
-                self._out.append(Propose(chunk[0]))
-            else:
-                self._count("batches_proposed")
-                self._out.append(Propose({"k": "batch", "t": self.now_ms, "es": chunk}))
+            self._prop_seq += 1
+            self._props[self._prop_seq] = self.now_ms
+            self._count("batches_proposed")
+            self._out.append(Propose({"k": "batch", "t": self.now_ms, "p": self._prop_seq,
+                                      "es": entries[k:k + limits.ctl_batch_max]}))
 
     def next_deadline_ms(self) -> int | None:
         """When the node next needs a tick even if nothing happens."""
@@ -194,6 +215,8 @@ class JobNode(LeaderDuties, Following):
         ds += [w[2] for ws in self._waiters.values() for w in ws]
         ds += [p[3] for p in self._parked]
         ds += [c.deadline_ms for c in self._awaiting_copies.values() if c.then is not None]
+        if self._ctl_entries and self._props:
+            ds.append(min(self._props.values()) + limits.proposal_wait_ms)
         due = self.table.next_due_ms(self.now_ms)
         if due is not None:
             ds.append(due)
@@ -388,6 +411,7 @@ class JobNode(LeaderDuties, Following):
             return
         kind = e.get("k")
         if kind == "batch":
+            self._props.pop(e.get("p"), None)  # type: ignore[arg-type]
             outcomes = out.get("outcomes")
             if out.get("ok") and isinstance(outcomes, list):
                 for sub, sub_out in zip(e["es"], outcomes, strict=True):

@@ -151,10 +151,11 @@ class LeaderDuties:
     # --- proposals ---------------------------------------------------------------------------------
 
     def _lead(self) -> None:
-        self._propose_revokes()
-        self._propose_leases()
-        self._propose_results()
-        self._propose_expiry()
+        if self._may_propose():
+            self._propose_revokes()
+            self._propose_leases()
+            self._propose_results()
+            self._propose_expiry()
         self._push_state()
 
     def _propose_revokes(self) -> None:
