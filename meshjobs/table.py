@@ -161,6 +161,9 @@ class JobTable:
         # Finished jobs in the order they finished: what retention forgets first. Derived from
         # the jobs (rebuilt on load), so it is not part of a snapshot.
         self.finished: dict[str, int] = {}
+        # Jobs with items waiting for a lease and not held: what `pick` looks at, so that the
+        # leader's every round does not walk all the jobs. Derived too (rebuilt on load).
+        self.ready: dict[str, Job] = {}
         # A checker's hook (the simulator's oracle): called with each entry of a batch before
         # (outcome None) and after it is applied. Never set in a member.
         self.observe: Callable[[Any, dict | None], None] | None = None
@@ -245,6 +248,14 @@ class JobTable:
             job.not_before.pop(i, None)
         if frm == LEASED:
             del self.leased[(job.id, i)]
+        if frm == PENDING or to == PENDING:
+            self._ready(job)
+
+    def _ready(self, job: Job) -> None:
+        if job.n_pending and not job.hold:
+            self.ready[job.id] = job
+        else:
+            self.ready.pop(job.id, None)
 
     def _finish_if_done(self, job: Job, t: int) -> None:
         if not job.finished_ms and job.n_done + job.n_failed + job.n_cancelled == job.n:
@@ -292,7 +303,8 @@ class JobTable:
             raise Refused(409, f"a different job with id {job_id} exists; submit with another id "
                                "or the same spec", "conflict")
         self.seq += 1
-        self.jobs[job_id] = Job(job_id, self.seq, spec, digest, stdin, t)
+        job = self.jobs[job_id] = Job(job_id, self.seq, spec, digest, stdin, t)
+        self._ready(job)
         self._count("jobs_submitted")
         self._count("items_submitted", len(stdin))
         return {"ok": True, "id": job_id, "new": True}
@@ -412,6 +424,7 @@ class JobTable:
     def _forget(self, job: Job) -> None:
         del self.jobs[job.id]
         del self.finished[job.id]
+        self.ready.pop(job.id, None)
         self.forgotten.add(job.id)
         self._count("jobs_forgotten")
 
@@ -453,6 +466,7 @@ class JobTable:
             raise Refused(400, "nothing to change", "malformed")
         for k, v in changes.items():
             setattr(job, k, v)
+        self._ready(job)
         return {"ok": True, "id": job.id}
 
     # --- reading ------------------------------------------------------------------------------
@@ -462,8 +476,7 @@ class JobTable:
         each job's queue order; items in `skip` (already being proposed) are passed over."""
         if count <= 0:
             return []
-        ready = [j for j in self.jobs.values()
-                 if j.pool == pool and j.n_pending and not j.hold and not j.finished_ms]
+        ready = [j for j in self.ready.values() if j.pool == pool]
         ready.sort(key=lambda j: (-j.priority, j.seq))
         picked: list[tuple[str, int]] = []
         for job in ready:
@@ -485,7 +498,7 @@ class JobTable:
     def next_due_ms(self, now_ms: int) -> int | None:
         """The earliest time still to come at which a backed-off item becomes leasable, if any
         (a backoff already over needs no wake-up: the item waits for a slot like any other)."""
-        due = [t for j in self.jobs.values() if j.not_before and not j.hold
+        due = [t for j in self.ready.values() if j.not_before
                for t in j.not_before.values() if t > now_ms]
         return min(due) if due else None
 
@@ -608,6 +621,8 @@ class JobTable:
         t.counts = dict(s["counts"])
         for j in sorted((j for j in t.jobs.values() if j.finished_ms), key=lambda j: (j.finished_ms, j.seq)):
             t.finished[j.id] = j.finished_ms
+        for j in t.jobs.values():
+            t._ready(j)
         t.check()
         return t
 
@@ -642,6 +657,9 @@ class JobTable:
         assert leased_seen == set(self.leased), "lease map and item states disagree"
         assert set(self.finished) == {jid for jid, j in self.jobs.items() if j.finished_ms}, \
             "finished index and jobs disagree"
+        assert set(self.ready) == {jid for jid, j in self.jobs.items() if j.n_pending and not j.hold}, \
+            "ready index and jobs disagree"
+        assert all(self.jobs[jid] is j for jid, j in self.ready.items()), "ready index holds a stale job"
 
 
 def _hex(d: bytes | None) -> str | None:
