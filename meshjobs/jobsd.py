@@ -119,6 +119,9 @@ class WorkerReplica:
     def propose(self, entry: dict) -> None:
         raise AssertionError("a worker member never proposes")
 
+    def send_commit_notice(self) -> None:
+        pass  # no Raft log, nothing to tell
+
     def journal_sync(self) -> None:
         pass
 
@@ -333,6 +336,7 @@ class JobsThread:
             self.syncs += 1
         for eff in effects:
             self._release(eff)
+        replica.send_commit_notice()
         if self._awaiting_input:
             self._start_ready_inputs()
         return proposed or bool(applied) or events >= limits.events_batch_max

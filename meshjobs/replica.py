@@ -182,6 +182,30 @@ class Replica(SyncObj):
         self.journal: DurableJournal = self._journal
         self.notifier = Notifier(self._poller)
 
+    # pysyncobj's leader tells followers the new commit index (an AppendEntries to each) in the
+    # tick that applies the entries, before the jobs thread has seen them: the answers waiting
+    # for those entries would wait for that send too. The notice is held back instead and sent
+    # by `send_commit_notice` once the answers are out; any AppendEntries sent meanwhile (a new
+    # proposal) carries the commit index and makes it unneeded.
+    _notice_due = False
+
+    def _SyncObj__applyLogEntries(self) -> bool:
+        need = SyncObj._SyncObj__applyLogEntries(self)  # type: ignore[attr-defined]
+        if need:
+            self._notice_due = True
+        return False
+
+    def _SyncObj__sendAppendEntries(self) -> None:
+        self._notice_due = False
+        SyncObj._SyncObj__sendAppendEntries(self)  # type: ignore[attr-defined]
+
+    def send_commit_notice(self) -> None:
+        """Send the commit index to followers now, if it was held back."""
+        if self._notice_due:
+            self._notice_due = False
+            if self._isLeader():
+                self._SyncObj__sendAppendEntries()
+
     def journal_sync(self) -> None:
         """The durability gate's one primitive: everything logged so far is on disk when it
         returns. An OSError propagates: the caller fail-stops."""
