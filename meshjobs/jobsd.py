@@ -122,6 +122,9 @@ class WorkerReplica:
     def send_commit_notice(self) -> None:
         pass  # no Raft log, nothing to tell
 
+    def compact_when_large(self) -> None:
+        pass  # no Raft log
+
     def journal_sync(self) -> None:
         pass
 
@@ -269,6 +272,7 @@ class JobsThread:
         node, replica = self.node, self.replica
         while not self._stop.is_set():
             replica.tick(0.0)
+            replica.compact_when_large()
             if replica.dump_damage is not None:
                 raise replica.dump_damage
             busy = self._step_once()

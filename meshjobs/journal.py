@@ -146,6 +146,7 @@ class DurableJournal(Journal):
         self._commit_written = 1
         self._records = 0
         self._bytes = 0
+        self.compactions = 0  # times entries before a dump were cut off
         self._syncs = 0
         self._fsyncs = 0
         self._torn_bytes = 0
@@ -300,6 +301,7 @@ class DurableJournal(Journal):
             return
         self._entries = self._entries[drop:]
         self._rewrite()
+        self.compactions += 1
 
     def __getitem__(self, item: int | slice) -> Any:
         return self._entries[item]
@@ -419,6 +421,11 @@ class DurableJournal(Journal):
     @property
     def path(self) -> str:
         return self._path
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of the log file, about what its entries take in memory."""
+        return self._bytes
 
     def stats(self) -> dict[str, int]:
         return {

@@ -63,6 +63,8 @@ entry_bytes_max = 64 * 1024 * 1024  # one proposed entry
 snapshot_bytes_max = 16 * 1024 * 1024 * 1024  # one full dump of the table
 log_compaction_entries_min = 20_000  # compact the log past this many entries
 log_compaction_s_min = 600  # or past this age
+log_compaction_bytes_min = 4 * 1024 * 1024  # or past this many bytes of entries (all held in memory)
+log_compaction_force_s_min = 1  # compactions asked for by size come at most this often
 
 # --- Frames and links between members (frames.py, links.py) -----------------------------------
 frame_bytes_max = 4 * 1024 * 1024  # one frame, header and MAC included (a 1 MiB blob chunk fits)
@@ -84,6 +86,8 @@ member_dead_ms = 3_000  # a member not heard from for this long has its leases r
 blob_copies = 2  # members that hold a result's blobs before the result is proposed
 state_entries_max = 512  # committed entries in one F_JOB_STATE frame
 state_ring_entries_max = 2_048  # committed entries a voter keeps to catch workers up (further behind: a snapshot)
+state_ring_rows_max = 65_536  # and item rows in them (grants, results, submitted items) together
+member_names_max = 4_096  # distinct member names the table shares one string for
 have_ms = 250  # members report what they have (F_JOB_HAVE) this often
 frame_parts_max = 256  # a body too large for one frame travels in at most this many parts
 frame_assemblies_max = 8  # bodies in parts being put back together at once

@@ -28,6 +28,7 @@ import errno
 import os
 import struct
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -198,6 +199,27 @@ class Replica(SyncObj):
     def _SyncObj__sendAppendEntries(self) -> None:
         self._notice_due = False
         SyncObj._SyncObj__sendAppendEntries(self)  # type: ignore[attr-defined]
+
+    _compaction_asked: int | None = None  # the journal's compaction count when last asked
+    _compaction_asked_s = 0.0
+
+    def compact_when_large(self) -> None:
+        """pysyncobj compacts by entries and by age; entries vary from one row to thousands, so
+        compact by size too: the log is held in memory until it is compacted. Asked once, then
+        again only after that compaction is done (it keeps the last applied entry, so at least
+        two more are needed) and `log_compaction_force_s_min` later."""
+        journal = self.journal
+        if journal.size_bytes < limits.log_compaction_bytes_min:
+            self._compaction_asked = None
+            return
+        now = time.monotonic()
+        if self._compaction_asked is not None and (
+                journal.compactions == self._compaction_asked or len(journal) < 3
+                or now - self._compaction_asked_s < limits.log_compaction_force_s_min):
+            return
+        self._compaction_asked = journal.compactions
+        self._compaction_asked_s = now
+        self.forceLogCompaction()
 
     def send_commit_notice(self) -> None:
         """Send the commit index to followers now, if it was held back."""

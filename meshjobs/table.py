@@ -164,6 +164,7 @@ class JobTable:
         # Jobs with items waiting for a lease and not held: what `pick` looks at, so that the
         # leader's every round does not walk all the jobs. Derived too (rebuilt on load).
         self.ready: dict[str, Job] = {}
+        self._names: dict[str, str] = {}
         # A checker's hook (the simulator's oracle): called with each entry of a batch before
         # (outcome None) and after it is applied. Never set in a member.
         self.observe: Callable[[Any, dict | None], None] | None = None
@@ -251,6 +252,16 @@ class JobTable:
         if frm == PENDING or to == PENDING:
             self._ready(job)
 
+    def _name(self, member: str) -> str:
+        """One string object per member name, however many items name it (a decoded entry
+        brings a new copy with every grant)."""
+        name = self._names.get(member)
+        if name is None:
+            if len(self._names) >= limits.member_names_max:
+                return member
+            name = self._names[member] = member
+        return name
+
     def _ready(self, job: Job) -> None:
         if job.n_pending and not job.hold:
             self.ready[job.id] = job
@@ -303,6 +314,10 @@ class JobTable:
             raise Refused(409, f"a different job with id {job_id} exists; submit with another id "
                                "or the same spec", "conflict")
         self.seq += 1
+        # Items of an array often share one payload: one bytes object for each distinct digest,
+        # not one per item as decoding made them.
+        shared: dict[bytes, bytes] = {}
+        stdin = [None if d is None else shared.setdefault(d, d) for d in stdin]
         job = self.jobs[job_id] = Job(job_id, self.seq, spec, digest, stdin, t)
         self._ready(job)
         self._count("jobs_submitted")
@@ -329,7 +344,7 @@ class JobTable:
             self._move("lease", job, i, LEASED)
             job.epoch[i] = index
             job.attempts[i] += 1
-            job.member[i] = g[2]
+            job.member[i] = self._name(g[2])
             job.started = True
             job.started_ms[i] = t
             job.ended_ms[i] = 0
@@ -588,14 +603,16 @@ class JobTable:
         for row in s["jobs"]:
             (jid, seq, spec, digest, sub, fin, canc, n, st, att, fails, ep, member, rc, sig,
              stdin, out, err, started, ended, nb, queue, ever) = row
-            j = Job(jid, seq, spec, digest, list(stdin), sub)
+            shared: dict[bytes, bytes] = {}
+            j = Job(jid, seq, spec, digest,
+                    [None if d is None else shared.setdefault(d, d) for d in stdin], sub)
             j.finished_ms = fin
             j.cancelled = canc
             j.st = bytearray(st)
             j.attempts = array("I", att)
             j.fails = array("I", fails)
             j.epoch = array("Q", ep)
-            j.member = list(member)
+            j.member = [None if m is None else t._name(m) for m in member]
             j.rc = array("i", rc)
             j.sig = bytearray(sig)
             j.out = [_EMPTY if d == _EMPTY else d for d in out]

@@ -121,3 +121,28 @@ def test_blob_fsync_failure_on_submit_fail_stops(meshd_factory):
             break
     assert m.proc.wait(15) not in (0, None), "the member must exit non-zero"
     assert answered.count(201) + answered.count(200) < 20
+
+
+def test_log_compacted_by_size(meshd):
+    """The log is held in memory until it is compacted: past log_compaction_bytes_min of
+    entries it is compacted (a dump written, the journal cut), however few entries it has, and
+    everything is still there after a restart."""
+    from meshjobs import limits
+
+    n = limits.log_compaction_bytes_min // 30  # an array entry of this many items is larger
+    status, rec = meshd.request("POST", "/jobs", {"argv": ["true"], "hold": True,
+                                                  "items": [str(k % 7) for k in range(n)]})
+    assert status == 201, rec
+    # A compaction keeps the last applied entry: two more entries let the big one go.
+    for _ in range(2):
+        status, _small = meshd.request("POST", "/jobs", {"argv": ["true"], "hold": True})
+        assert status == 201
+    deadline = time.monotonic() + 30
+    while os.path.getsize(_journal(meshd)) >= limits.log_compaction_bytes_min:
+        assert time.monotonic() < deadline, "the journal was not compacted"
+        time.sleep(0.05)
+    assert os.path.exists(os.path.join(meshd.data, "raft.dump"))
+    assert meshd.terminate() == 0
+    meshd.start()
+    status, job = meshd.request("GET", f"/jobs/{rec['id']}")
+    assert status == 200 and job["items_total"] == n and job["state"] == "held"

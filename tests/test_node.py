@@ -21,6 +21,7 @@ from meshjobs.node import (
     CopyBlobs,
     Ctl,
     Cut,
+    FrameIn,
     ItemEnded,
     JobNode,
     NodeConfig,
@@ -99,8 +100,9 @@ class Fleet1:
         self.index += 1
         e = msgpack.unpackb(msgpack.packb(entry, use_bin_type=True), raw=False,
                             strict_map_key=False)
+        prev = self.table.applied_index
         out = self.table.apply(e, self.index)
-        self.node.step(Applied(self.index, e, out))
+        self.node.step(Applied(self.index, e, out, prev))
         return self.index
 
     def commit_pending(self) -> None:
@@ -684,3 +686,21 @@ def test_changes_wait_while_an_entry_is_in_flight() -> None:
     f.tick(1)
     f.take()
     assert len(f.batches) == 3 and [e["id"] for e in f.batches[2]["es"]] == ["jd"]
+
+
+def test_catch_up_ring_only_with_workers_and_bounded_by_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recent entries kept to catch worker members up are kept only while the leader knows
+    of workers, and are bounded by item rows as well as by entries (a decoded entry of
+    thousands of rows is large)."""
+    monkeypatch.setattr(limits, "state_ring_rows_max", 50)
+    f = Fleet1(slots=0)
+    submitted(f, token=1, job_id="ja", rid="a", n=10)
+    assert not f.node._ring, "no workers: no ring"
+    f.node.step(FrameIn("w1", "F_JOB_HAVE", {"boot": "wb", "role": "worker", "pos": 0,
+                                             "pools": {"default": 0}}))
+    for k in range(8):
+        submitted(f, token=10 + k, job_id=f"j{k}", rid=f"r{k}", n=10)
+    ring = f.node._ring
+    assert ring and f.node._ring_rows <= 50
+    assert sum(r[3] for r in ring) == f.node._ring_rows
+    assert all(ring[k][1] == ring[k + 1][0] for k in range(len(ring) - 1)), "entries follow"

@@ -83,6 +83,21 @@ class _Copies:
     deadline_ms: int = 0
 
 
+def _rows(e: Any) -> int:
+    """About how many item rows a committed entry holds (what its decoded size goes with)."""
+    if not isinstance(e, dict):
+        return 1
+    es = e.get("es")
+    if e.get("k") == "batch" and isinstance(es, list):
+        return 1 + sum(_rows(sub) for sub in es)
+    n = 1
+    for f in ("g", "r", "l", "items", "ids"):
+        v = e.get(f)
+        if isinstance(v, list):
+            n += len(v)
+    return n
+
+
 class JobNode(LeaderDuties, Following):
     """One member's job node. Feed it with `step`, collect its effects with `take`."""
 
@@ -125,7 +140,9 @@ class JobNode(LeaderDuties, Following):
         self._links: dict[str, bool] = {}
         self.members: dict[str, Member] = {}
         # Recent committed entries (prev table index, index, entry), to catch workers up.
-        self._ring: deque[tuple[int, int, Any]] = deque(maxlen=limits.state_ring_entries_max)
+        # Kept only while the leader knows of worker members; bounded by entries and by rows.
+        self._ring: deque[tuple[int, int, Any, int]] = deque()
+        self._ring_rows = 0
         self.counts: dict[str, int] = {}
 
     # --- stepping ---------------------------------------------------------------------------
@@ -356,7 +373,9 @@ class JobNode(LeaderDuties, Following):
             self._reply(token, 400, {"error": f"unknown pool {spec['pool']!r}: this fleet has "
                                               f"{', '.join(sorted(pools)) or 'no pools'}"})
             return None
-        items = [None if d is None else bytes.fromhex(d) for d in req["items"]]
+        as_bytes: dict[str, bytes] = {}  # an array's repeated payload: one bytes object
+        items = [None if d is None else as_bytes.get(d) or as_bytes.setdefault(d, bytes.fromhex(d))
+                 for d in req["items"]]
         digest = spec_digest(spec, items)
         job_id = spec.pop("id")
         if job_id is None:
@@ -405,8 +424,16 @@ class JobNode(LeaderDuties, Following):
 
     def _applied(self, ev: Applied) -> None:
         e, out = ev.entry, ev.outcome
-        if self.cfg.role == "voter" and ev.prev is not None:
-            self._ring.append((ev.prev, ev.index, e))
+        if ev.prev is not None and self._workers_known():
+            if self._ring and self._ring[-1][1] != ev.prev:
+                self._ring.clear()  # the ring holds only entries that follow one another
+                self._ring_rows = 0
+            rows = _rows(e)
+            self._ring.append((ev.prev, ev.index, e, rows))
+            self._ring_rows += rows
+            while (len(self._ring) > limits.state_ring_entries_max
+                   or self._ring_rows > limits.state_ring_rows_max):
+                self._ring_rows -= self._ring.popleft()[3]
         if not isinstance(e, dict):
             return
         kind = e.get("k")

@@ -88,6 +88,10 @@ class LeaderDuties:
             m.sent_upto = m.pos
             m.pos_ms = self.now_ms
 
+    def _workers_known(self) -> bool:
+        """Does this member know of worker members (whose tables it keeps up to date)?"""
+        return any(m.role == "worker" for m in self.members.values())
+
     def _alive(self, name: str, boot: str | None = None) -> bool:
         """Is this member (in this incarnation, when `boot` is given) alive, as the leader sees it?"""
         if name == self.cfg.member:
@@ -322,7 +326,7 @@ class LeaderDuties:
                 hi = mid
         out = []
         for k in range(lo, min(lo + limits.state_entries_max, len(ring))):
-            prev, index, entry = ring[k]
+            _prev, index, entry, _rows = ring[k]
             out.append([index, entry])
         if out and ring[lo][0] != pos:
             return None
