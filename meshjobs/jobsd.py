@@ -340,7 +340,9 @@ class JobsThread:
             self.syncs += 1
         for eff in effects:
             self._release(eff)
-        replica.send_commit_notice()
+        if not proposed:
+            # (After a proposal the next tick sends its entries, which carry the commit index.)
+            replica.send_commit_notice()
         if self._awaiting_input:
             self._start_ready_inputs()
         return proposed or bool(applied) or events >= limits.events_batch_max

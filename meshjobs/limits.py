@@ -45,6 +45,7 @@ proposal_retry_ms = 5_000  # a proposal not seen committed by then may be propos
 # The leader's entries in flight: while this many are proposed and not applied, what comes next
 # waits and goes into the next entry together (fewer, larger Raft rounds under load).
 proposals_in_flight_max = 1
+changes_in_flight_max = 4  # and while fewer than this are, changes that arrived go at once
 proposal_wait_ms = 1_000  # an entry not applied by then no longer holds the next one back
 publish_ms = 250  # status, programs and jobs view are published this often
 retry_backoff_ms_base = 500  # first retry of a failed item waits this long

@@ -661,9 +661,11 @@ def test_one_entry_per_round_whatever_the_leader_proposes() -> None:
     assert [e["k"] for e in props[0].entry["es"]] == ["submit", "lease", "result"]
 
 
-def test_changes_wait_while_an_entry_is_in_flight() -> None:
-    """While the leader's entry is in flight, new changes wait and go together in the next one
-    once it is applied; an entry lost for proposal_wait_ms holds nothing back any more."""
+def test_changes_wait_while_entries_are_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While changes_in_flight_max entries are in flight, new changes wait and go together in
+    the next one once one is applied; an entry lost for proposal_wait_ms holds nothing back
+    any more."""
+    monkeypatch.setattr(limits, "changes_in_flight_max", 1)
     f = Fleet1(slots=0)
     f.ctl(1, submit_req(rid="a", job_id="ja"))
     f.take()
@@ -704,3 +706,21 @@ def test_catch_up_ring_only_with_workers_and_bounded_by_rows(monkeypatch: pytest
     assert ring and f.node._ring_rows <= 50
     assert sum(r[3] for r in ring) == f.node._ring_rows
     assert all(ring[k][1] == ring[k + 1][0] for k in range(len(ring) - 1)), "entries follow"
+
+
+def test_leader_duties_wait_for_the_entry_in_flight_changes_do_not() -> None:
+    """The leader's own leases and results wait while its entry is in flight (they go together
+    in the next one); a change a client waits for goes at once, up to changes_in_flight_max."""
+    f = Fleet1(slots=1)
+    submitted(f, token=1, n=3)
+    f.settle()
+    [run] = f.runs
+    f.ctl(2, submit_req(rid="r2", job_id="j2"))
+    f.take()
+    assert [e["k"] for e in f.batches[-1]["es"]] == ["submit"]
+    f.end(run)
+    f.take()
+    assert [e["k"] for e in f.batches[-1]["es"]] == ["submit"], "result waits for the entry"
+    f.commit_pending()
+    f.take()
+    assert [e["k"] for e in f.batches[-1]["es"]] == ["lease", "result"]

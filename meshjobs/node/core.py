@@ -193,14 +193,16 @@ class JobNode(LeaderDuties, Following):
         out, self._out = self._out, []
         return out
 
-    def _may_propose(self) -> bool:
+    def _may_propose(self, changes: bool = False) -> bool:
         """Is there room for another entry in flight? (One applied, or lost for
-        `proposal_wait_ms`, makes room.)"""
+        `proposal_wait_ms`, makes room.) Changes clients wait for get more room than the
+        leader's own leases and results."""
         now = self.now_ms
         for tag, sent in list(self._props.items()):
             if now - sent >= limits.proposal_wait_ms:
                 del self._props[tag]
-        return len(self._props) < limits.proposals_in_flight_max
+        most = limits.changes_in_flight_max if changes else limits.proposals_in_flight_max
+        return len(self._props) < most
 
     def _flush_changes(self) -> None:
         """Everything this round proposes goes into the log together: one entry (a batch) for
@@ -214,7 +216,7 @@ class JobNode(LeaderDuties, Following):
             self._ctl_entries = []  # never proposed: their changes time out and are retried
             self._lead_entries = []
             return
-        if not self._lead_entries and not self._may_propose():
+        if not self._lead_entries and not self._may_propose(changes=True):
             return
         entries = self._ctl_entries + self._lead_entries
         self._ctl_entries, self._lead_entries = [], []
