@@ -338,8 +338,13 @@ class JobsThread:
                           **({"exit_fn": self._exit_fn} if self._exit_fn else {}))
                 raise
             self.syncs += 1
+        # Items start first: the driver thread spawns while the answers go out.
         for eff in effects:
-            self._release(eff)
+            if isinstance(eff, Run):
+                self._release(eff)
+        for eff in effects:
+            if not isinstance(eff, Run):
+                self._release(eff)
         if not proposed:
             # (After a proposal the next tick sends its entries, which carry the commit index.)
             replica.send_commit_notice()
