@@ -110,6 +110,9 @@ class WorkerReplica:
     def needs_tick(self) -> bool:
         return False
 
+    def due_s(self) -> float:
+        return limits.publish_ms / 1000.0  # no Raft timers
+
     def view(self) -> View:
         return View()
 
@@ -283,7 +286,7 @@ class JobsThread:
             deadline = node.next_deadline_ms()
             if deadline is not None:
                 wait_s = max(0.0, min(wait_s, (deadline - now) / 1000.0))
-            replica.wait(wait_s)
+            replica.wait(min(wait_s, replica.due_s()))
 
     def _step_once(self) -> bool:
         node, replica = self.node, self.replica

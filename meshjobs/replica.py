@@ -258,6 +258,17 @@ class Replica(SyncObj):
         """Wait for a socket event or a wake-up (`notifier`) for at most `timeout_s`."""
         self._poller.poll(timeout_s)
 
+    def due_s(self) -> float:
+        """Seconds until pysyncobj's next timed duty: a leader's heartbeat, or a follower's or
+        candidate's election deadline. The jobs thread wakes for it: a follower that slept past
+        its deadline would stand for election late, and as likely at the same moment as the
+        other followers (a split vote, and another round)."""
+        if self._isLeader():
+            due = self._SyncObj__newAppendEntriesTime  # type: ignore[attr-defined]
+        else:
+            due = self._SyncObj__raftElectionDeadline  # type: ignore[attr-defined]
+        return max(0.0, due - _pso.monotonicTime())
+
     def needs_tick(self) -> bool:
         """True when another tick would make progress without any event: a member with no
         partners commits its own log on its next tick, and nothing else would wake it."""
