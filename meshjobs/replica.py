@@ -155,6 +155,11 @@ class Replica(SyncObj):
             # `entry_bytes_max`, so a batch size above it means no entry is ever split.
             appendEntriesBatchSizeBytes=limits.entry_bytes_max + 1,
             dynamicMembershipChange=False,
+            # Only one side of a pair dials (pysyncobj: the greater address), by default again
+            # only 5 s after a failed try: two followers whose link was not up yet (one had
+            # just restarted) cannot stand for election when the leader dies (an election
+            # needs a connection to someone), and failover took 3-5 s instead of one timeout.
+            connectionRetryTime=limits.raft_connect_retry_s,
             bindRetryTime=0.3,
             maxBindRetries=5,
         )
