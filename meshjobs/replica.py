@@ -275,12 +275,28 @@ class Replica(SyncObj):
         return max(0.0, due - _pso.monotonicTime())
 
     def needs_tick(self) -> bool:
-        """True when another tick would make progress without any event: a member with no
-        partners commits its own log on its next tick, and nothing else would wake it."""
+        """True when another tick would make progress without any event: entries committed
+        and not applied; or, at a leader, entries a majority holds that are not committed
+        yet. pysyncobj counts a follower's acknowledgement when it reads it, which may be at
+        the very end of a tick, after that tick worked out the commit index: nothing else
+        would wake the jobs thread to commit (it slept until its next timer, 0.1-0.25 s)."""
         if self.raftLastApplied < self.raftCommitIndex:
             return True
-        return not self.otherNodes and self._isLeader() and (
-            self.raftCommitIndex < self._SyncObj__getCurrentLogIndex())
+        if not self._isLeader():
+            return False
+        last = self._SyncObj__getCurrentLogIndex()  # type: ignore[attr-defined]
+        commit = self.raftCommitIndex
+        if commit >= last:
+            return False
+        others = self._SyncObj__otherNodes  # type: ignore[attr-defined]
+        match = self._SyncObj__raftMatchIndex  # type: ignore[attr-defined]
+        held = sorted([last] + [match.get(n, 0) for n in others], reverse=True)
+        majority = held[len(held) // 2]
+        if majority <= commit:
+            return False
+        # Raft commits only an entry of the leader's own term (older ones come with it).
+        entries = self._SyncObj__getEntries(majority, 1)  # type: ignore[attr-defined]
+        return bool(entries) and entries[0][2] == self.raftCurrentTerm
 
     def take_applied(self) -> list[Applied]:
         out, self.applied = self.applied, []
