@@ -27,13 +27,41 @@ DEFAULT_GC_EVERY_S = 60.0  # [blobs] gc_every_s: how often unpinned blobs are co
 DEFAULT_KEEP_S = 7 * 86400.0  # [retention] keep_s: finished jobs are forgotten after this
 DEFAULT_KEEP_JOBS = 100_000  # [retention] keep_jobs: and at most this many are kept
 TOP_KEYS = {"name", "data", "http", "peer", "raft", "secret_file", "fleet", "pools", "blobs",
-            "retention", "log"}
+            "retention", "log", "auth"}
+# `http` is either the address ("host:port") or a table with the address and these keys.
+HTTP_KEYS = {"addr", "listen", "tls_cert", "tls_key", "names", "conns_max", "header_timeout_s",
+             "idle_timeout_s"}
+AUTH_KEYS = {"tokens", "allow_anonymous", "anonymous_role", "metrics"}
+ROLES = ("read", "submit", "admin")  # each role may do what the ones before it may
+TOKEN_KEYS = {"name", "role", "sha256"}
+LOOPBACK_NAMES = ("localhost", "ip6-localhost")
 POOL_KEYS = {"kind", "slots", "runtime_s", "hold", "drain"}
 POOL_KINDS = ("command", "python")  # python: slots pre-forked meshjobs.pyworker processes
 
 
 class ConfigError(Exception):
     """A configuration meshd cannot run with; the message says which key and why."""
+
+
+@dataclass(frozen=True)
+class Token:
+    """A client token as the config names it: only the SHA-256 of the token is kept."""
+
+    name: str
+    role: str  # one of ROLES
+    sha256: bytes  # 32 bytes
+
+
+@dataclass
+class Auth:
+    """Who may use the HTTP API. `configured` is False when the file has no [auth] table."""
+
+    configured: bool = False
+    tokens: tuple[Token, ...] = ()
+    allow_anonymous: bool = True
+    # The role of a request that carries no token, when anonymous requests are allowed.
+    anonymous_role: str = "admin"
+    metrics: str = "open"  # "open": /metrics needs no token; "read": it needs the read role
 
 
 @dataclass
@@ -66,6 +94,16 @@ class Config:
     blob_gc_every_s: float = DEFAULT_GC_EVERY_S
     keep_s: float | None = DEFAULT_KEEP_S
     keep_jobs: int | None = DEFAULT_KEEP_JOBS
+    auth: Auth = field(default_factory=Auth)
+    http_tls_cert: str | None = None  # PEM certificate chain; with tls_key, HTTP is HTTPS
+    http_tls_key: str | None = None
+    # Host names (besides loopback names and IP literals) this member's HTTP is reached by:
+    # requests naming any other host are refused (DNS rebinding), and so are browser requests
+    # from any other origin. "*" allows every name.
+    http_names: tuple[str, ...] = ()
+    http_conns_max: int | None = None  # None: from the process's file descriptor limit
+    http_header_timeout_s: float = limits.http_header_s_max
+    http_idle_timeout_s: float = limits.http_idle_s_max
 
     @property
     def secret_path(self) -> str:
@@ -85,6 +123,17 @@ class Config:
     @property
     def fleet_of_one(self) -> bool:
         return not self.voters and self.join is None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bind address is reachable from this machine only."""
+    import ipaddress
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: whatever it resolves to, it may be reachable from outside
 
 
 def parse_addr(value: Any, key: str) -> tuple[str, int]:
@@ -162,6 +211,92 @@ def _section(raw: dict, name: str, keys: set[str]) -> dict:
     return sec
 
 
+def _http_table(raw: dict) -> dict:
+    """The [http] table (a bare `http = "host:port"` is its `addr`)."""
+    value = raw.get("http")
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        return {"addr": value}
+    if not isinstance(value, dict):
+        raise ConfigError('http must be "host:port" or an [http] table')
+    unknown = set(value) - HTTP_KEYS
+    if unknown:
+        raise ConfigError(f"[http]: unknown key(s) {', '.join(sorted(unknown))}")
+    table = dict(value)
+    if "listen" in table:
+        if "addr" in table:
+            raise ConfigError("[http]: give the address once, as addr (listen is another name for it)")
+        table["addr"] = table.pop("listen")
+    return table
+
+
+def _tls_file(table: dict, key: str, base: str) -> str | None:
+    value = table.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"[http] {key} must be the path of a PEM file")
+    path = value if os.path.isabs(value) else os.path.join(base, value)
+    if not os.path.isfile(path):
+        raise ConfigError(f"[http] {key}: no file at {path}")
+    return path
+
+
+def _http_names(table: dict) -> tuple[str, ...]:
+    names = table.get("names", [])
+    if not isinstance(names, list) or not all(
+            isinstance(n, str) and n and len(n) <= 253 and " " not in n for n in names):
+        raise ConfigError('[http] names must be a list of host names, e.g. ["meshd.example.org"]')
+    return tuple(n.lower() for n in names)
+
+
+def _auth(raw: dict) -> Auth:
+    if "auth" not in raw:
+        return Auth()
+    sec = _section(raw, "auth", AUTH_KEYS)
+    tokens_raw = sec.get("tokens", [])
+    if not isinstance(tokens_raw, list) or not all(isinstance(t, dict) for t in tokens_raw):
+        raise ConfigError('[auth] tokens must be a list of { name = "...", role = "read|submit|admin", '
+                          'sha256 = "<hex sha256 of the token>" } tables')
+    tokens = []
+    for k, t in enumerate(tokens_raw):
+        unknown = set(t) - TOKEN_KEYS
+        if unknown:
+            raise ConfigError(f"[auth] tokens[{k}]: unknown key(s) {', '.join(sorted(unknown))}")
+        name = t.get("name")
+        if not isinstance(name, str) or not POOL_RE.fullmatch(name):
+            raise ConfigError(f"[auth] tokens[{k}]: name must be letters, digits, '.', '_' or '-'")
+        role = t.get("role")
+        if role not in ROLES:
+            raise ConfigError(f"[auth] tokens[{k}] ({name}): role must be one of {', '.join(ROLES)}, "
+                              f"not {role!r}")
+        digest = t.get("sha256")
+        try:
+            raw_digest = bytes.fromhex(digest) if isinstance(digest, str) else b""
+        except ValueError:
+            raw_digest = b""
+        if len(raw_digest) != 32:
+            raise ConfigError(f"[auth] tokens[{k}] ({name}): sha256 must be the 64 hex characters of "
+                              "the token's SHA-256 (e.g. `printf %s TOKEN | sha256sum`)")
+        tokens.append(Token(name, role, raw_digest))
+    if len({t.name for t in tokens}) != len(tokens):
+        raise ConfigError("[auth] tokens: every token needs its own name")
+    if len({t.sha256 for t in tokens}) != len(tokens):
+        raise ConfigError("[auth] tokens: two tokens have the same sha256")
+    allow = sec.get("allow_anonymous", False)
+    if not isinstance(allow, bool):
+        raise ConfigError("[auth] allow_anonymous must be true or false")
+    anon_role = sec.get("anonymous_role", "admin")
+    if anon_role not in ROLES:
+        raise ConfigError(f"[auth] anonymous_role must be one of {', '.join(ROLES)}")
+    metrics = sec.get("metrics", "open")
+    if metrics not in ("open", "read"):
+        raise ConfigError('[auth] metrics must be "open" or "read"')
+    return Auth(configured=True, tokens=tuple(tokens), allow_anonymous=allow,
+                anonymous_role=anon_role, metrics=metrics)
+
+
 def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
     """Read the TOML file at `path` (None: the defaults of a fleet of one), then apply overrides
     given on meshd's command line (name, data, http, raft, peer)."""
@@ -179,9 +314,13 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         unknown = set(raw) - TOP_KEYS
         if unknown:
             raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}")
+    http_table = _http_table(raw)
     for k, v in (overrides or {}).items():
         if v is not None:
-            raw[k] = v
+            if k == "http":
+                http_table["addr"] = v
+            else:
+                raw[k] = v
     name = raw.get("name") or socket.gethostname() or "meshd"
     if not isinstance(name, str) or not POOL_RE.fullmatch(name):
         raise ConfigError(f"name {name!r}: use letters, digits, '.', '_' or '-'")
@@ -223,7 +362,7 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         raw.setdefault("raft", me.raft_addr)
         raw.setdefault("peer", f"{me.peer[0]}:{me.peer[1]}")
         if me.http is not None:
-            raw.setdefault("http", f"{me.http[0]}:{me.http[1]}")
+            http_table.setdefault("addr", f"{me.http[0]}:{me.http[1]}")
     dead_ms = _number(fleet, "dead_ms", "fleet", limits.member_dead_ms, integer=True)
     blob_copies = _number(fleet, "blob_copies", "fleet", limits.blob_copies, integer=True)
     if dead_ms < 100 or not 1 <= blob_copies <= 7:
@@ -234,7 +373,38 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     retention = _section(raw, "retention", {"keep_s", "keep_jobs"})
     keep_s = _number(retention, "keep_s", "retention", DEFAULT_KEEP_S)
     keep_jobs = _number(retention, "keep_jobs", "retention", DEFAULT_KEEP_JOBS, integer=True)
+    http = parse_addr(http_table.get("addr", DEFAULT_HTTP), "http")
+    base = os.path.dirname(os.path.abspath(path)) if path is not None else os.getcwd()
+    tls_cert = _tls_file(http_table, "tls_cert", base)
+    tls_key = _tls_file(http_table, "tls_key", base)
+    if (tls_cert is None) != (tls_key is None):
+        raise ConfigError("[http] tls_cert and tls_key go together: give both, or neither")
+    conns_max = http_table.get("conns_max")
+    if conns_max is not None and (isinstance(conns_max, bool) or not isinstance(conns_max, int)
+                                  or not 1 <= conns_max <= limits.http_conns_max):
+        raise ConfigError(f"[http] conns_max must be an integer 1..{limits.http_conns_max}")
+    header_s = float(_number(http_table, "header_timeout_s", "http", limits.http_header_s_max))
+    idle_s = float(_number(http_table, "idle_timeout_s", "http", limits.http_idle_s_max))
+    if not 0 < header_s <= 3600 or not 0 < idle_s <= 86400:
+        raise ConfigError("[http] header_timeout_s must be in (0, 3600] and idle_timeout_s in "
+                          "(0, 86400] seconds")
+    auth = _auth(raw)
+    if not auth.configured and not is_loopback(http[0]):
+        raise ConfigError(
+            f"HTTP would listen on {http[0]}, beyond loopback, with no [auth] table: anyone who "
+            "reaches it could run commands. Add [auth] tokens (see docs/security.md), or set "
+            "[auth] allow_anonymous = true if a firewall or proxy guards it, or bind 127.0.0.1")
+    if auth.configured and not auth.tokens and not auth.allow_anonymous:
+        raise ConfigError("[auth] has no tokens and allow_anonymous = false: nobody could use the "
+                          "HTTP API. Add a token, or set allow_anonymous = true")
     return Config(
+        auth=auth,
+        http_tls_cert=tls_cert,
+        http_tls_key=tls_key,
+        http_names=_http_names(http_table),
+        http_conns_max=conns_max,
+        http_header_timeout_s=header_s,
+        http_idle_timeout_s=idle_s,
         blob_mem_max_bytes=_number(blobs, "mem_max", "blobs", DEFAULT_BLOB_MEM_MAX, integer=True),
         blob_gc_grace_s=float(_number(blobs, "gc_grace_s", "blobs", DEFAULT_GC_GRACE_S)),
         blob_gc_every_s=max(0.5, float(_number(blobs, "gc_every_s", "blobs", DEFAULT_GC_EVERY_S))),
@@ -242,7 +412,7 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         keep_jobs=keep_jobs if keep_jobs else None,
         name=name,
         data=os.path.abspath(data),
-        http=parse_addr(raw.get("http", DEFAULT_HTTP), "http"),
+        http=http,
         peer=parse_addr(raw.get("peer", DEFAULT_PEER), "peer"),
         raft=parse_addr(raw.get("raft", DEFAULT_RAFT), "raft"),
         secret_file=secret_file,

@@ -26,6 +26,9 @@ max_leases_max = 1_000_000  # "at most N items of this job at once"
 # --- HTTP and the control path -----------------------------------------------------------------
 http_body_bytes_max = 64 * 1024 * 1024  # one request body (inline item payloads included)
 http_wait_s_max = 300  # the longest long-poll a client may ask for
+http_header_s_max = 10  # a connection must send a request's whole head within this (default)
+http_idle_s_max = 60  # a kept-alive connection with no request for this long is closed (default)
+http_conns_max = 100_000  # the most a config may allow; the default comes from the fd limit
 ctl_commit_ms_max = 10_000  # a change not committed by then is answered 503 (no leader/quorum)
 ctl_pending_max = 100_000  # changes waiting for their commit at once; more are answered 503
 ctl_queue_max = 10_000  # requests queued from HTTP to the jobs thread

@@ -62,3 +62,57 @@ def test_bad_config_says_what_is_wrong(tmp_path, text, word):
     with pytest.raises(ConfigError) as e:
         load_config(str(f))
     assert word.lower() in str(e.value).lower()
+
+
+@pytest.mark.parametrize("text,word", [
+    ('name = "a"\nhttp = "0.0.0.0:7700"\n', "[auth]"),
+    ('name = "a"\nhttp = "10.1.2.3:7700"\n', "allow_anonymous"),
+    ('name = "a"\n[http]\naddr = "0.0.0.0:1"\n', "beyond loopback"),
+    ('name = "a"\n[auth]\ntokens = []\n', "no tokens"),
+    ('name = "a"\n[auth]\ntokens = [ { name = "x", role = "root", sha256 = "' + "0" * 64 + '" } ]\n', "role"),
+    ('name = "a"\n[auth]\ntokens = [ { name = "x", role = "read", sha256 = "abc" } ]\n', "sha256"),
+    ('name = "a"\n[auth]\ntokens = [ { name = "x", role = "read", sha256 = "' + "z" * 64 + '" } ]\n', "sha256"),
+    ('name = "a"\n[auth]\ntokens = [ { name = "x", role = "read", sha256 = "' + "0" * 64 + '" },'
+     ' { name = "x", role = "admin", sha256 = "' + "1" * 64 + '" } ]\n', "own name"),
+    ('name = "a"\n[auth]\ntokens = "secret"\n', "tokens"),
+    ('name = "a"\n[auth]\nallow_anonymous = "yes"\n', "allow_anonymous"),
+    ('name = "a"\n[auth]\nallow_anonymous = true\nmetrics = "closed"\n', "metrics"),
+    ('name = "a"\n[auth]\nallow_anonymous = true\nbogus = 1\n', "unknown"),
+    ('name = "a"\n[http]\naddr = "127.0.0.1:1"\ntls_cert = "nope.pem"\ntls_key = "nope.pem"\n', "no file"),
+    ('name = "a"\n[http]\naddr = "127.0.0.1:1"\nconns_max = 0\n', "conns_max"),
+    ('name = "a"\n[http]\naddr = "127.0.0.1:1"\nnames = "x"\n', "names"),
+    ('name = "a"\n[http]\naddr = "127.0.0.1:1"\nlisten = "127.0.0.1:2"\n', "once"),
+    ('name = "a"\n[http]\nport = 1\n', "unknown"),
+])
+def test_bad_trust_config_says_what_is_wrong(tmp_path, text, word):
+    """Auth and HTTP tables that cannot be right are refused with a message naming the fix; HTTP
+    beyond loopback without tokens refuses to start."""
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(str(f))
+    assert word.lower() in str(e.value).lower()
+
+
+def test_http_table_and_auth(tmp_path):
+    """[http] carries the address and TLS files (relative to the file); [auth] keeps only hashes;
+    allow_anonymous lets a member listen beyond loopback without tokens; --http overrides only
+    the address."""
+    (tmp_path / "c.pem").write_text("x")
+    (tmp_path / "k.pem").write_text("x")
+    f = tmp_path / "a.toml"
+    f.write_text('name = "a"\n[http]\naddr = "0.0.0.0:7700"\ntls_cert = "c.pem"\ntls_key = "k.pem"\n'
+                 'names = ["Meshd.Example.org"]\n[auth]\nmetrics = "read"\n'
+                 'tokens = [ { name = "ci", role = "submit", sha256 = "' + "ab" * 32 + '" } ]\n')
+    cfg = load_config(str(f))
+    assert cfg.http == ("0.0.0.0", 7700)
+    assert cfg.http_tls_cert == str(tmp_path / "c.pem") and cfg.http_tls_key == str(tmp_path / "k.pem")
+    assert cfg.http_names == ("meshd.example.org",)
+    assert cfg.auth.configured and not cfg.auth.allow_anonymous and cfg.auth.metrics == "read"
+    assert cfg.auth.tokens[0].role == "submit" and cfg.auth.tokens[0].sha256 == bytes.fromhex("ab" * 32)
+    cfg = load_config(str(f), {"http": "127.0.0.1:0"})
+    assert cfg.http == ("127.0.0.1", 0) and cfg.http_tls_cert is not None
+    g = tmp_path / "b.toml"
+    g.write_text('name = "b"\nhttp = "0.0.0.0:7700"\n[auth]\nallow_anonymous = true\n')
+    assert load_config(str(g)).auth.allow_anonymous
+    assert not load_config(None).auth.configured  # loopback, no [auth]: open as before
