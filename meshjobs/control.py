@@ -50,6 +50,7 @@ SUBMIT_KEYS = frozenset(
      "items", "max_leases"}
 )
 TONE_KEYS = frozenset({"priority", "hold", "max_leases"})
+CHANGE_OPS = frozenset({"submit", "cancel", "forget", "tone"})  # the ops that are log entries
 
 
 def _int(value: object, name: str, lo: int, hi: int) -> int:
@@ -90,6 +91,18 @@ def parse_job_id(value: object) -> str:
 def parse_rid(value: object) -> str:
     if not isinstance(value, str) or not RID_RE.fullmatch(value):
         raise ControlError(400, "bad request id: use 1 to 128 of [A-Za-z0-9._:-]")
+    return value
+
+
+FP_RE = re.compile(r"^[0-9a-f]{32}$")
+
+
+def parse_fp(value: object) -> str | None:
+    """A request's fingerprint: what its idempotency key is bound to (method, path, body)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not FP_RE.fullmatch(value):
+        raise ControlError(400, "bad request fingerprint: 32 lowercase hex characters")
     return value
 
 
@@ -253,13 +266,15 @@ def parse_request(req: object) -> dict:
         for d in items:
             if d is not None and not is_digest(d):
                 raise ControlError(400, "an item's stdin must be a blob digest or null")
-        return {"op": "submit", "rid": parse_rid(req.get("rid")), "spec": spec, "items": list(items)}
+        return {"op": "submit", "rid": parse_rid(req.get("rid")), "fp": parse_fp(req.get("fp")),
+                "spec": spec, "items": list(items)}
     if op in ("cancel", "forget"):
-        return {"op": op, "rid": parse_rid(req.get("rid")), "id": parse_job_id(req.get("id"))}
+        return {"op": op, "rid": parse_rid(req.get("rid")), "fp": parse_fp(req.get("fp")),
+                "id": parse_job_id(req.get("id"))}
     if op == "tone":
         fields = {k: req[k] for k in TONE_KEYS if k in req}
-        return {"op": "tone", "rid": parse_rid(req.get("rid")), "id": parse_job_id(req.get("id")),
-                **parse_tone(fields)}
+        return {"op": "tone", "rid": parse_rid(req.get("rid")), "fp": parse_fp(req.get("fp")),
+                "id": parse_job_id(req.get("id")), **parse_tone(fields)}
     if op == "get":
         wait_ms = req.get("wait_ms", 0)
         return {"op": "get", "id": parse_job_id(req.get("id")), "items": bool(req.get("items")),

@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
+import blake3
 import structlog
 from aiohttp import web
 
@@ -286,11 +287,19 @@ class HttpApi:
         return parse_job_id(request.match_info["id"])
 
     @staticmethod
-    def _rid(request: web.Request) -> str:
+    async def _rid(request: web.Request) -> dict[str, str | None]:
+        """The request id of a change, and the fingerprint its Idempotency-Key is bound to:
+        the method, path and body, so that a key reused on another request is refused (422)
+        instead of answering that request with the first one's outcome."""
         key = request.headers.get("Idempotency-Key")
         if key is None:
-            return uuid.uuid4().hex
-        return parse_rid(key)
+            return {"rid": uuid.uuid4().hex, "fp": None}
+        body = await request.read()
+        h = blake3.blake3()
+        for part in (request.method.encode(), request.path.encode("utf-8", "surrogateescape"), body):
+            h.update(len(part).to_bytes(8, "big"))
+            h.update(part)
+        return {"rid": parse_rid(key), "fp": h.hexdigest()[:32]}
 
     async def _blob_call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
@@ -317,7 +326,7 @@ class HttpApi:
 
     async def _submit(self, request: web.Request) -> web.Response:
         body = await self._body_json(request)
-        rid = self._rid(request)
+        rid = await self._rid(request)
         spec = dict(parse_submit(body))
         raw_items = spec.pop("items", None)
         if raw_items is None:
@@ -330,7 +339,7 @@ class HttpApi:
                 self._log.error("http_blob_store_full", items=len(payloads))
                 raise HttpError(503, "the blob store of this member is full; "
                                      "try another member, or free space") from None
-        return await self._relay({"op": "submit", "rid": rid, "spec": spec, "items": items})
+        return await self._relay({"op": "submit", **rid, "spec": spec, "items": items})
 
     def _store_items(self, payloads: list[bytes | tuple[str, int]]) -> list[str | None]:
         """Runs in the executor: store inline payloads, check referred blobs exist.
@@ -375,16 +384,16 @@ class HttpApi:
 
     async def _cancel(self, request: web.Request) -> web.Response:
         job_id = self._job_id(request)
-        return await self._relay({"op": "cancel", "rid": self._rid(request), "id": job_id})
+        return await self._relay({"op": "cancel", **await self._rid(request), "id": job_id})
 
     async def _forget(self, request: web.Request) -> web.Response:
         job_id = self._job_id(request)
-        return await self._relay({"op": "forget", "rid": self._rid(request), "id": job_id})
+        return await self._relay({"op": "forget", **await self._rid(request), "id": job_id})
 
     async def _tone(self, request: web.Request) -> web.Response:
         job_id = self._job_id(request)
         fields = parse_tone(await self._body_json(request))
-        return await self._relay({"op": "tone", "rid": self._rid(request), "id": job_id, **fields})
+        return await self._relay({"op": "tone", **await self._rid(request), "id": job_id, **fields})
 
     async def _results(self, request: web.Request) -> web.StreamResponse:
         job_id = self._job_id(request)

@@ -83,6 +83,11 @@ MEMBERS = VOTERS + WORKERS
 FINAL_STATES = ("done", "failed", "cancelled")
 
 
+def _fp(*parts: object) -> str:
+    """A request's fingerprint, as the HTTP edge makes one: what its key is bound to."""
+    return blake3.blake3(repr(parts).encode()).hexdigest()[:32]
+
+
 class SimFailure(AssertionError):
     """A check of the simulation failed; the message names the seed that replays it."""
 
@@ -118,6 +123,8 @@ class SimConfig:
     jobs_max: int = 40
     items_max: int = 20
     run_ms: tuple[int, int] = (20, 1_500)
+    # per step: a client reuses an acknowledged submit's idempotency key on another change
+    key_reuse: float = 0.004
     client_timeout_ms: int = limits.ctl_commit_ms_max + 2_000
 
 
@@ -220,6 +227,7 @@ class Sim:
         self.asked: dict[tuple, dict] = {}  # (member, inc, token) -> request, until answered
         self.answered: set[tuple] = set()
         self.acked: dict[str, int] = {}  # acknowledged job id -> its client
+        self.probes: set[tuple] = set()  # requests that reuse a key: each must be refused
         for name in MEMBERS:
             self._start(self.members[name])
 
@@ -697,7 +705,8 @@ class Sim:
             items = [rng.randbytes(32).hex() if rng.random() < 0.7 else None for _ in range(n)]
         plan = (["release"] if hold else []) + (["cancel"] if rng.random() < 0.15 else [])
         plan += (["poll", "forget"] if rng.random() < 0.3 else []) + ["done"]
-        req = {"op": "submit", "rid": f"s{cid}", "spec": spec, "items": items}
+        req = {"op": "submit", "rid": f"s{cid}", "fp": _fp("submit", cid), "spec": spec,
+               "items": items}
         self.clients.append(_Client(cid, req, plan, next_ms=self.now))
         self.count("jobs_made")
 
@@ -706,9 +715,9 @@ class Sim:
         if c.phase == "submit":
             return c.req
         if c.phase == "release":
-            return {"op": "tone", "rid": rid, "id": c.job_id, "hold": False}
+            return {"op": "tone", "rid": rid, "fp": _fp(rid), "id": c.job_id, "hold": False}
         if c.phase in ("cancel", "forget"):
-            return {"op": c.phase, "rid": rid, "id": c.job_id}
+            return {"op": c.phase, "rid": rid, "fp": _fp(rid), "id": c.job_id}
         return {"op": "get", "id": c.job_id}
 
     def _clients(self) -> None:
@@ -739,6 +748,26 @@ class Sim:
             self.asked[key] = req
             m.inbox.append(Ctl(m.tokens, req))
             self.count("ctl_" + req["op"])
+        if self.faulty and self.acked and self.rng.random() < self.cfg.key_reuse:
+            self._reuse_key()
+
+    def _reuse_key(self) -> None:
+        """A client sends another change under an acknowledged submit's key. Whatever member
+        it reaches, and however far its table lags, the answer must be a refusal (422), or
+        503: never the submit's outcome, and the change must never be applied."""
+        alive = [n for n in MEMBERS if self.members[n].alive]
+        if not alive:
+            return
+        owner = self.acked[self.rng.choice(sorted(self.acked))]
+        target = self.rng.choice(sorted(self.acked))
+        m = self.members[self.rng.choice(alive)]
+        m.tokens += 1
+        key = (m.name, m.inc, m.tokens)
+        req = {"op": "cancel", "rid": f"s{owner}", "fp": _fp("reuse", owner), "id": target}
+        self.asked[key] = req
+        self.probes.add(key)
+        m.inbox.append(Ctl(m.tokens, req))
+        self.count("key_reuses")
 
     def _reply(self, m: _Member, token: int, answer: Answer) -> None:
         key = (m.name, m.inc, token)
@@ -749,6 +778,13 @@ class Sim:
         if req is None:
             self.fail(f"{m.name} answered token {token}, which nobody asked")
         status, body = answer
+        if key in self.probes:
+            self.probes.discard(key)
+            if status not in (422, 503):
+                self.fail(f"{m.name} answered a change under a reused key {req['rid']} with "
+                          f"{status} {body!r}: it must be refused (422)")
+            self.count(f"key_reuses_{status}")
+            return
         if req["op"] == "submit" and status in (200, 201):
             jid = body["id"]
             if jid not in self.oracle.jobs and jid not in self.oracle.forgotten:

@@ -53,6 +53,8 @@ TRANSITIONS: dict[str, frozenset[tuple[int, int]]] = {
 RC_NONE = -(2**31)  # "no exit code" in the rc array
 _EMPTY = blake3.blake3(b"").digest()  # the digest of the empty payload
 JOB_FINAL_STATES = frozenset({"done", "failed", "cancelled"})
+RID_REUSED = ("this Idempotency-Key was used before for a different request (another method, "
+              "path or body): a retry must repeat the same request; use a new key for a new one")
 
 
 class Refused(Exception):
@@ -190,11 +192,18 @@ class JobTable:
         if isinstance(t, bool) or not isinstance(t, int) or t < 0:
             return self._refuse(Refused(400, "entry without a time stamp", "malformed"))
         rid = entry.get("rid")
+        fp = entry.get("fp")
         if rid is not None:
             if not isinstance(rid, str) or len(rid) > limits.rid_chars_max:
                 return self._refuse(Refused(400, "malformed request id", "malformed"))
+            if fp is not None and (not isinstance(fp, str) or len(fp) > limits.rid_chars_max):
+                return self._refuse(Refused(400, "malformed request fingerprint", "malformed"))
             seen = self.rids.get(rid)
             if seen is not None:
+                if fp is not None and seen.get("fp") not in (None, fp):
+                    # The key names another change: applying nothing and answering that
+                    # change's outcome would tell the client its request was done.
+                    return self._refuse(Refused(422, RID_REUSED, "rid_reused"))
                 self._count("duplicate_rids")
                 return seen
         try:
@@ -202,7 +211,8 @@ class JobTable:
         except Refused as r:
             outcome = self._refuse(r)
         if rid is not None:
-            self.rids[rid] = outcome
+            # The outcome is remembered with the fingerprint its key is bound to.
+            self.rids[rid] = outcome if fp is None else {**outcome, "fp": fp}
             while len(self.rids) > limits.rids_remembered_max:
                 del self.rids[next(iter(self.rids))]
         return outcome

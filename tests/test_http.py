@@ -313,20 +313,29 @@ def test_longest_job_id_is_fine(srv: Server) -> None:
 
 
 def test_cancel_and_forget_ops(srv: Server) -> None:
-    """cancel and forget carry the id and a rid (the Idempotency-Key when given)."""
+    """cancel and forget carry the id and a rid (the Idempotency-Key when given), and the key's
+    fingerprint (method, path, body), which differs between two requests."""
     status, body = srv.json("POST", "/jobs/j1/cancel", headers={"Idempotency-Key": "k:1"})
     assert status == 200 and body["state"] == "cancelled"
-    assert srv.control.last() == {"op": "cancel", "rid": "k:1", "id": "j1"}
+    req = srv.control.last()
+    fp = req.pop("fp")
+    assert req == {"op": "cancel", "rid": "k:1", "id": "j1"}
+    assert re.fullmatch("[0-9a-f]{32}", fp)
+    srv.json("POST", "/jobs/j2/cancel", headers={"Idempotency-Key": "k:1"})
+    assert srv.control.last()["fp"] != fp
+    srv.json("POST", "/jobs/j1/cancel", headers={"Idempotency-Key": "k:1"})
+    assert srv.control.last()["fp"] == fp
     status, _ = srv.json("DELETE", "/jobs/j2")
     req = srv.control.last()
     assert status == 200 and req["op"] == "forget" and req["id"] == "j2" and len(req["rid"]) == 32
+    assert req["fp"] is None  # no key: a fresh request id, bound to nothing
 
 
 def test_tone_ops(srv: Server) -> None:
     """tone passes exactly the fields given; max_leases null clears the limit."""
     srv.json("POST", "/jobs/j1/tone", {"priority": -5, "hold": True})
     req = srv.control.last()
-    assert {k: v for k, v in req.items() if k != "rid"} == {
+    assert {k: v for k, v in req.items() if k not in ("rid", "fp")} == {
         "op": "tone", "id": "j1", "priority": -5, "hold": True}
     srv.json("POST", "/jobs/j1/tone", {"max_leases": None})
     req = srv.control.last()

@@ -280,3 +280,37 @@ def test_unreachable_member_exit_4(tmp_path):
     m.url = f"http://127.0.0.1:{free_port()}"
     r = m.ctl("jobs")
     assert r.returncode == 4 and b"meshd" in r.stderr
+
+
+def test_idempotency_key_is_bound_to_its_request(meshd):
+    """An Idempotency-Key names one request (method, path, body): reused on another request it
+    is refused with 422 and nothing is applied; the same request again replays its answer."""
+    k = {"Idempotency-Key": "key-K"}
+    s1, a = meshd.request("POST", "/jobs", {"id": "a", "argv": ["true"], "hold": True}, headers=k)
+    assert s1 == 201 and a["id"] == "a"
+    s, b = meshd.request("POST", "/jobs", {"id": "b", "argv": ["true"], "hold": True})
+    assert s == 201
+    # The issue's case: tone b with a's key must not answer a's record and leave b unchanged.
+    s, body = meshd.request("POST", "/jobs/b/tone", {"priority": 7}, headers=k)
+    assert s == 422 and "Idempotency-Key" in body["error"] and "new key" in body["error"]
+    s, body = meshd.request("DELETE", "/jobs/b", headers=k)
+    assert s == 422
+    s, body = meshd.request("POST", "/jobs/b/cancel", headers=k)
+    assert s == 422
+    s, body = meshd.request("POST", "/jobs", {"id": "c", "argv": ["true"]}, headers=k)
+    assert s == 422
+    s, b_now = meshd.request("GET", "/jobs/b")
+    assert s == 200 and b_now["priority"] == 0 and b_now["state"] != "cancelled"
+    assert meshd.request("GET", "/jobs/c")[0] == 404
+    # The same request with the same key: the first answer again, applied once.
+    s2, a2 = meshd.request("POST", "/jobs", {"id": "a", "argv": ["true"], "hold": True}, headers=k)
+    assert s2 in (200, 201) and a2["id"] == "a"
+    # A new key for the tone: applied.
+    s, b2 = meshd.request("POST", "/jobs/b/tone", {"priority": 7}, headers={"Idempotency-Key": "k2"})
+    assert s == 200 and b2["priority"] == 7
+    # The binding survives a restart (it is in the committed log).
+    assert meshd.terminate() == 0
+    meshd.start()
+    s, body = meshd.request("POST", "/jobs/b/tone", {"priority": 9}, headers=k)
+    assert s == 422
+    assert meshd.metrics().get("meshjobs_node_ctl_rid_reused", 0) >= 1

@@ -334,6 +334,28 @@ def test_same_rid_twice_one_proposal() -> None:
     assert len([e for e in f.proposed if e["k"] == "submit"]) == 1
 
 
+def test_rid_reused_for_another_request_422() -> None:
+    """A request id bound to one fingerprint, reused with another while the first is in flight
+    or after it applied, is refused with 422 and proposes nothing; the same fingerprint joins
+    the first change."""
+    f = Fleet1()
+    f.ctl(1, {**submit_req(rid="K", job_id="a"), "fp": "a" * 32})
+    f.ctl(2, {"op": "cancel", "rid": "K", "fp": "b" * 32, "id": "a"})  # in flight: refused
+    f.ctl(3, {**submit_req(rid="K", job_id="a"), "fp": "a" * 32})  # the same request: joins
+    f.take()
+    assert f.answer(2).status == 422 and "Idempotency-Key" in f.answer(2).body["error"]
+    assert len(f.pending_of("submit")) == 1 and not f.pending_of("cancel")
+    f.settle()
+    assert f.answer(1).status == f.answer(3).status == 201
+    before = len(f.proposed)
+    f.ctl(4, {"op": "tone", "rid": "K", "fp": "c" * 32, "id": "a", "priority": 7})  # applied: refused
+    f.ctl(5, {"op": "cancel", "rid": "K", "fp": "zz"})  # not a fingerprint: 400
+    f.take()
+    assert f.answer(4).status == 422 and f.answer(5).status == 400
+    assert len(f.proposed) == before and f.table.jobs["a"].priority == 0
+    assert f.node.counts["ctl_rid_reused"] == 2
+
+
 def test_idempotent_submit() -> None:
     """submit: the same id and spec again is 200 with the same job; another spec is 409; a
     forgotten id is 409; none of them proposes."""

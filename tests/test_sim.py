@@ -206,3 +206,13 @@ def test_liveness_bound_fails_with_seed() -> None:
     with pytest.raises(SimFailure) as info:
         run(4, slow)
     assert str(info.value).startswith("seed=4 ") and "liveness" in str(info.value)
+
+
+def test_reused_keys_are_refused_everywhere() -> None:
+    """Idempotency keys reused on another change, sent to any member (a follower, a deposed
+    leader, one whose table lags), are refused with 422 and never applied; the run checks each
+    answer, and here that the probe ran and was refused."""
+    report = run(1)
+    assert report.counts.get("key_reuses_422", 0) > 0, report.counts
+    assert report.counts.get("table_refused_rid_reused", 0) + report.counts.get(
+        "key_reuses_422", 0) > 0

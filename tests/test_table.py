@@ -972,3 +972,24 @@ def test_batch_applies_each_change_in_order() -> None:
     assert log.apply({"k": "batch", "t": T0, "es": "nope"})["ok"] is False
     assert log.apply({"k": "batch", "t": T0, "es": []})["ok"] is False
     log.table.check()
+
+
+def test_rid_bound_to_its_fingerprint() -> None:
+    """Request ids: a rid seen with one fingerprint and now with another is refused with 422 and
+    changes nothing; the same fingerprint (or none, from an older member) replays the outcome."""
+    log = Log()
+    log.submit("j1", n=2)
+    log.submit("j2", n=1)
+    first = log.apply({"k": "tone", "t": T0, "id": "j1", "priority": 4, "rid": "K", "fp": "a" * 32})
+    assert first["ok"]
+    before = state_without_counts(log.table)
+    other = log.apply({"k": "cancel", "t": T0, "id": "j2", "rid": "K", "fp": "b" * 32})
+    assert not other["ok"] and other["status"] == 422 and other["reason"] == "rid_reused"
+    assert state_without_counts(log.table) == before
+    same = log.apply({"k": "tone", "t": T0 + 1, "id": "j1", "priority": 4, "rid": "K", "fp": "a" * 32})
+    assert same["ok"] and same.get("fp") == "a" * 32
+    unbound = log.apply({"k": "cancel", "t": T0, "id": "j2", "rid": "K"})
+    assert unbound["ok"] and state_without_counts(log.table) == before
+    assert log.apply({"k": "cancel", "t": T0, "id": "j2", "rid": "Z", "fp": 7})["reason"] == "malformed"
+    # The binding is part of a snapshot.
+    assert JobTable.from_state(log.table.to_state()).rids["K"]["fp"] == "a" * 32

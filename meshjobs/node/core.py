@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshjobs import limits
-from meshjobs.control import Answer, ControlError, parse_request
+from meshjobs.control import CHANGE_OPS, Answer, ControlError, parse_request
 from meshjobs.node.events import (
     EMPTY_DIGEST,
     MEMBER_OWNER,
@@ -57,7 +57,7 @@ from meshjobs.node.events import (
 )
 from meshjobs.node.follow import Following
 from meshjobs.node.leader import LeaderDuties, Member
-from meshjobs.table import DONE, FAILED, TIMEOUT, JobTable
+from meshjobs.table import DONE, FAILED, RID_REUSED, TIMEOUT, JobTable
 
 
 @dataclass
@@ -68,6 +68,7 @@ class _Change:
     job_id: str | None
     req: dict | None = None
     sent_ms: int = 0
+    fp: str | None = None  # the fingerprint the change's request id is bound to
 
 
 @dataclass
@@ -251,8 +252,28 @@ class JobNode(LeaderDuties, Following):
         return self.view.is_leader and self.view.ready
 
     def _new_change(self, tokens: list[int], op: str, job_id: str | None,
-                    req: dict | None = None) -> _Change:
-        return _Change(tokens, self.now_ms + limits.ctl_commit_ms_max, op, job_id, req)
+                    req: dict | None = None, fp: str | None = None) -> _Change:
+        if fp is None and req is not None:
+            fp = req.get("fp")
+        return _Change(tokens, self.now_ms + limits.ctl_commit_ms_max, op, job_id, req, fp=fp)
+
+    def _rid_reused(self, req: dict) -> bool:
+        """Whether a change's request id was used before for a different request: an
+        idempotency key is bound to one method, path and body (its fingerprint)."""
+        fp = req.get("fp")
+        if fp is None:
+            return False
+        rid = req["rid"]
+        seen = self.table.rids.get(rid)
+        if seen is not None:
+            other = seen.get("fp")
+        else:
+            ch = self._changes.get(rid) or self._forwarded.get(rid)
+            other = ch.fp if ch is not None else None
+            waiting = self._awaiting_copies.get(("in", rid))
+            if other is None and waiting is not None and waiting.then is not None:
+                other = waiting.then[1].get("fp")
+        return other is not None and other != fp
 
     # --- control ------------------------------------------------------------------------------
 
@@ -277,6 +298,9 @@ class JobNode(LeaderDuties, Following):
             self._reply(token, 200, self.health())
         elif op == "metrics":
             self._reply(token, 200, self.metrics())
+        elif op in CHANGE_OPS and self._rid_reused(req):
+            self._count("ctl_rid_reused")
+            self._reply(token, 422, {"error": RID_REUSED})
         elif op == "submit" and not forwarded and self._copy_inputs_first(token, req):
             return
         elif self._leading() or forwarded:
@@ -340,6 +364,8 @@ class JobNode(LeaderDuties, Following):
             return
         op = req["op"]
         entry: dict[str, Any] = {"k": op, "rid": rid, "t": self.now_ms}
+        if req.get("fp") is not None:
+            entry["fp"] = req["fp"]
         if op == "submit":
             job_id = self._submit_entry(token, req, entry)
             if job_id is None:
@@ -357,7 +383,7 @@ class JobNode(LeaderDuties, Following):
                 for k in ("priority", "hold", "max_leases"):
                     if k in req:
                         entry[k] = req[k]
-        self._changes[rid] = self._new_change([token], op, job_id)
+        self._changes[rid] = self._new_change([token], op, job_id, fp=req.get("fp"))
         self._ctl_entries.append(entry)
 
     def _pools(self) -> set[str]:
