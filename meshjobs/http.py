@@ -190,6 +190,7 @@ class HttpApi:
         loop = asyncio.new_event_loop()
         self._loop = loop
         try:
+            self._names |= loop.run_until_complete(_machine_names())
             loop.run_until_complete(self._serve(ready))
         except BaseException as e:
             self.error = e
@@ -239,15 +240,13 @@ class HttpApi:
 
     async def _serve(self, ready: threading.Event) -> None:
         self._wake = asyncio.Event()
-        self._names |= await _machine_names()
         runner = web.AppRunner(self.make_app(), access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         try:
             site = web.TCPSite(runner, self._host, self._port, ssl_context=self._tls)
             await site.start()
             self._bound_port = runner.addresses[0][1]
-            self._log.info("http_listening", host=self._host, port=self._bound_port,
-                           scheme=self.scheme, auth=self._auth.configured)
+            self._log.info("http_listening", host=self._host, port=self._bound_port)
             ready.set()
             if not self._stopping.is_set():
                 await self._wake.wait()
@@ -364,7 +363,12 @@ class HttpApi:
 
     async def _login(self, request: web.Request) -> web.StreamResponse:
         """A browser's way in: the token, from a form or JSON, becomes a session cookie."""
-        raw = await request.content.read(limits.http_login_body_bytes_max + 1)
+        raw = b""
+        while len(raw) <= limits.http_login_body_bytes_max:
+            chunk = await request.content.read(limits.http_login_body_bytes_max + 1 - len(raw))
+            if not chunk:
+                break
+            raw += chunk
         if len(raw) > limits.http_login_body_bytes_max:
             raise HttpError(413, f"a login is at most {limits.http_login_body_bytes_max} bytes")
         is_form = request.content_type == "application/x-www-form-urlencoded"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -370,6 +371,13 @@ def test_foreign_host_refused(open_member, host, want):
         assert "[http] names" in json.loads(data)["error"]
 
 
+def test_machine_names_are_answered(open_member):
+    """The machine's own host name is one of the member's names."""
+    host = socket.gethostname()
+    status, _, data = open_member.raw_request("GET", "/jobs?format=json", None, {"Host": host})
+    assert status == 200, data
+
+
 def test_configured_names_are_answered(closed):
     """[http] names adds names the member answers to; others stay refused; /healthz answers
     any name (load balancers)."""
@@ -485,3 +493,30 @@ def test_refusal_flood_keeps_the_log_small(anon):
     assert count >= 200
     logged = anon.log_tail(10_000_000).count("http_refused") - before
     assert logged <= 5 * (int(seconds) + 2)
+
+
+@pytest.mark.parametrize("ctype,body,want", [
+    ("application/x-www-form-urlencoded", b"token=" + b"x" * 20_000, 413),
+    ("application/json", b"[1]", 400),
+    ("application/json", b'{"token": 5}', 400),
+    ("application/json", b"{", 400),
+    ("text/plain", b"token=tok-admin-77aa", 415),
+    ("application/x-www-form-urlencoded", b"next=%2Fjobs", 401),
+    ("application/x-www-form-urlencoded", b"token=%ff%fe", 401),
+    ("application/x-www-form-urlencoded", b"\xff\xfe", 400),
+    ("application/json", b'{"token": "tok-admin-77aa\\u0000"}', 401),
+])
+def test_hostile_logins(closed, ctype, body, want):
+    """Oversized, broken and wrong logins are refused with their status and set no cookie."""
+    status, h, data = closed.raw_request("POST", "/login", body, {"Content-Type": ctype})
+    assert status == want, data
+    assert h.get("Set-Cookie") is None
+
+
+def test_login_on_an_open_member(open_member):
+    """A member without [auth] needs no login and says so."""
+    status, _, data = open_member.raw_request("POST", "/login", b'{"token": "x"}',
+                                              {"Content-Type": "application/json"})
+    assert status == 400 and "no [auth]" in json.loads(data)["error"]
+    status, _, page = open_member.raw_request("GET", "/login", None, {"Accept": "text/html"})
+    assert status == 200 and b"needs no login" in page
