@@ -2,12 +2,15 @@
 
 Rules:
 - Exit codes say what happened: 0 ok, 1 the job failed or was cancelled (`job wait`), 2 bad
-  usage or input (HTTP 400/409/413), 3 no such job or forgotten (404), 4 no leader or member
-  unreachable (503, refused, timeout). Messages go to stderr and say what to do; the words come
+  usage or input, or a missing or refused token (HTTP 400/401/403/409/413/415/421), 3 no such
+  job or forgotten (404), 4 no leader, or the member unreachable or its certificate not trusted
+  (503, refused, timeout, TLS). Messages go to stderr and say what to do; the words come
   from the server's `error` when it gave one. No traceback for anything expected.
 - One Idempotency-Key per invocation, sent with every request, so the single retry after a
   connection reset cannot apply a change twice.
 - Output bytes are streamed, never held whole in memory.
+- A token (MESHJOBS_TOKEN, or the first line of --token-file) is sent as `Authorization:
+  Bearer`, and never printed. HTTPS is verified against the system's CAs, or --cacert's.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import http.client
 import io
 import json
 import os
+import ssl
 import sys
 import time
 import urllib.error
@@ -67,9 +71,12 @@ def exit_code_for(status: int) -> int:
 class Client:
     """A tiny HTTP client of one member; every call raises Failure for anything but 2xx."""
 
-    def __init__(self, at: str, key: str) -> None:
+    def __init__(self, at: str, key: str, token: str | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.at = at.rstrip("/")
         self.key = key
+        self.token = token
+        self.tls = tls
 
     def _unreachable(self, why: str) -> Failure:
         return Failure(
@@ -82,6 +89,8 @@ class Client:
         data = None
         headers = {"Accept": "application/json", "Idempotency-Key": self.key,
                    "User-Agent": "meshctl"}
+        if self.token is not None:
+            headers["Authorization"] = f"Bearer {self.token}"
         if body is not None:
             data = json.dumps(body).encode()
             if len(data) > limits.http_body_bytes_max:
@@ -92,7 +101,7 @@ class Client:
         for attempt in (1, 2):
             req = urllib.request.Request(self.at + path, data=data, headers=headers, method=method)
             try:
-                return urllib.request.urlopen(req, timeout=timeout)
+                return urllib.request.urlopen(req, timeout=timeout, context=self.tls)
             except urllib.error.HTTPError as e:
                 raise self._failure(e) from None
             except (ConnectionResetError, http.client.RemoteDisconnected, BrokenPipeError) as e:
@@ -104,12 +113,25 @@ class Client:
                     continue
                 if isinstance(reason, TimeoutError):
                     raise self._unreachable(f"no answer within {timeout:g} s") from None
+                if isinstance(reason, ssl.SSLError):
+                    raise self._untrusted(reason) from None
                 raise self._unreachable(str(getattr(reason, "strerror", None) or reason)) from None
             except TimeoutError:
                 raise self._unreachable(f"no answer within {timeout:g} s") from None
+            except ssl.SSLError as e:
+                raise self._untrusted(e) from None
             except (http.client.HTTPException, OSError) as e:
                 raise self._unreachable(str(e) or type(e).__name__) from None
         raise AssertionError("unreachable: the loop returns or raises")
+
+    def _untrusted(self, e: ssl.SSLError) -> Failure:
+        why = getattr(e, "verify_message", None) or getattr(e, "reason", None) or str(e)
+        if not isinstance(e, ssl.SSLCertVerificationError):
+            return Failure(f"TLS with meshd at {self.at} failed ({why}): does it serve https? "
+                           "(an http:// member needs an http:// URL in --at)", 4)
+        return Failure(
+            f"cannot trust meshd at {self.at} (TLS: {why}): if it uses its own or a self-signed "
+            "certificate, pass --cacert FILE (or set MESHJOBS_CACERT) with that certificate", 4)
 
     def _failure(self, e: urllib.error.HTTPError) -> Failure:
         try:
@@ -123,6 +145,13 @@ class Client:
             e.close()
         if e.code in (502, 503, 504):
             message += f" (meshd at {self.at}; try again, or pass --at another member)"
+        elif e.code == 401 and self.token is None:
+            message = f"meshd at {self.at} wants a token: set MESHJOBS_TOKEN or pass --token-file"
+        elif e.code == 401:
+            message = (f"meshd at {self.at} refused the token: {message} (is MESHJOBS_TOKEN or "
+                       "--token-file one of this fleet's tokens?)")
+        elif e.code == 403:
+            message = f"meshd at {self.at} refused: {message}"
         return Failure(message, exit_code_for(e.code))
 
     def copy(self, resp: IO[bytes], out: IO[bytes]) -> None:
@@ -159,7 +188,49 @@ class Client:
 
 def _client(ctx: click.Context) -> Client:
     obj = ctx.find_root().obj
-    return Client(obj["at"], obj["key"])
+    return Client(obj["at"], obj["key"], obj.get("token"), obj.get("tls"))
+
+
+def _check_token(token: str, where: str) -> str:
+    # Visible ASCII only: anything else could not travel in a header (or would split it).
+    if not token or not all(0x21 <= ord(c) <= 0x7E for c in token):
+        raise Failure(f"the token in {where} is empty or has spaces, control or non-ASCII "
+                      "characters: a token is one line of visible ASCII", 2)
+    if len(token) > limits.http_token_chars_max:
+        raise Failure(f"the token in {where} is longer than {limits.http_token_chars_max} "
+                      "characters", 2)
+    return token
+
+
+def _read_token(token_file: str | None) -> str | None:
+    """The token from --token-file (its first line), else MESHJOBS_TOKEN, else None."""
+    if token_file is not None:
+        try:
+            with open(token_file, "rb") as f:
+                first = f.read(limits.http_token_chars_max + 2).split(b"\n", 1)[0]
+        except OSError as e:
+            raise Failure(f"cannot read --token-file {token_file}: {e.strerror or e}", 2) from None
+        try:
+            token = first.decode("ascii").strip()
+        except UnicodeDecodeError:
+            token = "\x00"
+        if not token:
+            raise Failure(f"--token-file {token_file} is empty: its first line must be the token", 2)
+        return _check_token(token, f"--token-file {token_file}")
+    env = os.environ.get("MESHJOBS_TOKEN")
+    if env is None or env.strip() == "":
+        return None
+    return _check_token(env.strip(), "MESHJOBS_TOKEN")
+
+
+def _tls(cacert: str | None) -> ssl.SSLContext:
+    if cacert is None:
+        return ssl.create_default_context()
+    try:
+        return ssl.create_default_context(cafile=cacert)
+    except (OSError, ssl.SSLError) as e:
+        why = getattr(e, "strerror", None) or getattr(e, "reason", None) or str(e)
+        raise Failure(f"cannot use --cacert {cacert}: {why} (give a PEM certificate file)", 2) from None
 
 
 def _wants_json(ctx: click.Context, local: bool) -> bool:
@@ -181,14 +252,21 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Machine-read
 @click.option("--at", envvar="MESHJOBS_AT", default=DEFAULT_AT, show_default=True,
               help="URL of any meshd (env MESHJOBS_AT).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--token-file", metavar="FILE",
+              help="Read the token from FILE's first line (else env MESHJOBS_TOKEN).")
+@click.option("--cacert", envvar="MESHJOBS_CACERT", metavar="FILE",
+              help="Trust this CA or self-signed certificate for https:// (env MESHJOBS_CACERT).")
 @click.version_option("0.1.0", prog_name="meshctl")
 @click.pass_context
-def cli(ctx: click.Context, at: str, as_json: bool) -> None:
+def cli(ctx: click.Context, at: str, as_json: bool, token_file: str | None,
+        cacert: str | None) -> None:
     """Drive a meshjobs fleet through any of its members."""
     parsed = urllib.parse.urlsplit(at)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise click.BadParameter(f"{at!r} is not an http:// URL", param_hint="--at")
-    ctx.obj = {"at": at, "json": as_json, "key": uuid.uuid4().hex}
+        raise click.BadParameter(f"{at!r} is not an http:// or https:// URL", param_hint="--at")
+    ctx.obj = {"at": at, "json": as_json, "key": uuid.uuid4().hex,
+               "token": _read_token(token_file),
+               "tls": _tls(cacert) if parsed.scheme == "https" else None}
 
 
 @cli.group()

@@ -84,11 +84,18 @@ class Member:
         from blobstore.digest import EMPTY_DIGEST
         from blobstore.store import LmdbBlobStore
         from meshjobs.driver import Driver
-        from meshjobs.http import HttpApi
+        from meshjobs.http import HttpApi, TlsError, tls_context
         from meshjobs.jobsd import JobsThread, WorkerReplica
         from meshjobs.replica import Replica, fail_stop, open_secret
 
         cfg = self.cfg
+        tls = None
+        if cfg.http_tls_cert is not None and cfg.http_tls_key is not None:
+            try:
+                tls = tls_context(cfg.http_tls_cert, cfg.http_tls_key)
+            except TlsError as e:
+                print(f"meshd: {e}", file=sys.stderr)
+                return 2
         os.makedirs(cfg.data, exist_ok=True)
         failpoints = Failpoints.from_env()
         role = cfg.role
@@ -178,7 +185,9 @@ class Member:
         jobs = JobsThread(node, replica, driver, blobs, links=links, mover=mover)
         jobs.writers = writers
         http_blobs = _HttpBlobs(blobs, mover, fatal)
-        http = HttpApi(cfg.http[0], cfg.http[1], jobs, http_blobs, cfg.name)
+        http = HttpApi(cfg.http[0], cfg.http[1], jobs, http_blobs, cfg.name, tls=tls,
+                       names=(*cfg.http_names, *(v.http[0] for v in cfg.voters if v.http)),
+                       auth=cfg.auth)
         del voters
 
         stop = threading.Event()
@@ -220,8 +229,10 @@ class Member:
             print(f"meshd: HTTP did not start on {cfg.http[0]}:{cfg.http[1]}", file=sys.stderr)
             os._exit(2)
         addr = f"{cfg.http[0]}:{http.bound_port}"
-        _write_file(os.path.join(cfg.data, "http.addr"), addr + "\n")
-        log.info("meshd_ready", member=cfg.name, http=f"http://{addr}", raft=cfg.raft_addr,
+        # http.addr is host:port for HTTP (as before), the whole URL for HTTPS.
+        _write_file(os.path.join(cfg.data, "http.addr"),
+                    (f"https://{addr}" if tls is not None else addr) + "\n")
+        log.info("meshd_ready", member=cfg.name, http=f"{http.scheme}://{addr}", raft=cfg.raft_addr,
                  data=cfg.data, pools={p.name: p.slots for p in cfg.pools.values()}, boot=boot)
 
         # The main thread's own work while it waits for a signal: collecting blobs whose pins are

@@ -9,6 +9,11 @@ Rules:
 - Blob store calls block (LMDB, disk), so they run in the loop's default executor, never on the
   event loop thread. Payloads are streamed chunk by chunk, never read whole into memory.
 - Every size and time comes from `limits.py`, read when used.
+- Trust comes first (`_trust`, the decisions in meshjobs/auth.py): the Host a request names, the
+  origin a browser's change comes from, the caller's token or session and its role, the
+  anti-CSRF value of a browser's change and the Content-Type of a body are checked before any
+  handler runs. A refusal is counted by reason and logged at most `http_refusal_logs_per_s_max`
+  times a second, with the token's name when known and never the token.
 """
 
 from __future__ import annotations
@@ -22,7 +27,11 @@ import html
 import json
 import math
 import re
+import secrets
+import socket
+import ssl
 import threading
+import time
 import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -33,7 +42,9 @@ import structlog
 from aiohttp import web
 
 from blobstore import BlobCorrupt, BlobGone, StoreFull
-from meshjobs import limits
+from meshjobs import auth, limits
+from meshjobs.auth import AuthError, Caller, Sessions
+from meshjobs.config import Auth
 from meshjobs.control import (
     JOB_STATES,
     Answer,
@@ -51,6 +62,36 @@ from meshjobs.openapi import openapi_document
 CTL_SLACK_MS = 2_000
 
 _METRIC_NAME_BAD = re.compile(r"[^a-zA-Z0-9_]")
+
+
+TERMINAL_STATES = ("done", "failed", "cancelled")
+# Content types a body of a change may have (a browser's form or text/plain post may not).
+JSON_TYPES = ("application/json",)
+CSRF_HEADER = "X-Meshjobs-Csrf"
+CALLER: web.RequestKey[Caller | None] = web.RequestKey("caller", object)  # type: ignore[arg-type]
+SESSION: web.RequestKey[str | None] = web.RequestKey("session", object)  # type: ignore[arg-type]
+
+
+class TlsError(Exception):
+    """The certificate or key of [http] cannot serve HTTPS; the message says which and why."""
+
+
+def tls_context(cert: str, key: str) -> ssl.SSLContext:
+    """A server context for HTTPS with the PEM certificate chain and key: TLS 1.2 or newer."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(cert, key)
+    except FileNotFoundError as e:
+        raise TlsError(f"[http] tls_cert/tls_key: no file {e.filename}") from None
+    except ssl.SSLError as e:
+        raise TlsError(f"[http] tls_cert {cert} and tls_key {key} are not a PEM certificate and "
+                       f"its private key ({e.reason or e}); give the certificate chain and the "
+                       "key it was made for") from None
+    except OSError as e:
+        raise TlsError(f"[http] cannot read tls_cert {cert} or tls_key {key}: "
+                       f"{e.strerror or e}") from None
+    return ctx
 
 
 class ControlPort(Protocol):
@@ -96,6 +137,10 @@ class HttpApi:
         blobs: BlobReader,
         member: str,
         log: Any = None,
+        *,
+        tls: ssl.SSLContext | None = None,
+        names: tuple[str, ...] = (),
+        auth: Auth | None = None,
     ) -> None:
         self._host = host
         self._port = port
@@ -110,7 +155,27 @@ class HttpApi:
         # Touched on the event loop thread only, so no lock.
         self._by_class: dict[str, int] = {}
         self._bad_requests = 0
+        self._tls = tls
+        self._auth = auth if auth is not None else Auth()
+        # The names this member answers to besides IP literals and localhost; the machine's own
+        # names are added when the server starts.
+        self._names = frozenset(n.lower().rstrip(".") for n in (*names, host) if n)
+        self._csrf_key = secrets.token_bytes(32)
+        self._sessions = Sessions(limits.http_sessions_max, limits.http_session_s_max)
+        self._refused: dict[str, int] = {}
+        self._log_window_s = 0.0
+        self._logged_in_window = 0
+        self._not_logged = 0
         self.error: BaseException | None = None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self._tls is not None else "http"
+
+    @property
+    def _cookie(self) -> str:
+        # Cookies are shared by every port of a host: the name keeps members on one host apart.
+        return f"meshjobs_session_{self._bound_port or self._port}"
 
     @property
     def bound_port(self) -> int:
@@ -126,6 +191,7 @@ class HttpApi:
         loop = asyncio.new_event_loop()
         self._loop = loop
         try:
+            self._names |= loop.run_until_complete(_machine_names())
             loop.run_until_complete(self._serve(ready))
         except BaseException as e:
             self.error = e
@@ -152,7 +218,7 @@ class HttpApi:
     def make_app(self) -> web.Application:
         app = web.Application(
             client_max_size=limits.http_body_bytes_max,
-            middlewares=[self._middleware],
+            middlewares=[self._middleware, self._trust],
         )
         app.on_response_prepare.append(self._stamp)
         r = app.router
@@ -168,6 +234,9 @@ class HttpApi:
         r.add_get("/healthz", self._health)
         r.add_get("/metrics", self._metrics)
         r.add_get("/openapi.json", self._openapi)
+        r.add_get("/login", self._login_page)
+        r.add_post("/login", self._login)
+        r.add_post("/logout", self._logout)
         return app
 
     async def _serve(self, ready: threading.Event) -> None:
@@ -175,7 +244,7 @@ class HttpApi:
         runner = web.AppRunner(self.make_app(), access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, self._host, self._port)
+            site = web.TCPSite(runner, self._host, self._port, ssl_context=self._tls)
             await site.start()
             self._bound_port = runner.addresses[0][1]
             self._log.info("http_listening", host=self._host, port=self._bound_port)
@@ -219,10 +288,143 @@ class HttpApi:
     async def _stamp(self, request: web.Request, resp: web.StreamResponse) -> None:
         resp.headers["X-Meshjobs-Member"] = self._member
 
+    # --- trust ------------------------------------------------------------------------------
+
+    @web.middleware
+    async def _trust(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        route = _route_of(request)
+        method = request.method.upper()
+        headers = request.headers
+        try:
+            if route != "/healthz":
+                auth.check_host(headers.get("Host"), self._names)
+            auth.check_origin(headers, method, self.scheme, self._bound_port, self._names)
+            sid, session = self._session_of(request)
+            caller = auth.authorize(self._auth, method, route, headers.get("Authorization"),
+                                    session)
+            if (method not in auth.READ_METHODS and route not in ("/login", "/logout")
+                    and auth.looks_like_browser(headers)):
+                auth.check_csrf(self._csrf_key, sid if session is not None else None,
+                                headers.get(CSRF_HEADER))
+        except AuthError as e:
+            return self._refuse(request, e)
+        if (method not in auth.READ_METHODS and route != "/login" and request.body_exists
+                and request.content_type not in JSON_TYPES):
+            self._note_refusal(request, "content_type", 415, None)
+            raise HttpError(415, f"a body sent to {request.method} {request.path[:100]} must be "
+                                 "JSON with Content-Type: application/json")
+        request[CALLER] = caller
+        request[SESSION] = sid if session is not None else None
+        return await handler(request)
+
+    def _session_of(self, request: web.Request) -> tuple[str | None, Caller | None]:
+        if not self._auth.configured:
+            return None, None
+        sid = request.cookies.get(self._cookie)
+        return sid, self._sessions.get(sid, time.monotonic())
+
+    def _refuse(self, request: web.Request, e: AuthError) -> web.StreamResponse:
+        self._note_refusal(request, e.reason, e.status, e.who)
+        headers: dict[str, str] = {}
+        if e.status == 401:
+            headers["WWW-Authenticate"] = (
+                'Bearer realm="meshjobs", error="invalid_token"' if e.reason in ("invalid", "malformed")
+                else 'Bearer realm="meshjobs"')
+            accept = request.headers.get("Accept", "")
+            if (request.method in ("GET", "HEAD") and "text/html" in accept
+                    and not _prefers_json(accept)):
+                # A browser asking for a page is sent to the login form, and back afterwards.
+                headers["Location"] = "/login?" + urllib.parse.urlencode(
+                    {"next": auth.safe_next(request.path_qs)})
+                return web.json_response({"error": e.message}, status=303, headers=headers)
+        return _error(e.status, e.message, headers)
+
+    def _note_refusal(self, request: web.Request, reason: str, status: int,
+                      who: str | None) -> None:
+        """Count a refusal; log it unless this second's share of log lines is used up."""
+        self._refused[reason] = self._refused.get(reason, 0) + 1
+        now = time.monotonic()
+        if now - self._log_window_s >= 1.0:
+            if self._not_logged:
+                self._log.warning("http_refusals_not_logged", refusals=self._not_logged)
+            self._log_window_s, self._logged_in_window, self._not_logged = now, 0, 0
+        if self._logged_in_window >= limits.http_refusal_logs_per_s_max:
+            self._not_logged += 1
+            return
+        self._logged_in_window += 1
+        self._log.warning("http_refused", status=status, reason=reason, who=who,
+                          method=request.method[:16], path=request.path[:200],
+                          remote=request.remote)
+
+    async def _login_page(self, request: web.Request) -> web.Response:
+        return _html(_login_page(self._member, auth.safe_next(request.query.get("next")),
+                                 self._auth.configured, None))
+
+    async def _login(self, request: web.Request) -> web.StreamResponse:
+        """A browser's way in: the token, from a form or JSON, becomes a session cookie."""
+        raw = b""
+        while len(raw) <= limits.http_login_body_bytes_max:
+            chunk = await request.content.read(limits.http_login_body_bytes_max + 1 - len(raw))
+            if not chunk:
+                break
+            raw += chunk
+        if len(raw) > limits.http_login_body_bytes_max:
+            raise HttpError(413, f"a login is at most {limits.http_login_body_bytes_max} bytes")
+        is_form = request.content_type == "application/x-www-form-urlencoded"
+        if is_form:
+            try:
+                fields = urllib.parse.parse_qs(raw.decode("utf-8"), max_num_fields=8)
+            except (UnicodeDecodeError, ValueError):
+                raise HttpError(400, "the login form is not valid") from None
+            token = (fields.get("token") or [""])[0]
+            nxt = auth.safe_next((fields.get("next") or [None])[0])
+        elif request.content_type in JSON_TYPES:
+            try:
+                body = _loads(raw)
+            except (ValueError, RecursionError):
+                raise HttpError(400, 'a login is JSON {"token": "..."}') from None
+            token = body.get("token") if isinstance(body, dict) else None
+            if not isinstance(token, str):
+                raise HttpError(400, 'a login is JSON {"token": "..."}')
+            nxt = "/jobs"
+        else:
+            raise HttpError(415, "a login is a form (application/x-www-form-urlencoded) or JSON "
+                                 '{"token": "..."}')
+        if not self._auth.configured:
+            raise HttpError(400, "this member has no [auth] table: it needs no login")
+        try:
+            caller = auth.identify(self._auth, "Bearer " + token.strip())
+        except AuthError as e:
+            self._note_refusal(request, e.reason, 401, None)
+            if is_form:
+                return _html(_login_page(self._member, nxt, True, "That token is none of this "
+                                         "member's. Try again."), status=401)
+            return _error(401, e.message, {"WWW-Authenticate": 'Bearer realm="meshjobs"'})
+        sid = secrets.token_urlsafe(32)
+        self._sessions.open(sid, caller, time.monotonic())
+        self._log.info("http_login", who=caller.name, role=caller.role, remote=request.remote)
+        if is_form:
+            resp: web.Response = web.Response(status=303, headers={"Location": nxt})
+        else:
+            resp = web.json_response({"name": caller.name, "role": caller.role,
+                                      "csrf": auth.csrf_value(self._csrf_key, sid)})
+        resp.set_cookie(self._cookie, sid, path="/", httponly=True, samesite="Strict",
+                        secure=self._tls is not None, max_age=limits.http_session_s_max)
+        return resp
+
+    async def _logout(self, request: web.Request) -> web.Response:
+        if self._auth.configured:
+            self._sessions.close(request.cookies.get(self._cookie))
+        resp = web.json_response({"logged_out": True})
+        resp.del_cookie(self._cookie, path="/")
+        return resp
+
     def _count(self, status: int) -> None:
         cls = f"{status // 100}xx"
         self._by_class[cls] = self._by_class.get(cls, 0) + 1
-        if status in (400, 405, 413):
+        if status in (400, 405, 413, 415):
             self._bad_requests += 1
 
     async def _ask(self, request: dict, extra_ms: int = 0) -> Answer:
@@ -321,8 +523,9 @@ class HttpApi:
         answer = await self._ask({"op": "list", "state": state, "tag": tag})
         if want_json or answer.status != 200 or not isinstance(answer.body, list):
             return web.json_response(answer.body, status=answer.status)
-        return web.Response(text=_jobs_page(self._member, answer.body, state, tag),
-                            content_type="text/html", charset="utf-8")
+        csrf = auth.csrf_value(self._csrf_key, request.get(SESSION))
+        nonce = secrets.token_urlsafe(16)
+        return _html(_jobs_page(self._member, answer.body, state, tag, csrf, nonce), nonce=nonce)
 
     async def _submit(self, request: web.Request) -> web.Response:
         body = await self._body_json(request)
@@ -505,7 +708,7 @@ class HttpApi:
         answer = await self._ask({"op": "metrics"})
         if answer.status != 200 or not isinstance(answer.body, dict):
             return web.json_response(answer.body, status=answer.status)
-        text = _prometheus(answer.body, self._by_class, self._bad_requests)
+        text = _prometheus(answer.body, self._by_class, self._bad_requests, self._refused)
         return web.Response(body=text.encode(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
@@ -514,6 +717,33 @@ class HttpApi:
 
 
 # --- helpers (pure) -------------------------------------------------------------------------
+
+
+def _route_of(request: web.Request) -> str | None:
+    """The template of the route a request matched (None: no route, a 404 or 405)."""
+    resource = request.match_info.route.resource
+    return None if resource is None else resource.canonical
+
+
+async def _machine_names() -> frozenset[str]:
+    """This machine's host name and fully qualified name (a resolver that hangs is skipped)."""
+    names = {socket.gethostname()}
+    try:
+        names.add(await asyncio.wait_for(
+            asyncio.get_running_loop().run_in_executor(None, socket.getfqdn), 2.0))
+    except (TimeoutError, OSError):
+        pass
+    return frozenset(n.lower().rstrip(".") for n in names if n)
+
+
+def _html(text: str, status: int = 200, nonce: str | None = None) -> web.Response:
+    script = f"script-src 'nonce-{nonce}'" if nonce else "script-src 'none'"
+    return web.Response(text=text, status=status, content_type="text/html", charset="utf-8",
+                        headers={"Content-Security-Policy": f"default-src 'none'; {script}; "
+                                 "style-src 'unsafe-inline'; connect-src 'self'; "
+                                 "form-action 'self'; frame-ancestors 'none'",
+                                 "X-Content-Type-Options": "nosniff",
+                                 "Referrer-Policy": "same-origin"})
 
 
 def _chain(blobs: BlobReader, digests: list[str]) -> Iterator[bytes]:
@@ -598,7 +828,8 @@ def _metric_name(name: str) -> str:
     return clean if clean.startswith("meshjobs_") else "meshjobs_" + clean
 
 
-def _prometheus(values: dict, by_class: dict[str, int], bad_requests: int) -> str:
+def _prometheus(values: dict, by_class: dict[str, int], bad_requests: int,
+                refused: dict[str, int] | None = None) -> str:
     lines: list[str] = []
     for name in sorted(values, key=str):
         v = values[name]
@@ -614,6 +845,9 @@ def _prometheus(values: dict, by_class: dict[str, int], bad_requests: int) -> st
         lines.append(f'meshjobs_http_requests_total{{class="{cls}"}} {by_class[cls]}')
     lines.append("# TYPE meshjobs_http_bad_requests_total counter")
     lines.append(f"meshjobs_http_bad_requests_total {bad_requests}")
+    lines.append("# TYPE meshjobs_http_auth_refused_total counter")
+    for reason in sorted(refused or {}):
+        lines.append(f'meshjobs_http_auth_refused_total{{reason="{reason}"}} {refused[reason]}')
     return "\n".join(lines) + "\n"
 
 
@@ -647,7 +881,25 @@ _PAGE_STYLE = (
 )
 
 
-def _jobs_page(member: str, jobs: list, state: str | None, tag: str | None) -> str:
+# The Cancel buttons' script: a same-origin fetch with a JSON content type and the page's
+# anti-CSRF value, so that only this member's own page can make the change.
+_CANCEL_SCRIPT = """
+const csrf = document.querySelector('meta[name="meshjobs-csrf"]').content;
+for (const b of document.querySelectorAll("button.cancel")) {
+  b.addEventListener("click", async () => {
+    b.disabled = true;
+    const r = await fetch("/jobs/" + encodeURIComponent(b.dataset.job) + "/cancel", {
+      method: "POST", credentials: "same-origin", body: "{}",
+      headers: {"Content-Type": "application/json", "X-Meshjobs-Csrf": csrf}});
+    const answer = await r.json().catch(() => ({}));
+    b.textContent = r.ok ? "cancelled" : (answer.error || ("HTTP " + r.status));
+  });
+}
+"""
+
+
+def _jobs_page(member: str, jobs: list, state: str | None, tag: str | None, csrf: str = "",
+               nonce: str = "") -> str:
     e = html.escape
     rows = []
     for job in jobs:
@@ -665,19 +917,44 @@ def _jobs_page(member: str, jobs: list, state: str | None, tag: str | None) -> s
             f"<td class=\"n\">{e(str(job.get('priority', 0)))}</td>"
             f"<td>{e(', '.join(str(t) for t in tags) if isinstance(tags, list) else str(tags))}</td>"
             f"<td>{e(_when(job.get('submitted_at')))}</td>"
-            "</tr>"
+            + (f'<td><button class="cancel" data-job="{e(jid)}">Cancel</button></td>'
+               if st not in TERMINAL_STATES else "<td></td>")
+            + "</tr>"
         )
     shown = " ".join(f"{k}={v}" for k, v in (("state", state), ("tag", tag)) if v)
     return (
         "<!doctype html>\n<html><head><meta charset=\"utf-8\">"
+        f'<meta name="meshjobs-csrf" content="{e(csrf)}">'
         f"<title>meshjobs: jobs on {e(member)}</title><style>{_PAGE_STYLE}</style></head>\n"
         f"<body><h1>Jobs on {e(member)}</h1>\n"
         f"<p>{len(rows)} job(s){' with ' + e(shown) if shown else ''}. "
         '<a href="/jobs?format=json">JSON</a> · <a href="/fleet">fleet</a> · '
         '<a href="/openapi.json">API</a></p>\n'
         "<table><thead><tr><th>id</th><th>state</th><th>pool</th><th>items done/total</th>"
-        "<th>priority</th><th>tags</th><th>submitted (UTC)</th></tr></thead>\n<tbody>\n"
+        "<th>priority</th><th>tags</th><th>submitted (UTC)</th><th></th></tr></thead>\n<tbody>\n"
         + "\n".join(rows)
-        + "\n</tbody></table></body></html>\n"
+        + "\n</tbody></table>\n"
+        f'<script nonce="{e(nonce)}">{_CANCEL_SCRIPT}</script></body></html>\n'
+    )
+
+
+def _login_page(member: str, nxt: str, needed: bool, problem: str | None) -> str:
+    e = html.escape
+    if not needed:
+        body = (f"<p>{e(member)} has no [auth] table: it needs no login. "
+                '<a href="/jobs">Jobs</a></p>')
+    else:
+        body = (
+            (f'<p class="failed">{e(problem)}</p>' if problem else "")
+            + '<form method="post" action="/login">'
+            f'<input type="hidden" name="next" value="{e(nxt)}">'
+            '<label>Token <input type="password" name="token" autocomplete="current-password" '
+            'required autofocus></label> <button>Log in</button></form>'
+            "<p>The token is one of the member's [auth] tokens; the browser keeps a session "
+            "cookie, not the token.</p>")
+    return (
+        "<!doctype html>\n<html><head><meta charset=\"utf-8\">"
+        f"<title>meshjobs: log in to {e(member)}</title><style>{_PAGE_STYLE}</style></head>\n"
+        f"<body><h1>Log in to {e(member)}</h1>\n{body}</body></html>\n"
     )
 

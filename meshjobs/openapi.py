@@ -43,6 +43,16 @@ _BAD = _err("Bad input: broken JSON, wrong types, a bad job id; `error` says wha
 _BUSY = _err("No leader, no quorum, or the member is busy: try again, or ask another member.")
 _NO_JOB = _err("No such job, or it was forgotten.")
 _CONFLICT = _err("The job is in a state that does not allow this change.")
+_UNAUTHORIZED = _err("No token, or a token that is none of this member's (with [auth]): set "
+                     "MESHJOBS_TOKEN or meshctl --token-file, send `Authorization: Bearer TOKEN`, "
+                     "or log in at /login. The answer has `WWW-Authenticate: Bearer`; a browser "
+                     "asking for HTML is sent to /login (303) instead.")
+_FORBIDDEN = _err("Refused: the caller's role is too small (the message names the role needed "
+                  "and the token's name), or a change from a browser came from another origin or "
+                  "site, or lacks the X-Meshjobs-Csrf header of this member's pages.")
+_MISDIRECTED = _err("The Host header names a host this member does not answer to (DNS rebinding "
+                    "defence): add the name to the config's [http] names.")
+_NOT_JSON = _err("A body whose Content-Type is not application/json.")
 _OCTETS = {"application/octet-stream": {"schema": {"type": "string", "contentMediaType":
                                                    "application/octet-stream"}}}
 
@@ -289,6 +299,48 @@ _PATHS: dict[str, Any] = {
                           "503": _BUSY},
         },
     },
+    "/login": {
+        "get": {
+            "summary": "A form to log a browser in with a token (a session cookie follows).",
+            "operationId": "loginPage",
+            "parameters": [{"name": "next", "in": "query", "required": False,
+                            "schema": {"type": "string"},
+                            "description": "A path on this member to go to afterwards."}],
+            "responses": {"200": {"description": "The form.",
+                                  "content": {"text/html": {"schema": {"type": "string"}}}}},
+        },
+        "post": {
+            "summary": "Log in: the token (a form field `token`, or JSON) becomes an HttpOnly, "
+                       "SameSite=Strict session cookie (Secure with TLS) naming a session on this "
+                       "member with the token's name and role. Changes made with the cookie need "
+                       "the X-Meshjobs-Csrf header of this member's pages.",
+            "operationId": "login",
+            "requestBody": {"required": True, "content": {
+                "application/json": {"schema": {"type": "object", "required": ["token"],
+                                                "properties": {"token": {"type": "string"}}}},
+                "application/x-www-form-urlencoded": {"schema": {
+                    "type": "object", "required": ["token"],
+                    "properties": {"token": {"type": "string"}, "next": {"type": "string"}}}}}},
+            "responses": {
+                "200": _json({"type": "object", "properties": {
+                    "name": {"type": "string"}, "role": {"enum": ["read", "submit", "admin"]},
+                    "csrf": {"type": "string", "description": "The X-Meshjobs-Csrf value of "
+                             "this session."}}}, "Logged in (JSON); the cookie is set."),
+                "303": {"description": "Logged in (form); the cookie is set, on to `next`."},
+                "400": _err("A broken form or JSON, or this member has no [auth] table."),
+                "401": _UNAUTHORIZED,
+                "413": _err(f"The body is over {limits.http_login_body_bytes_max} bytes."),
+                "415": _err("Neither a form nor JSON."),
+            },
+        },
+    },
+    "/logout": {
+        "post": {
+            "summary": "End this browser's session and drop its cookie.",
+            "operationId": "logout",
+            "responses": {"200": _json({"type": "object"}, "Logged out.")},
+        },
+    },
     "/openapi.json": {
         "get": {
             "summary": "This document.",
@@ -302,15 +354,27 @@ _PATHS: dict[str, Any] = {
 _COMMON = {
     "404": _err("No such route."),
     "405": _err("The route does not take this method."),
+    "421": _MISDIRECTED,
 }
+# Routes anybody may use (/metrics too, unless [auth] metrics = "read").
+_OPEN = {("/healthz", "get"), ("/login", "get"), ("/login", "post"), ("/logout", "post")}
 
 
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI 3.1 document, a fresh copy each call (callers may change it)."""
     paths = copy.deepcopy(_PATHS)
-    for ops in paths.values():
-        for op in ops.values():
-            for status, resp in _COMMON.items():
+    for path, ops in paths.items():
+        for method, op in ops.items():
+            common = dict(_COMMON)
+            if path == "/healthz":
+                del common["421"]  # a load balancer may ask by any name
+            if (path, method) not in _OPEN:
+                common["401"] = _UNAUTHORIZED
+                common["403"] = _FORBIDDEN
+            if method != "get" and path != "/login":
+                common["403"] = _FORBIDDEN
+                common["415"] = _NOT_JSON
+            for status, resp in common.items():
                 op["responses"].setdefault(status, resp)
     return {
         "openapi": "3.1.0",
@@ -319,7 +383,12 @@ def openapi_document() -> dict[str, Any]:
             "version": "0.1.0",
             "description": "The HTTP API of a meshjobs member (meshd). Reads are answered from "
             "the member's committed table; changes are forwarded to the leader and answered "
-            "once committed. Every error is JSON: {\"error\": \"...\"}.",
+            "once committed. Every error is JSON: {\"error\": \"...\"}. With an [auth] table, "
+            "requests carry `Authorization: Bearer TOKEN` (or a browser's session cookie from "
+            "/login); roles: read (GET), submit (also POST /jobs, cancel, tone), admin "
+            "(everything, DELETE /jobs/{id} included). /healthz is always open, /metrics unless "
+            "[auth] metrics = \"read\". Changes from a browser must come from this member's own "
+            "origin and carry the X-Meshjobs-Csrf header of its pages.",
         },
         "paths": paths,
         "components": {"schemas": copy.deepcopy(_SCHEMAS)},

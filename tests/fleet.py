@@ -4,10 +4,14 @@ folders, and always stopped by pid (the `meshd` fixture's finalizer), also when 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import hashlib
+import ipaddress
 import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -37,8 +41,13 @@ class Meshd:
     """One meshd process of a test."""
 
     def __init__(self, data: str, slots: int = 2, name: str = "m1",
-                 env: dict[str, str] | None = None, config: str | None = None) -> None:
+                 env: dict[str, str] | None = None, config: str | None = None,
+                 token: str | None = None, cacert: str | None = None,
+                 http: str = "127.0.0.1:0") -> None:
         self.data = data
+        self.token = token  # sent as Authorization: Bearer by request() and ctl()
+        self.cacert = cacert  # the certificate request() and ctl() trust for https://
+        self.http = http
         self.slots = slots
         self.name = name
         self.extra_env = env or {}
@@ -62,9 +71,9 @@ class Meshd:
         if self.config:
             args += ["--config", self.config]
             if not self.fleet:
-                args += ["--http", "127.0.0.1:0", "--raft", f"127.0.0.1:{self.raft_port}"]
+                args += ["--http", self.http, "--raft", f"127.0.0.1:{self.raft_port}"]
         else:
-            args += ["--slots", str(self.slots), "--http", "127.0.0.1:0",
+            args += ["--slots", str(self.slots), "--http", self.http,
                      "--raft", f"127.0.0.1:{self.raft_port}"]
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.prefix + args, stdout=log, stderr=subprocess.STDOUT, cwd=self.data,
@@ -83,7 +92,9 @@ class Meshd:
                 raise RuntimeError(f"meshd exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 with open(addr_file) as f:
-                    self.url = "http://" + f.read().strip()
+                    addr = f.read().strip()
+                # host:port for HTTP, the whole URL for HTTPS.
+                self.url = addr if "://" in addr else "http://" + addr
             except FileNotFoundError:
                 time.sleep(0.05)
                 continue
@@ -155,14 +166,22 @@ class Meshd:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(int(pid), signal.SIGKILL)
 
+    def tls(self) -> ssl.SSLContext | None:
+        return ssl.create_default_context(cafile=self.cacert) if self.url.startswith("https") else None
+
     def request(self, method: str, path: str, body: Any = None, raw: bytes | None = None,
-                headers: dict[str, str] | None = None, timeout_s: float = 30.0) -> tuple[int, Any]:
+                headers: dict[str, str] | None = None, timeout_s: float = 30.0,
+                auth: bool = True) -> tuple[int, Any]:
+        """One request; with `auth` (and a token) it carries Authorization: Bearer."""
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        sent = {"Content-Type": "application/json", "Accept": "application/json"}
+        if auth and self.token is not None:
+            sent["Authorization"] = f"Bearer {self.token}"
+        sent.update(headers or {})
         req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json",
-                                              "Accept": "application/json", **(headers or {})})
+                                     headers={k: v for k, v in sent.items() if v is not None})
         try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            with urllib.request.urlopen(req, timeout=timeout_s, context=self.tls()) as r:
                 payload = r.read()
                 status = r.status
                 ctype = r.headers.get("Content-Type", "")
@@ -173,6 +192,32 @@ class Meshd:
         if "json" in ctype:
             return status, json.loads(payload)
         return status, payload
+
+    def raw_request(self, method: str, path: str, body: bytes | None = None,
+                    headers: dict[str, Any] | None = None,
+                    timeout_s: float = 30.0) -> tuple[int, Any, bytes]:
+        """One request exactly as given (no token, no default headers; a value may be bytes):
+        (status, response headers, body bytes)."""
+        import http.client
+        import urllib.parse
+        u = urllib.parse.urlsplit(self.url)
+        if u.scheme == "https":
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                u.hostname, u.port, timeout=timeout_s, context=self.tls())
+        else:
+            conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout_s)
+        try:
+            conn.putrequest(method, path, skip_host="Host" in (headers or {}),
+                            skip_accept_encoding=True)
+            for k, v in (headers or {}).items():
+                conn.putheader(k, v)
+            if body is not None:
+                conn.putheader("Content-Length", str(len(body)))
+            conn.endheaders(body)
+            resp = conn.getresponse()
+            return resp.status, resp.headers, resp.read()
+        finally:
+            conn.close()
 
     def metrics(self) -> dict[str, float]:
         """GET /metrics, parsed: metric name (with labels) -> value."""
@@ -185,10 +230,18 @@ class Meshd:
                 out[name] = float(value)
         return out
 
-    def ctl(self, *args: str, timeout_s: float = 60.0, input: bytes | None = None) -> subprocess.CompletedProcess:
+    def ctl(self, *args: str, timeout_s: float = 60.0, input: bytes | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """meshctl against this member; its token and certificate go in MESHJOBS_TOKEN and
+        MESHJOBS_CACERT unless `env` says otherwise ("" leaves one out)."""
+        extra = {"MESHJOBS_TOKEN": self.token or "", "MESHJOBS_CACERT": self.cacert or ""}
+        extra.update(env or {})
+        full = env_with_path()
+        for k in ("MESHJOBS_TOKEN", "MESHJOBS_CACERT", "MESHJOBS_AT"):
+            full.pop(k, None)
+        full.update({k: v for k, v in extra.items() if v != ""})
         return subprocess.run([sys.executable, "-m", "meshjobs.cli", "--at", self.url, *args],
-                              capture_output=True, timeout=timeout_s, env=env_with_path(),
-                              input=input)
+                              capture_output=True, timeout=timeout_s, env=full, input=input)
 
     def wait_job(self, job_id: str, timeout_s: float = 60.0) -> dict:
         deadline = time.monotonic() + timeout_s
@@ -200,6 +253,48 @@ class Meshd:
             assert status == 200, (status, rec)
             if rec["state"] in ("done", "failed", "cancelled"):
                 return rec
+
+
+def make_cert(folder: str, names: tuple[str, ...] = ("localhost", "127.0.0.1", "::1"),
+              days: int = 2) -> tuple[str, str]:
+    """A self-signed certificate and its key (PEM files in `folder`) for `names` (host names or
+    IP addresses, all in its subjectAltName). Returns (cert path, key path)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])])
+    alt: list[x509.GeneralName] = []
+    for n in names:
+        try:
+            alt.append(x509.IPAddress(ipaddress.ip_address(n)))
+        except ValueError:
+            alt.append(x509.DNSName(n))
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(hours=1))
+            .not_valid_after(now + dt.timedelta(days=days))
+            .add_extension(x509.SubjectAlternativeName(alt), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    os.makedirs(folder, exist_ok=True)
+    cert_path = os.path.join(folder, "cert.pem")
+    key_path = os.path.join(folder, "key.pem")
+    with open(cert_path, "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(key_path, "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def token_line(name: str, role: str, token: str) -> str:
+    """One entry of [auth] tokens for `token` (only its SHA-256 goes in the config)."""
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    return f'{{ name = "{name}", role = "{role}", sha256 = "{digest}" }}'
 
 
 def make_fleet(top: str, voters: int = 3, workers: int = 0, slots: int = 2,

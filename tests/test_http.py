@@ -105,7 +105,10 @@ class Server:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         try:
             data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-            conn.request(method, path, body=data, headers=headers or {})
+            headers = dict(headers or {})
+            if data is not None:
+                headers.setdefault("Content-Type", "application/json")
+            conn.request(method, path, body=data, headers=headers)
             resp = conn.getresponse()
             return resp.status, resp.headers, resp.read()
         finally:
@@ -571,7 +574,7 @@ def test_oversized_body_is_413(small: Server) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", small.port, timeout=10)
     chunks = [json.dumps(body).encode()[i:i + 100] for i in range(0, 2100, 100)]
     conn.request("POST", "/jobs", body=iter(chunks), encode_chunked=True,
-                 headers={"Transfer-Encoding": "chunked"})
+                 headers={"Transfer-Encoding": "chunked", "Content-Type": "application/json"})
     resp = conn.getresponse()
     assert resp.status == 413 and "error" in json.loads(resp.read())
     conn.close()

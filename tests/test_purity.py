@@ -1,4 +1,5 @@
-"""The pure core stays pure: a static check of meshjobs.table, meshjobs.node and meshjobs.control.
+"""The pure core stays pure: a static check of meshjobs.table, meshjobs.node, meshjobs.control and
+meshjobs.auth (who may ask a member what).
 
 Rule (STYLE.md): the job node, the job table and control parsing import no `os`, `socket`,
 `threading`, `time`, `random`, `lmdb`, `pysyncobj` or `subprocess`. The node may import `random`
@@ -16,7 +17,7 @@ import pytest
 
 import meshjobs
 
-PURE = ("table", "node", "control")
+PURE = ("table", "node", "control", "auth")
 FORBIDDEN = frozenset({
     "os", "socket", "threading", "time", "random", "lmdb", "pysyncobj", "subprocess",
     # Other ways to reach the world, the clock or entropy from a module that must not.

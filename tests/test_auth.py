@@ -1,0 +1,211 @@
+"""The trust decisions of meshjobs/auth.py, one rule at a time (table-driven, no IO)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from meshjobs import auth, config, limits
+from meshjobs.auth import AuthError, Caller, Sessions
+from meshjobs.config import Auth, Token
+
+
+def tok(name: str, role: str, secret: str) -> Token:
+    return Token(name, role, hashlib.sha256(secret.encode()).digest())
+
+
+AUTH = Auth(configured=True, tokens=(tok("r", "read", "tr"), tok("s", "submit", "ts"),
+                                     tok("a", "admin", "ta")), allow_anonymous=False)
+
+
+def test_roles_are_the_configs() -> None:
+    """Rule 2: the role order here is the one the config accepts."""
+    assert auth.ROLES == config.ROLES
+
+
+@pytest.mark.parametrize("method,route,metrics,need", [
+    ("GET", "/jobs", "open", "read"),
+    ("HEAD", "/blobs/{digest}", "open", "read"),
+    ("GET", "/jobs/{id}/results", "open", "read"),
+    ("GET", None, "open", "read"),  # an unknown path: a read all the same
+    ("POST", "/jobs", "open", "submit"),
+    ("POST", "/jobs/{id}/cancel", "open", "submit"),
+    ("POST", "/jobs/{id}/tone", "open", "submit"),
+    ("DELETE", "/jobs/{id}", "open", "admin"),
+    ("PUT", "/jobs", "open", "admin"),
+    ("POST", None, "open", "admin"),
+    ("GET", "/healthz", "read", None),
+    ("GET", "/metrics", "open", None),
+    ("GET", "/metrics", "read", "read"),
+    ("GET", "/login", "open", None),
+    ("POST", "/login", "open", None),
+    ("POST", "/logout", "open", None),
+])
+def test_needed_role(method: str, route: str | None, metrics: str, need: str | None) -> None:
+    """Rule 2: each method and route needs its role; /healthz and the way in are open."""
+    assert auth.needed_role(method, route, metrics) == need
+
+
+@pytest.mark.parametrize("have,need,ok", [
+    ("read", "read", True), ("read", "submit", False), ("read", "admin", False),
+    ("submit", "read", True), ("submit", "submit", True), ("submit", "admin", False),
+    ("admin", "read", True), ("admin", "submit", True), ("admin", "admin", True),
+])
+def test_role_order(have: str, need: str, ok: bool) -> None:
+    assert auth.role_allows(have, need) is ok
+
+
+@pytest.mark.parametrize("header", ["Bearer", "Bearer    ", "Basic dXNlcjpwYXNz", "Token abc",
+                                    "", "Bearer " + "x" * (limits.http_token_chars_max + 1)])
+def test_malformed_authorization_is_401(header: str) -> None:
+    """Rule 3: any Authorization but `Bearer TOKEN` (with a token of sane length) is a 401."""
+    with pytest.raises(AuthError) as e:
+        auth.identify(AUTH, header)
+    assert e.value.status == 401 and "MESHJOBS_TOKEN" in e.value.message
+
+
+def test_token_lookup() -> None:
+    """Rule 1: the presented token's SHA-256 finds its entry; anything else finds none."""
+    assert auth.find_token(AUTH.tokens, "ts").name == "s"
+    assert auth.find_token(AUTH.tokens, "ta").name == "a"
+    for wrong in ("", "t", "tss", "TS", "ts ", "t\udcff"):
+        assert auth.find_token(AUTH.tokens, wrong) is None
+    assert auth.identify(AUTH, "bearer   ts ").name == "s"  # scheme case and spaces
+
+
+def test_authorize_401_403() -> None:
+    """Rule 3: no token 401, wrong token 401, small role 403 naming the role and the token."""
+    with pytest.raises(AuthError) as e:
+        auth.authorize(AUTH, "GET", "/jobs", None)
+    assert (e.value.status, e.value.reason) == (401, "missing")
+    with pytest.raises(AuthError) as e:
+        auth.authorize(AUTH, "GET", "/jobs", "Bearer nope")
+    assert (e.value.status, e.value.reason) == (401, "invalid")
+    with pytest.raises(AuthError) as e:
+        auth.authorize(AUTH, "POST", "/jobs", "Bearer tr")
+    assert e.value.status == 403 and "submit role" in e.value.message and "r " in e.value.message
+    with pytest.raises(AuthError) as e:
+        auth.authorize(AUTH, "DELETE", "/jobs/{id}", "Bearer ts")
+    assert e.value.status == 403 and "admin" in e.value.message and e.value.who == "s"
+    assert auth.authorize(AUTH, "DELETE", "/jobs/{id}", "Bearer ta").name == "a"
+    assert auth.authorize(AUTH, "GET", "/healthz", None) is None
+
+
+def test_anonymous_and_open() -> None:
+    """Rule 3: allow_anonymous gives a request without a token its role; a wrong token is still
+    401; with no [auth] table everything is open."""
+    anon = Auth(configured=True, tokens=AUTH.tokens, allow_anonymous=True, anonymous_role="read")
+    assert auth.authorize(anon, "GET", "/jobs", None).via == "anonymous"
+    with pytest.raises(AuthError) as e:
+        auth.authorize(anon, "POST", "/jobs", None)
+    assert e.value.status == 403 and "anonymous" in e.value.message
+    with pytest.raises(AuthError) as e:
+        auth.authorize(anon, "GET", "/jobs", "Bearer wrong")
+    assert e.value.status == 401
+    assert auth.authorize(Auth(), "DELETE", "/jobs/{id}", None).role == "admin"
+
+
+def test_session_caller() -> None:
+    """A session stands in for a token when the request has no Authorization header."""
+    s = Caller("s", "submit", "session")
+    assert auth.authorize(AUTH, "POST", "/jobs", None, s) is s
+    with pytest.raises(AuthError):
+        auth.authorize(AUTH, "POST", "/jobs", "Bearer wrong", s)
+
+
+@pytest.mark.parametrize("value,split", [
+    ("127.0.0.1:7700", ("127.0.0.1", 7700)), ("LocalHost", ("localhost", None)),
+    ("[::1]:80", ("::1", 80)), ("[::1]", ("::1", None)), ("::1", ("::1", None)),
+    ("meshd.example.org.:443", ("meshd.example.org", 443)),
+])
+def test_split_host(value: str, split: tuple) -> None:
+    assert auth.split_host(value) == split
+
+
+@pytest.mark.parametrize("value", ["", ":80", "a:b", "a:0", "a:70000", "[::1", "[::1]x", "a/b",
+                                   "user@host", "x" * 400, "[zz]:1"])
+def test_split_host_garbage(value: str) -> None:
+    with pytest.raises(ValueError):
+        auth.split_host(value)
+
+
+@pytest.mark.parametrize("host,ok", [
+    ("127.0.0.1:1", True), ("[::1]:1", True), ("10.0.0.7", True), ("localhost:9", True),
+    ("meshd.test", True), ("MESHD.TEST:8", True), ("attacker.example", False),
+    ("localhost.attacker.example", False), (None, True),
+])
+def test_check_host(host: str | None, ok: bool) -> None:
+    """Rule 4: IP literals, localhost and the configured names are answered; others are 421."""
+    names = frozenset({"meshd.test"})
+    if ok:
+        auth.check_host(host, names)
+    else:
+        with pytest.raises(AuthError) as e:
+            auth.check_host(host, names)
+        assert e.value.status == 421 and "[http] names" in e.value.message
+    auth.check_host("anything.example", frozenset({"*"}))
+
+
+@pytest.mark.parametrize("headers,method,ok", [
+    ({}, "POST", True),
+    ({"Origin": "http://127.0.0.1:7700"}, "POST", True),
+    ({"Origin": "http://localhost:7700"}, "DELETE", True),
+    ({"Origin": "http://attacker.example"}, "POST", False),
+    ({"Origin": "http://127.0.0.1:7701"}, "POST", False),
+    ({"Origin": "https://127.0.0.1:7700"}, "POST", False),
+    ({"Origin": "null"}, "POST", False),
+    ({"Origin": "http://127.0.0.1:7700/x"}, "POST", False),
+    ({"Sec-Fetch-Site": "cross-site"}, "POST", False),
+    ({"Sec-Fetch-Site": "same-origin", "Origin": "http://127.0.0.1:7700"}, "POST", True),
+    ({"Origin": "http://attacker.example", "Sec-Fetch-Site": "cross-site"}, "GET", True),
+])
+def test_check_origin(headers: dict, method: str, ok: bool) -> None:
+    """Rule 4: a browser's change comes from one of the member's own origins only."""
+    if ok:
+        auth.check_origin(headers, method, "http", 7700, frozenset())
+    else:
+        with pytest.raises(AuthError) as e:
+            auth.check_origin(headers, method, "http", 7700, frozenset())
+        assert e.value.status == 403
+
+
+def test_csrf_value_bound_to_session() -> None:
+    key = b"k" * 32
+    auth.check_csrf(key, None, auth.csrf_value(key, None))
+    auth.check_csrf(key, "sid", auth.csrf_value(key, "sid"))
+    for sid, presented in ((None, None), (None, ""), ("sid", auth.csrf_value(key, None)),
+                           (None, auth.csrf_value(b"x" * 32, None)), (None, "\udcff")):
+        with pytest.raises(AuthError) as e:
+            auth.check_csrf(key, sid, presented)
+        assert e.value.status == 403 and "X-Meshjobs-Csrf" in e.value.message
+
+
+def test_browser_detection() -> None:
+    assert not auth.looks_like_browser({"User-Agent": "curl/8", "Accept": "*/*"})
+    for h in ("Origin", "Cookie", "Sec-Fetch-Mode", "sec-fetch-site"):
+        assert auth.looks_like_browser({h: "x"})
+
+
+def test_sessions_bounded_and_expiring() -> None:
+    """Rule 5: sessions end after their time, and the oldest goes when the store is full."""
+    s = Sessions(max_count=2, ttl_s=10.0)
+    c = Caller("s", "submit", "token")
+    s.open("one", c, now_s=0.0)
+    s.open("two", c, now_s=1.0)
+    assert s.get("one", 5.0).via == "session" and len(s) == 2
+    s.open("three", c, now_s=2.0)
+    assert len(s) == 2 and s.get("one", 2.0) is None and s.get("two", 2.0) is not None
+    assert s.get("two", 11.0) is None and s.get("three", 11.0) is not None
+    s.close("three")
+    assert s.get("three", 11.5) is None
+    assert s.get(None, 0.0) is None and s.get("x" * 10_000, 0.0) is None
+
+
+@pytest.mark.parametrize("value,out", [
+    ("/jobs?state=running", "/jobs?state=running"), (None, "/jobs"), ("", "/jobs"),
+    ("//evil.example/", "/jobs"), ("https://evil.example/", "/jobs"), ("/\\evil", "/jobs"),
+    ("/a\r\nSet-Cookie: x", "/jobs"),
+])
+def test_safe_next(value: str | None, out: str) -> None:
+    assert auth.safe_next(value) == out
