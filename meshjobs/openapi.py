@@ -374,6 +374,9 @@ def openapi_document() -> dict[str, Any]:
             if method != "get" and path != "/login":
                 common["403"] = _FORBIDDEN
                 common["415"] = _NOT_JSON
+            if _IDEMPOTENCY_KEY in op.get("parameters", []):
+                common["422"] = _err("This Idempotency-Key was used before for a different request "
+                                     "(method, path or body); nothing was applied. Use a new key.")
             for status, resp in common.items():
                 op["responses"].setdefault(status, resp)
     return {
