@@ -144,7 +144,8 @@ class Member:
             except Exception as e:  # pysyncobj says BindError when the Raft port is taken
                 if "BindError" in repr(e):
                     print(f"meshd: cannot listen on Raft address {cfg.raft_addr}: is another "
-                          "meshd running? (use --raft or the config's raft key)", file=sys.stderr)
+                          "meshd running, or is that host not an address of this machine? "
+                          "(use --raft or the config's raft key)", file=sys.stderr)
                     blobs.close()
                     return 2
                 raise

@@ -25,6 +25,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _proc_net_addr(text: str) -> tuple[str, int]:
+    """An address of /proc/net/tcp{,6}: hex host (32-bit words in host byte order), hex port."""
+    host_hex, port_hex = text.split(":")
+    raw = bytes.fromhex(host_hex)
+    host = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    if len(host) == 4:
+        return socket.inet_ntop(socket.AF_INET, host), int(port_hex, 16)
+    return socket.inet_ntop(socket.AF_INET6, host), int(port_hex, 16)
+
+
+def listening_addrs(pid: int) -> set[tuple[str, int]]:
+    """The (host, port) of every TCP socket process `pid` listens on, read from /proc (its
+    socket descriptors matched by inode against the LISTEN rows of its namespace's tables)."""
+    inodes = set()
+    fd_dir = f"/proc/{pid}/fd"
+    for fd in os.listdir(fd_dir):
+        with contextlib.suppress(OSError):
+            target = os.readlink(os.path.join(fd_dir, fd))
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    found = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                rows = f.read().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A: TCP_LISTEN
+                found.add(_proc_net_addr(cols[1]))
+    return found
+
+
 def env_with_path(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
@@ -48,6 +82,7 @@ class Meshd:
         self.peer_port = 0
         self.secret = b""
         self.raft_port = free_port()
+        self.raft_host = "127.0.0.1"  # another loopback address (127.0.0.2) is local too
         self.proc: subprocess.Popen | None = None
         self.url = ""
         self.log_path = os.path.join(os.path.dirname(data.rstrip("/")) or ".",
@@ -62,10 +97,10 @@ class Meshd:
         if self.config:
             args += ["--config", self.config]
             if not self.fleet:
-                args += ["--http", "127.0.0.1:0", "--raft", f"127.0.0.1:{self.raft_port}"]
+                args += ["--http", "127.0.0.1:0", "--raft", f"{self.raft_host}:{self.raft_port}"]
         else:
             args += ["--slots", str(self.slots), "--http", "127.0.0.1:0",
-                     "--raft", f"127.0.0.1:{self.raft_port}"]
+                     "--raft", f"{self.raft_host}:{self.raft_port}"]
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.prefix + args, stdout=log, stderr=subprocess.STDOUT, cwd=self.data,
                                      env=env_with_path({"MESHTEST_DATA": self.data, **self.extra_env}),
