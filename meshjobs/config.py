@@ -15,6 +15,7 @@ from typing import Any
 
 from meshjobs import limits
 from meshjobs.control import POOL_RE
+from meshjobs.itemenv import DEFAULT_PASS, PASS_RE
 from meshjobs.node import Pool
 
 DEFAULT_DATA = "meshjobs-data"
@@ -27,7 +28,7 @@ DEFAULT_GC_EVERY_S = 60.0  # [blobs] gc_every_s: how often unpinned blobs are co
 DEFAULT_KEEP_S = 7 * 86400.0  # [retention] keep_s: finished jobs are forgotten after this
 DEFAULT_KEEP_JOBS = 100_000  # [retention] keep_jobs: and at most this many are kept
 TOP_KEYS = {"name", "data", "http", "peer", "raft", "secret_file", "fleet", "pools", "blobs",
-            "retention", "log"}
+            "retention", "log", "items"}
 POOL_KEYS = {"kind", "slots", "runtime_s", "hold", "drain"}
 POOL_KINDS = ("command", "python")  # python: slots pre-forked meshjobs.pyworker processes
 
@@ -66,6 +67,8 @@ class Config:
     blob_gc_every_s: float = DEFAULT_GC_EVERY_S
     keep_s: float | None = DEFAULT_KEEP_S
     keep_jobs: int | None = DEFAULT_KEEP_JOBS
+    # [items] env_pass: the names of meshd's environment variables items see (meshjobs.itemenv)
+    item_env_pass: tuple[str, ...] = DEFAULT_PASS
 
     @property
     def secret_path(self) -> str:
@@ -162,6 +165,27 @@ def _section(raw: dict, name: str, keys: set[str]) -> dict:
     return sec
 
 
+def _env_pass(raw: dict) -> tuple[str, ...]:
+    """[items] env_pass: a list of variable names, each optionally ending in `*` (a prefix)."""
+    items = _section(raw, "items", {"env_pass"})
+    names = items.get("env_pass", DEFAULT_PASS)
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f'[items] env_pass must be a list of variable names, like ["PATH", '
+                          f'"HOME", "LC_*"], not {names!r:.80}')
+    if len(names) > limits.env_pass_names_max:
+        raise ConfigError(f"[items] env_pass names {len(names)} variables, over "
+                          f"{limits.env_pass_names_max} (env_pass_names_max)")
+    for n in names:
+        if n == "*":
+            raise ConfigError('[items] env_pass: "*" would pass meshd\'s whole environment (its '
+                              "secrets too): name the variables items need")
+        if not PASS_RE.fullmatch(n) or len(n) > 256:
+            raise ConfigError(f"[items] env_pass: {n[:80]!r} is not a variable name: use letters, "
+                              "digits and '_', not starting with a digit; a trailing '*' "
+                              "passes every variable it is a prefix of")
+    return tuple(names)
+
+
 def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
     """Read the TOML file at `path` (None: the defaults of a fleet of one), then apply overrides
     given on meshd's command line (name, data, http, raft, peer)."""
@@ -251,4 +275,5 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         dead_ms=dead_ms,
         blob_copies=blob_copies,
         pools=pools,
+        item_env_pass=_env_pass(raw),
     )
