@@ -161,7 +161,7 @@ class Member:
 
         driver = Driver(blobs, os.path.join(cfg.data, "spool"),
                         on_end=lambda end: jobs.item_ended(end), writers=writers, on_fatal=fatal,
-                        python_workers=python_workers(cfg.pools))
+                        python_workers=python_workers(cfg.pools), env_pass=cfg.item_env_pass)
         links = mover = None
         if not cfg.fleet_of_one:
             from meshjobs.blobmover import BlobMover

@@ -176,8 +176,11 @@ class Meshd:
 
     def _kill_items(self) -> None:
         """Items run in their own process groups; a killed meshd leaves them running. Kill every
-        process whose environment names this member's test folder (MESH_JOB_ID is set on items)."""
+        item process (MESH_JOB_ID is in its environment) of this member: its output goes to a
+        spool file in the member's data folder, or it runs there (an item's default cwd). Items
+        see none of meshd's own environment, so MESHTEST_DATA cannot tell them apart."""
         me = os.getpid()
+        data = os.path.realpath(self.data) + os.sep
         for pid in os.listdir("/proc"):
             if not pid.isdigit() or int(pid) == me:
                 continue
@@ -186,7 +189,13 @@ class Meshd:
                     env = f.read()
             except OSError:
                 continue
-            if b"MESH_JOB_ID=" in env and f"MESHTEST_DATA={self.data}".encode() in env:
+            if b"MESH_JOB_ID=" not in env:
+                continue
+            places = []
+            for link in ("fd/0", "fd/1", "fd/2", "cwd"):
+                with contextlib.suppress(OSError):
+                    places.append(os.readlink(f"/proc/{pid}/{link}") + os.sep)
+            if any(p.startswith(data) for p in places):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(int(pid), signal.SIGKILL)
 
