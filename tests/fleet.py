@@ -4,6 +4,7 @@ folders, and always stopped by pid (the `meshd` fixture's finalizer), also when 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import signal
@@ -30,9 +31,8 @@ def _proc_net_addr(text: str) -> tuple[str, int]:
     host_hex, port_hex = text.split(":")
     raw = bytes.fromhex(host_hex)
     host = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-    if len(host) == 4:
-        return socket.inet_ntop(socket.AF_INET, host), int(port_hex, 16)
-    return socket.inet_ntop(socket.AF_INET6, host), int(port_hex, 16)
+    # Not socket.inet_ntop: importing pysyncobj replaces it with a Windows-only shim that fails.
+    return str(ipaddress.ip_address(host)), int(port_hex, 16)
 
 
 def listening_addrs(pid: int) -> set[tuple[str, int]]:
