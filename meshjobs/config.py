@@ -15,6 +15,7 @@ from typing import Any
 
 from meshjobs import limits
 from meshjobs.control import POOL_RE
+from meshjobs.itemenv import DEFAULT_PASS, PASS_RE
 from meshjobs.node import Pool
 
 DEFAULT_DATA = "meshjobs-data"
@@ -27,7 +28,7 @@ DEFAULT_GC_EVERY_S = 60.0  # [blobs] gc_every_s: how often unpinned blobs are co
 DEFAULT_KEEP_S = 7 * 86400.0  # [retention] keep_s: finished jobs are forgotten after this
 DEFAULT_KEEP_JOBS = 100_000  # [retention] keep_jobs: and at most this many are kept
 TOP_KEYS = {"name", "data", "http", "peer", "raft", "secret_file", "fleet", "pools", "blobs",
-            "retention", "log", "auth"}
+            "retention", "log", "auth", "items"}
 # `http` is either the address ("host:port") or a table with the address and these keys.
 HTTP_KEYS = {"addr", "listen", "tls_cert", "tls_key", "names", "conns_max", "header_timeout_s",
              "idle_timeout_s"}
@@ -104,6 +105,8 @@ class Config:
     http_conns_max: int | None = None  # None: from the process's file descriptor limit
     http_header_timeout_s: float = limits.http_header_s_max
     http_idle_timeout_s: float = limits.http_idle_s_max
+    # [items] env_pass: the names of meshd's environment variables items see (meshjobs.itemenv)
+    item_env_pass: tuple[str, ...] = DEFAULT_PASS
 
     @property
     def secret_path(self) -> str:
@@ -296,6 +299,26 @@ def _auth(raw: dict) -> Auth:
     return Auth(configured=True, tokens=tuple(tokens), allow_anonymous=allow,
                 anonymous_role=anon_role, metrics=metrics)
 
+def _env_pass(raw: dict) -> tuple[str, ...]:
+    """[items] env_pass: a list of variable names, each optionally ending in `*` (a prefix)."""
+    items = _section(raw, "items", {"env_pass"})
+    names = items.get("env_pass", DEFAULT_PASS)
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f'[items] env_pass must be a list of variable names, like ["PATH", '
+                          f'"HOME", "LC_*"], not {names!r:.80}')
+    if len(names) > limits.env_pass_names_max:
+        raise ConfigError(f"[items] env_pass names {len(names)} variables, over "
+                          f"{limits.env_pass_names_max} (env_pass_names_max)")
+    for n in names:
+        if n == "*":
+            raise ConfigError('[items] env_pass: "*" would pass meshd\'s whole environment (its '
+                              "secrets too): name the variables items need")
+        if not PASS_RE.fullmatch(n) or len(n) > 256:
+            raise ConfigError(f"[items] env_pass: {n[:80]!r} is not a variable name: use letters, "
+                              "digits and '_', not starting with a digit; a trailing '*' "
+                              "passes every variable it is a prefix of")
+    return tuple(names)
+
 
 def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
     """Read the TOML file at `path` (None: the defaults of a fleet of one), then apply overrides
@@ -421,4 +444,5 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         dead_ms=dead_ms,
         blob_copies=blob_copies,
         pools=pools,
+        item_env_pass=_env_pass(raw),
     )

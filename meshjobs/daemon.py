@@ -151,7 +151,8 @@ class Member:
             except Exception as e:  # pysyncobj says BindError when the Raft port is taken
                 if "BindError" in repr(e):
                     print(f"meshd: cannot listen on Raft address {cfg.raft_addr}: is another "
-                          "meshd running? (use --raft or the config's raft key)", file=sys.stderr)
+                          "meshd running, or is that host not an address of this machine? "
+                          "(use --raft or the config's raft key)", file=sys.stderr)
                     blobs.close()
                     return 2
                 raise
@@ -167,7 +168,7 @@ class Member:
 
         driver = Driver(blobs, os.path.join(cfg.data, "spool"),
                         on_end=lambda end: jobs.item_ended(end), writers=writers, on_fatal=fatal,
-                        python_workers=python_workers(cfg.pools))
+                        python_workers=python_workers(cfg.pools), env_pass=cfg.item_env_pass)
         links = mover = None
         if not cfg.fleet_of_one:
             from meshjobs.blobmover import BlobMover

@@ -28,6 +28,10 @@ Rules:
    stdout blob; what it printed, then the traceback or why the call failed, is the stderr blob.
    Outputs are stored and the end reported exactly as for command items. A cut or a runtime
    limit kills the worker (SIGKILL to its group) and a new one takes its place.
+7. Items never see meshd's whole environment: a command item gets the variables `env_pass`
+   names (meshjobs.itemenv), then the job's env, then MESH_JOB_ID, MESH_ITEM_INDEX and
+   MESH_LEASE_EPOCH; python workers start from the same variables (plus PYTHONPATH and
+   PYTHONHOME, to start as meshd did) and layer the job's env and MESH_* over them per call.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -51,6 +55,7 @@ import structlog
 from blobstore.digest import EMPTY_DIGEST
 from blobstore.errors import BlobError
 from meshjobs import limits
+from meshjobs.itemenv import DEFAULT_PASS, base_env
 from meshjobs.pypool import PyEnd, PyPool
 
 RunKey = tuple[str, int, int]  # (job_id, index, epoch)
@@ -155,16 +160,22 @@ class Driver:
         writers: Any = None,
         on_fatal: Callable[[BaseException], None] | None = None,
         python_workers: int | None = None,
+        env_pass: Iterable[str] = DEFAULT_PASS,
     ) -> None:
         """python_workers: the python worker processes to pre-fork when run() starts (the
         slots of this member's python pools together). None starts os.cpu_count() workers when
-        the first python item comes; 0 starts one then."""
+        the first python item comes; 0 starts one then.
+
+        env_pass: the names of this process's environment variables items see (`[items]
+        env_pass`; see meshjobs.itemenv): items and python workers start from those alone."""
         self._blobs = blobs
         # The blob writer threads (group commit, backpressure); without them, outputs are
         # stored on the driver thread.
         self._writers = writers
         self._on_fatal = on_fatal
         self._spool_dir = spool_dir
+        # Taken once: meshd's environment does not change while it runs.
+        self._base_env = base_env(os.environ, env_pass)
         self._on_end = on_end
         self._clock_ms = clock_ms
         self._log = log if log is not None else structlog.get_logger(__name__)
@@ -333,7 +344,7 @@ class Driver:
             self._report_unstarted(item, "failed", started_ms, error)
             return
         env = {
-            **os.environ,
+            **self._base_env,
             **item.env,
             "MESH_JOB_ID": item.job_id,
             "MESH_ITEM_INDEX": str(item.index),
@@ -514,7 +525,7 @@ class Driver:
             if size is None:
                 size = min(os.cpu_count() or 1, limits.py_workers_max)
             self._pool = PyPool(max(1, size), self._sel, self._py_load, self._py_finish,
-                                self._clock_ms, self._log)
+                                self._clock_ms, self._log, env=self._base_env)
             self._pool.start()
         return self._pool
 

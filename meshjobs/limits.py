@@ -63,6 +63,7 @@ retry_backoff_ms_max = 60_000  # and no retry waits longer than this
 driver_queue_max = 100_000  # commands queued to the driver
 driver_events_max = 100_000  # item ends queued back to the jobs thread
 cut_grace_ms = 2_000  # SIGTERM to a cut item's group, then SIGKILL after this
+env_pass_names_max = 256  # [items] env_pass: names of meshd's variables items may see
 
 # Blob store limits live in blobstore/limits.py: that package stands alone.
 

@@ -40,6 +40,7 @@ import msgpack
 import structlog
 
 from meshjobs import limits, pyworker
+from meshjobs.itemenv import base_env
 
 RunKey = tuple[str, int, int]  # (job_id, index, epoch)
 _READ_BYTES = 1 << 20  # one read of an answer pipe; a frame may take many
@@ -104,7 +105,10 @@ class PyPool:
         on_end: Callable[[PyEnd], None],
         clock_ms: Callable[[], int],
         log: Any = None,
+        env: dict[str, str] | None = None,
     ) -> None:
+        """env: the workers' environment (meshjobs.itemenv.base_env of meshd's; that of the
+        default list when None), to which the pool adds what python needs to start a worker."""
         if size < 1:
             raise ValueError(f"a python pool needs at least one worker, not {size}")
         self._size = size
@@ -113,6 +117,7 @@ class PyPool:
         self._on_end = on_end
         self._clock_ms = clock_ms
         self._log = log if log is not None else structlog.get_logger(__name__)
+        self._env = env if env is not None else base_env(os.environ)
         self._workers: list[_Worker] = []
         self._queue: deque[Any] = deque()
         self._respawn_at: float | None = None
@@ -211,8 +216,14 @@ class PyPool:
     # --- Workers ---------------------------------------------------------------------------------
 
     def _spawn(self) -> None:
+        # A worker sees the items' environment, not meshd's (its secrets stay out of the jobs'
+        # functions), plus what python needs to start as meshd did: meshd's PYTHONHOME, and its
+        # PYTHONPATH behind meshjobs' own folder. They are read at each start, as meshd's own.
+        env = dict(self._env)
         path = os.environ.get("PYTHONPATH")
-        env = {**os.environ, "PYTHONPATH": _ROOT + (os.pathsep + path if path else "")}
+        env["PYTHONPATH"] = _ROOT + (os.pathsep + path if path else "")
+        if "PYTHONHOME" in os.environ:
+            env["PYTHONHOME"] = os.environ["PYTHONHOME"]
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "meshjobs.pyworker"],

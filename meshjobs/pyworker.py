@@ -18,7 +18,8 @@ Rules:
    str) only when the job's argv has more than the target. It returns bytes (or bytearray or
    memoryview), str (encoded UTF-8) or None (empty output); anything else fails the call.
 2. During a call, os.environ holds the job's env and MESH_JOB_ID, MESH_ITEM_INDEX and
-   MESH_LEASE_EPOCH; the cwd is the job's cwd when it has one, and that folder is also first on
+   MESH_LEASE_EPOCH, over the worker's own environment (the few variables of meshd's that items
+   may see, meshjobs.itemenv, not meshd's whole environment); the cwd is the job's cwd when it has one, and that folder is also first on
    sys.path while the target is imported. All of it is put back after the call.
 3. sys.stdout and sys.stderr are one capture during a call: the item's stderr is what the
    function printed (at most limits.py_prints_chars_max characters), then the traceback.

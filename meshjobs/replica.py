@@ -11,6 +11,8 @@ this module makes up for it:
   checksum and fsyncs it.
 - Without a password anything that reaches the Raft port is unpickled: the fleet secret (32 random
   bytes) is always the password.
+- It binds the Raft port on every interface unless told otherwise: `bindAddress` is the
+  configured address itself, so the port listens only where the config and the log say.
 - A replicated method that raises wedges every member: `apply_entry` hands the table a decoded
   entry and the table's `apply` is total. A bug of our own still raises, out of `doTick`, on the
   jobs thread, which stops the member (we tick ourselves: `autoTick=False`).
@@ -162,6 +164,9 @@ class Replica(SyncObj):
             connectionRetryTime=limits.raft_connect_retry_s,
             bindRetryTime=0.3,
             maxBindRetries=5,
+            # Without it pysyncobj binds every interface (0.0.0.0, or :: for an IPv6 address)
+            # on the port of `self_addr`, whatever host the config gives: bind exactly that.
+            bindAddress=self_addr,
         )
 
         def make_journal(path: str) -> DurableJournal:

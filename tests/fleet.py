@@ -29,6 +29,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _proc_net_addr(text: str) -> tuple[str, int]:
+    """An address of /proc/net/tcp{,6}: hex host (32-bit words in host byte order), hex port."""
+    host_hex, port_hex = text.split(":")
+    raw = bytes.fromhex(host_hex)
+    host = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    # Not socket.inet_ntop: importing pysyncobj replaces it with a Windows-only shim that fails.
+    return str(ipaddress.ip_address(host)), int(port_hex, 16)
+
+
+def listening_addrs(pid: int) -> set[tuple[str, int]]:
+    """The (host, port) of every TCP socket process `pid` listens on, read from /proc (its
+    socket descriptors matched by inode against the LISTEN rows of its namespace's tables)."""
+    inodes = set()
+    fd_dir = f"/proc/{pid}/fd"
+    for fd in os.listdir(fd_dir):
+        with contextlib.suppress(OSError):
+            target = os.readlink(os.path.join(fd_dir, fd))
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    found = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                rows = f.read().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A: TCP_LISTEN
+                found.add(_proc_net_addr(cols[1]))
+    return found
+
+
 def env_with_path(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
@@ -57,6 +90,7 @@ class Meshd:
         self.peer_port = 0
         self.secret = b""
         self.raft_port = free_port()
+        self.raft_host = "127.0.0.1"  # another loopback address (127.0.0.2) is local too
         self.proc: subprocess.Popen | None = None
         self.url = ""
         self.log_path = os.path.join(os.path.dirname(data.rstrip("/")) or ".",
@@ -71,10 +105,10 @@ class Meshd:
         if self.config:
             args += ["--config", self.config]
             if not self.fleet:
-                args += ["--http", self.http, "--raft", f"127.0.0.1:{self.raft_port}"]
+                args += ["--http", self.http, "--raft", f"{self.raft_host}:{self.raft_port}"]
         else:
             args += ["--slots", str(self.slots), "--http", self.http,
-                     "--raft", f"127.0.0.1:{self.raft_port}"]
+                     "--raft", f"{self.raft_host}:{self.raft_port}"]
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.prefix + args, stdout=log, stderr=subprocess.STDOUT, cwd=self.data,
                                      env=env_with_path({"MESHTEST_DATA": self.data, **self.extra_env}),
@@ -152,8 +186,11 @@ class Meshd:
 
     def _kill_items(self) -> None:
         """Items run in their own process groups; a killed meshd leaves them running. Kill every
-        process whose environment names this member's test folder (MESH_JOB_ID is set on items)."""
+        item process (MESH_JOB_ID is in its environment) of this member: its output goes to a
+        spool file in the member's data folder, or it runs there (an item's default cwd). Items
+        see none of meshd's own environment, so MESHTEST_DATA cannot tell them apart."""
         me = os.getpid()
+        data = os.path.realpath(self.data) + os.sep
         for pid in os.listdir("/proc"):
             if not pid.isdigit() or int(pid) == me:
                 continue
@@ -162,7 +199,13 @@ class Meshd:
                     env = f.read()
             except OSError:
                 continue
-            if b"MESH_JOB_ID=" in env and f"MESHTEST_DATA={self.data}".encode() in env:
+            if b"MESH_JOB_ID=" not in env:
+                continue
+            places = []
+            for link in ("fd/0", "fd/1", "fd/2", "cwd"):
+                with contextlib.suppress(OSError):
+                    places.append(os.readlink(f"/proc/{pid}/{link}") + os.sep)
+            if any(p.startswith(data) for p in places):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(int(pid), signal.SIGKILL)
 

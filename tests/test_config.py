@@ -54,6 +54,20 @@ def test_roles_from_the_fleet_table(tmp_path):
     ('name = "a"\n[retention]\nkeep_s = -1\n', "keep_s"),
     ('name = "a"\n[fleet]\ndead_ms = 1\n', "dead_ms"),
     ("name = \n", "TOML"),
+    ('name = "a"\nitems = 1\n', "[items] must be a table"),
+    ('name = "a"\n[items]\nenv = ["PATH"]\n', "unknown key"),
+    ('name = "a"\n[items]\nenv_pass = "PATH"\n', "env_pass must be a list of variable names"),
+    ('name = "a"\n[items]\nenv_pass = [1, 2]\n', "env_pass must be a list of variable names"),
+    ('name = "a"\n[items]\nenv_pass = ["*"]\n', "whole environment"),
+    ('name = "a"\n[items]\nenv_pass = ["PATH", "1ABC"]\n', "not a variable name"),
+    ('name = "a"\n[items]\nenv_pass = ["A-B"]\n', "not a variable name"),
+    ('name = "a"\n[items]\nenv_pass = ["PATH=x"]\n', "not a variable name"),
+    ('name = "a"\n[items]\nenv_pass = ["LC_**"]\n', "not a variable name"),
+    ('name = "a"\n[items]\nenv_pass = ["*PATH"]\n', "not a variable name"),
+    ('name = "a"\n[items]\nenv_pass = [""]\n', "not a variable name"),
+    ('name = "a"\n[items]\nenv_pass = ["' + "A" * 300 + '"]\n', "not a variable name"),
+    ('name = "a"\n[items]\nenv_pass = [' + ", ".join(f'"V{i}"' for i in range(300)) + "]\n",
+     "env_pass_names_max"),
 ])
 def test_bad_config_says_what_is_wrong(tmp_path, text, word):
     """Each broken file is refused with a message naming what to fix."""
@@ -116,3 +130,13 @@ def test_http_table_and_auth(tmp_path):
     g.write_text('name = "b"\nhttp = "0.0.0.0:7700"\n[auth]\nallow_anonymous = true\n')
     assert load_config(str(g)).auth.allow_anonymous
     assert not load_config(None).auth.configured  # loopback, no [auth]: open as before
+def test_items_env_pass(tmp_path):
+    """`[items] env_pass` replaces the default list of meshd's variables items see; absent, it
+    is the default list (meshjobs.itemenv.DEFAULT_PASS)."""
+    from meshjobs.itemenv import DEFAULT_PASS
+    f = tmp_path / "a.toml"
+    f.write_text('name = "a"\n[items]\nenv_pass = ["PATH", "LC_*", "MY_TOOL_HOME"]\n')
+    assert load_config(str(f)).item_env_pass == ("PATH", "LC_*", "MY_TOOL_HOME")
+    f.write_text('name = "a"\n[items]\nenv_pass = []\n')
+    assert load_config(str(f)).item_env_pass == ()
+    assert load_config(None).item_env_pass == DEFAULT_PASS

@@ -10,6 +10,7 @@ import time
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import blake3
 import pytest
@@ -37,10 +38,11 @@ def sh(script: str, **kw: object) -> RunItem:
 
 
 class Harness:
-    def __init__(self, tmp_path: Path, blobs: LmdbBlobStore, run: bool = True) -> None:
+    def __init__(self, tmp_path: Path, blobs: LmdbBlobStore, run: bool = True,
+                 **driver_kw: Any) -> None:
         self.spool = tmp_path / "spool"
         self.ends: queue.Queue[ItemEnd] = queue.Queue()
-        self.driver = Driver(blobs, str(self.spool), self.ends.put)
+        self.driver = Driver(blobs, str(self.spool), self.ends.put, **driver_kw)
         self.thread = threading.Thread(target=self.driver.run, daemon=True)
         if run:
             self.thread.start()
@@ -155,6 +157,28 @@ def test_environment_names_the_item(h: Harness, blobs: LmdbBlobStore) -> None:
                       job_id="job-7", index=42, epoch=9, env={"EXTRA": "x y"}))
     end = h.end()
     assert end.stdout is not None and blobs.get(end.stdout) == b"job-7 42 9 x y\n"
+
+
+def test_environment_is_not_the_drivers(tmp_path: Path, blobs: LmdbBlobStore,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule 7: a secret in the driver's own environment does not reach items; the variables
+    env_pass names (a prefix too) do, and PATH always; the job's env wins over them."""
+    monkeypatch.setenv("SECRET_TOKEN", "s3cret")
+    monkeypatch.setenv("KEEP_ME", "kept")
+    monkeypatch.setenv("TOOL_X", "x")
+    monkeypatch.setenv("TOOL_Y", "y")
+    h = Harness(tmp_path, blobs, env_pass=("KEEP_ME", "TOOL_*"))
+    try:
+        h.driver.start(item(["env"], env={"TOOL_Y": "job's"}))
+        end = h.end()
+        assert end.stdout is not None
+        got = dict(line.split("=", 1) for line in
+                   (blobs.get(end.stdout) or b"").decode().splitlines())
+        assert set(got) == {"KEEP_ME", "TOOL_X", "TOOL_Y", "PATH", "MESH_JOB_ID",
+                            "MESH_ITEM_INDEX", "MESH_LEASE_EPOCH"}, got
+        assert (got["KEEP_ME"], got["TOOL_X"], got["TOOL_Y"]) == ("kept", "x", "job's")
+    finally:
+        h.close()
 
 
 def test_cwd_is_used(h: Harness, blobs: LmdbBlobStore, tmp_path: Path) -> None:
