@@ -178,7 +178,9 @@ class Member:
         jobs = JobsThread(node, replica, driver, blobs, links=links, mover=mover)
         jobs.writers = writers
         http_blobs = _HttpBlobs(blobs, mover, fatal)
-        http = HttpApi(cfg.http[0], cfg.http[1], jobs, http_blobs, cfg.name)
+        http = HttpApi(cfg.http[0], cfg.http[1], jobs, http_blobs, cfg.name,
+                       conns_max=cfg.http_conns_max, header_timeout_s=cfg.http_header_timeout_s,
+                       idle_timeout_s=cfg.http_idle_timeout_s)
         del voters
 
         stop = threading.Event()
