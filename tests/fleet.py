@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -14,6 +15,8 @@ import time
 import urllib.error
 import urllib.request
 from typing import Any
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START_S_MAX = 30.0  # a member that is not ready by then is a failed start
@@ -200,6 +203,25 @@ class Meshd:
             assert status == 200, (status, rec)
             if rec["state"] in ("done", "failed", "cancelled"):
                 return rec
+
+
+def limit_fds(m: Meshd, nofile: int) -> Meshd:
+    """Start `m` under a file descriptor limit of `nofile` (soft and hard), as a host with
+    `ulimit -n 1024` would: prlimit execs meshd, so the pid stays the member's."""
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        pytest.skip("prlimit (util-linux) is not installed")
+    m.prefix = [prlimit, f"--nofile={nofile}:{nofile}", "--"]
+    return m
+
+
+def member_config(top: str, name: str, text: str = "") -> str:
+    """A config file for a fleet of one named `name`, with `text` after its name (tables such
+    as [http]); its HTTP and Raft addresses come from Meshd's command line."""
+    path = os.path.join(top, f"{name}.toml")
+    with open(path, "w") as f:
+        f.write(f'name = "{name}"\n{text}\n')
+    return path
 
 
 def make_fleet(top: str, voters: int = 3, workers: int = 0, slots: int = 2,
