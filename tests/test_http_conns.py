@@ -6,11 +6,9 @@ connections that never finish their request heads; and the pure book's rules one
 
 from __future__ import annotations
 
-import errno
 import http.client
 import json
 import os
-import selectors
 import socket
 import ssl
 import subprocess
@@ -24,9 +22,8 @@ from hypothesis import strategies as st
 
 from meshjobs import limits
 from meshjobs.connbook import ConnBook, LogBudget, conns_limit
-from tests.fleet import Meshd, limit_fds, member_config
+from tests.fleet import WAIT_S_MAX, Meshd, close_all, flood, limit_fds, member_config, wait_closed
 
-WAIT_S_MAX = 30.0  # no wait of these tests lasts longer
 PARTIAL_HEAD = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
 LOG_BYTES_MAX = 1 << 20  # a member's whole log during a flood stays under this
 
@@ -37,74 +34,6 @@ LOG_BYTES_MAX = 1 << 20  # a member's whole log during a flood stays under this
 def host_port(m: Meshd) -> tuple[str, int]:
     u = urllib.parse.urlsplit(m.url)
     return u.hostname or "127.0.0.1", u.port or 80
-
-
-def flood(addr: tuple[str, int], n: int, payload: bytes) -> list[socket.socket]:
-    """n connections, each sent `payload` once connected (those refused or reset are closed
-    at once and left out); returns once every one is connected or failed."""
-    sel = selectors.DefaultSelector()
-    pending = 0
-    for _ in range(n):
-        s = socket.socket()
-        s.setblocking(False)
-        err = s.connect_ex(addr)
-        if err not in (0, errno.EINPROGRESS):
-            s.close()
-            continue
-        sel.register(s, selectors.EVENT_WRITE)
-        pending += 1
-    out: list[socket.socket] = []
-    deadline = time.monotonic() + WAIT_S_MAX
-    while pending and time.monotonic() < deadline:
-        for key, _ in sel.select(timeout=1.0):
-            s = key.fileobj
-            assert isinstance(s, socket.socket)
-            sel.unregister(s)
-            pending -= 1
-            if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0:
-                s.close()
-                continue
-            try:
-                s.send(payload)
-            except OSError:
-                s.close()
-                continue
-            out.append(s)
-    for key in list(sel.get_map().values()):
-        key.fileobj.close()  # type: ignore[union-attr]
-    sel.close()
-    return out
-
-
-def wait_closed(socks: list[socket.socket], timeout_s: float = WAIT_S_MAX) -> int:
-    """Wait until the server closed every socket (EOF or reset); returns how many it did in
-    time. Bytes the server sends first (an error answer) are read and skipped."""
-    sel = selectors.DefaultSelector()
-    for s in socks:
-        s.setblocking(False)
-        sel.register(s, selectors.EVENT_READ)
-    closed = 0
-    deadline = time.monotonic() + timeout_s
-    while closed < len(socks) and time.monotonic() < deadline:
-        for key, _ in sel.select(timeout=0.5):
-            s = key.fileobj
-            assert isinstance(s, socket.socket)
-            try:
-                data = s.recv(65536)
-            except BlockingIOError:
-                continue
-            except OSError:
-                data = b""
-            if not data:
-                sel.unregister(s)
-                closed += 1
-    sel.close()
-    return closed
-
-
-def close_all(socks: list[socket.socket]) -> None:
-    for s in socks:
-        s.close()
 
 
 def healthz(m: Meshd, timeout_s: float = WAIT_S_MAX) -> int:
@@ -179,7 +108,6 @@ def test_flood_of_silent_connections_at_fd_limit(tmp_path, members) -> None:
     members.append(m)
     m.start()
     before = log_bytes(m)
-    assert m.metrics()["meshjobs_http_conns_max"] == conns_limit(1024, None) == 768
     socks = flood(host_port(m), 1100, PARTIAL_HEAD)
     try:
         assert len(socks) > 900, len(socks)
@@ -192,6 +120,7 @@ def test_flood_of_silent_connections_at_fd_limit(tmp_path, members) -> None:
     for _ in range(20):
         assert healthz(m, timeout_s=5) == 200
     metrics = m.metrics()
+    assert metrics["meshjobs_http_conns_max"] == conns_limit(1024, None) == 768
     shed = sum(v for k, v in metrics.items() if k.startswith("meshjobs_http_conns_shed_total"))
     assert metrics['meshjobs_http_conns_shed_total{reason="header_timeout"}'] > 0
     assert shed >= len(socks) - 1, metrics
