@@ -112,7 +112,12 @@ class HttpApi:
         self._log = log if log is not None else structlog.get_logger(__name__)
         self._tls = tls
         # None: from the soft fd limit, leaving room for what else meshd opens (conns_limit).
-        self._conns_max = conns_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0], conns_max)
+        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self._conns_max = conns_limit(nofile, conns_max)
+        if conns_max is not None and conns_max > conns_limit(nofile, None):
+            self._log.warning("http_conns_max_above_fd_limit", conns_max=conns_max, nofile=nofile,
+                              hint="accept will fail with EMFILE under load: raise the fd limit "
+                                   "(ulimit -n, LimitNOFILE=) or lower [http] conns_max")
         self._header_s = header_timeout_s
         self._idle_s = idle_timeout_s
         self._gate: httpconn.Gate | None = None

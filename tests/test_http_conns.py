@@ -222,6 +222,131 @@ def test_long_poll_and_slow_download_outlive_the_timeouts(tmp_path, members) -> 
     dl.close()
 
 
+# --- the edge in process: room for newcomers, refusal when all are busy, hostile heads -----
+
+
+class InProcess:
+    """HttpApi on a real socket in this process, in front of the recording control port of
+    tests/test_http.py (a stand-in for the jobs thread; the connection handling is under test)."""
+
+    def __init__(self, **kw) -> None:
+        from blobstore import MemoryBlobStore
+        from meshjobs import http as mhttp
+        from tests.test_http import RecordingControl
+
+        self.control = RecordingControl()
+        self.api = mhttp.HttpApi("127.0.0.1", 0, self.control, MemoryBlobStore(), "m1", **kw)
+        ready = threading.Event()
+        self.thread = threading.Thread(target=self.api.run, args=(ready,), daemon=True)
+        self.thread.start()
+        assert ready.wait(10) and self.api.error is None
+        self.addr = ("127.0.0.1", self.api.bound_port)
+
+    def get(self, path: str, timeout_s: float = WAIT_S_MAX) -> int:
+        conn = http.client.HTTPConnection(*self.addr, timeout=timeout_s)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            resp.read()
+            return resp.status
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        self.api.stop()
+        self.thread.join(10)
+
+
+def wait_for(cond, timeout_s: float = WAIT_S_MAX) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+def test_at_the_limit_the_least_recently_heard_makes_room() -> None:
+    """Rule 3 from outside: with conns_max 3 and three silent connections, a fourth client is
+    served, and the oldest silent connection is the one closed for it."""
+    srv = InProcess(conns_max=3, header_timeout_s=60, idle_timeout_s=60)
+    gate = srv.api._gate
+    silent: list[socket.socket] = []
+
+    def add_silent() -> None:
+        silent.append(socket.create_connection(srv.addr, timeout=WAIT_S_MAX))
+        n = len(silent)
+        wait_for(lambda: gate.accepted >= n + served)
+
+    served = 0
+    try:
+        for _ in range(3):
+            add_silent()
+        assert srv.get("/healthz") == 200
+        served += 1
+        assert wait_closed(silent[:1], timeout_s=10) == 1
+        assert gate.shed["evicted"] == 1
+        wait_for(lambda: gate.open_conns == 2)  # the healthz connection is gone
+        add_silent()  # full again: silent 1, 2, 3
+        assert srv.get("/healthz") == 200
+        assert wait_closed(silent[1:2], timeout_s=10) == 1  # the next oldest goes next
+        assert gate.shed["evicted"] == 2
+        for s in silent[2:]:
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                s.recv(1)  # the younger ones are still open
+    finally:
+        close_all(silent)
+        srv.stop()
+
+
+def test_when_every_connection_is_busy_a_newcomer_is_closed_at_once() -> None:
+    """Rule 2 and 3: long-polls in progress are never closed for room; a newcomer is."""
+    srv = InProcess(conns_max=2, header_timeout_s=60, idle_timeout_s=60)
+    srv.control.hang.add("get")
+    polls = []
+    try:
+        for _ in range(2):
+            s = socket.create_connection(srv.addr, timeout=WAIT_S_MAX)
+            s.sendall(b"GET /jobs/j1?wait=60 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            polls.append(s)
+        wait_for(lambda: len(srv.control.requests) == 2)
+        late = socket.create_connection(srv.addr, timeout=WAIT_S_MAX)
+        late.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert wait_closed([late], timeout_s=10) == 1
+        late.close()
+        assert srv.api._gate.shed["limit"] >= 1
+        assert srv.api._gate.shed["evicted"] == 0
+        for s in polls:
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                s.recv(1)  # still open, still waiting for its answer
+    finally:
+        close_all(polls)
+        srv.stop()
+
+
+@pytest.mark.parametrize("garbage", [
+    b"\x00\xff" * 512,  # binary, no line end
+    b"GET / HTTP/1.1\r\n" + b"X: " + b"a" * 100_000,  # one header line past aiohttp's limit
+    b"GET / HTTP/1.1\r\n" + b"X-A: b\r\n" * 10_000,  # more header lines than allowed, no end
+    b"\r\n" * 10 + b"GE",  # blank lines, then a method cut short
+])
+def test_hostile_heads_are_closed(garbage: bytes) -> None:
+    """A head that is garbage, oversized or never finished is answered 400 or closed by the
+    header timeout; the server goes on answering others."""
+    srv = InProcess(header_timeout_s=1, idle_timeout_s=1)
+    try:
+        s = socket.create_connection(srv.addr, timeout=WAIT_S_MAX)
+        try:
+            s.sendall(garbage)
+        except OSError:
+            pass  # Closed while we were still sending: that is what we want.
+        assert wait_closed([s], timeout_s=15) == 1
+        s.close()
+        assert srv.get("/healthz") == 200
+    finally:
+        srv.stop()
+
+
 # --- TLS: the handshake is bounded by the header timeout ----------------------------------
 
 
