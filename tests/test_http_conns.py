@@ -6,6 +6,7 @@ connections that never finish their request heads; and the pure book's rules one
 
 from __future__ import annotations
 
+import errno
 import http.client
 import json
 import os
@@ -560,3 +561,37 @@ def test_asyncio_logger_is_on_a_budget() -> None:
     rec = [logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "socket.accept() out of "
                              "system resource", None, None) for _ in range(100)]
     assert sum(f.filter(r) for r in rec) == 3
+
+
+def test_gate_logs_accept_errors_within_budget_then_sums_up() -> None:
+    """A burst of accept errors writes at most records_max lines, then one line with the count
+    of those left out once the window is over."""
+    import asyncio
+
+    from meshjobs.httpconn import Gate
+
+    class Log:
+        def __init__(self) -> None:
+            self.lines: list[tuple[str, dict]] = []
+
+        def warning(self, event: str, **fields) -> None:
+            self.lines.append((event, fields))
+
+    log = Log()
+
+    async def burst() -> None:
+        gate = Gate(lambda: None, "127.0.0.1", 0, conns_max=4, header_s=1.0, log=log)  # type: ignore[arg-type,return-value]
+        gate._loop = asyncio.get_running_loop()
+        gate._budget = LogBudget(records_max=3, window_s=0.2)
+        for _ in range(100):
+            gate._accept_failed(OSError(errno.EMFILE, "Too many open files"))
+        assert gate.accept_errors == 100
+        deadline = time.monotonic() + WAIT_S_MAX
+        while len(log.lines) < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # until the summary timer (0.2 s) has written its line
+        gate.close()
+
+    asyncio.run(burst())
+    events = [e for e, _ in log.lines]
+    assert events == ["http_accept_failed"] * 3 + ["http_accept_failed_left_out"]
+    assert log.lines[-1][1]["count"] == 97
