@@ -557,10 +557,14 @@ def test_asyncio_logger_is_on_a_budget() -> None:
 
     f = budget_asyncio_log()
     assert budget_asyncio_log() is f  # installed once
+    saved = f.budget  # type: ignore[attr-defined]
     f.budget = LogBudget(records_max=3, window_s=1000)  # type: ignore[attr-defined]
-    rec = [logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "socket.accept() out of "
-                             "system resource", None, None) for _ in range(100)]
-    assert sum(f.filter(r) for r in rec) == 3
+    try:
+        rec = [logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "socket.accept() out of "
+                                 "system resource", None, None) for _ in range(100)]
+        assert sum(f.filter(r) for r in rec) == 3
+    finally:
+        f.budget = saved  # type: ignore[attr-defined]
 
 
 def test_gate_logs_accept_errors_within_budget_then_sums_up() -> None:
