@@ -188,7 +188,9 @@ class Member:
         http_blobs = _HttpBlobs(blobs, mover, fatal)
         http = HttpApi(cfg.http[0], cfg.http[1], jobs, http_blobs, cfg.name, tls=tls,
                        names=(*cfg.http_names, *(v.http[0] for v in cfg.voters if v.http)),
-                       auth=cfg.auth)
+                       auth=cfg.auth, conns_max=cfg.http_conns_max,
+                       header_timeout_s=cfg.http_header_timeout_s,
+                       idle_timeout_s=cfg.http_idle_timeout_s)
         del voters
 
         stop = threading.Event()

@@ -27,6 +27,7 @@ import html
 import json
 import math
 import re
+import resource
 import secrets
 import socket
 import ssl
@@ -42,9 +43,10 @@ import structlog
 from aiohttp import web
 
 from blobstore import BlobCorrupt, BlobGone, StoreFull
-from meshjobs import auth, limits
+from meshjobs import auth, httpconn, limits
 from meshjobs.auth import AuthError, Caller, Sessions
 from meshjobs.config import Auth
+from meshjobs.connbook import conns_limit
 from meshjobs.control import (
     JOB_STATES,
     Answer,
@@ -141,6 +143,9 @@ class HttpApi:
         tls: ssl.SSLContext | None = None,
         names: tuple[str, ...] = (),
         auth: Auth | None = None,
+        conns_max: int | None = None,
+        header_timeout_s: float = limits.http_header_s_max,
+        idle_timeout_s: float = limits.http_idle_s_max,
     ) -> None:
         self._host = host
         self._port = port
@@ -148,6 +153,17 @@ class HttpApi:
         self._blobs = blobs
         self._member = member
         self._log = log if log is not None else structlog.get_logger(__name__)
+        self._tls = tls
+        # None: from the soft fd limit, leaving room for what else meshd opens (conns_limit).
+        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self._conns_max = conns_limit(nofile, conns_max)
+        if conns_max is not None and conns_max > conns_limit(nofile, None):
+            self._log.warning("http_conns_max_above_fd_limit", conns_max=conns_max, nofile=nofile,
+                              hint="accept will fail with EMFILE under load: raise the fd limit "
+                                   "(ulimit -n, LimitNOFILE=) or lower [http] conns_max")
+        self._header_s = header_timeout_s
+        self._idle_s = idle_timeout_s
+        self._gate: httpconn.Gate | None = None
         self._bound_port = 0
         self._stopping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -155,7 +171,6 @@ class HttpApi:
         # Touched on the event loop thread only, so no lock.
         self._by_class: dict[str, int] = {}
         self._bad_requests = 0
-        self._tls = tls
         self._auth = auth if auth is not None else Auth()
         # The names this member answers to besides IP literals and localhost; the machine's own
         # names are added when the server starts.
@@ -241,17 +256,25 @@ class HttpApi:
 
     async def _serve(self, ready: threading.Event) -> None:
         self._wake = asyncio.Event()
-        runner = web.AppRunner(self.make_app(), access_log=None, shutdown_timeout=1.0)
+        # aiohttp's keep-alive timer closes connections idle between requests; the gate does
+        # the rest (header timeout, connection limit, accept errors): see httpconn.py.
+        runner = web.AppRunner(self.make_app(), access_log=None, shutdown_timeout=1.0,
+                               keepalive_timeout=self._idle_s)
         await runner.setup()
+        httpconn.budget_asyncio_log()
+        gate = self._gate = httpconn.Gate(runner.server, self._host, self._port, tls=self._tls,
+                                          conns_max=self._conns_max, header_s=self._header_s,
+                                          log=self._log)
         try:
-            site = web.TCPSite(runner, self._host, self._port, ssl_context=self._tls)
-            await site.start()
-            self._bound_port = runner.addresses[0][1]
-            self._log.info("http_listening", host=self._host, port=self._bound_port)
+            self._bound_port = gate.start()
+            self._log.info("http_listening", host=self._host, port=self._bound_port,
+                           tls=self._tls is not None, conns_max=self._conns_max,
+                           header_timeout_s=self._header_s, idle_timeout_s=self._idle_s)
             ready.set()
             if not self._stopping.is_set():
                 await self._wake.wait()
         finally:
+            gate.close()
             await runner.cleanup()
             self._log.info("http_stopped", port=self._bound_port)
 
@@ -708,7 +731,7 @@ class HttpApi:
         answer = await self._ask({"op": "metrics"})
         if answer.status != 200 or not isinstance(answer.body, dict):
             return web.json_response(answer.body, status=answer.status)
-        text = _prometheus(answer.body, self._by_class, self._bad_requests, self._refused)
+        text = _prometheus(answer.body, self._by_class, self._bad_requests, self._refused) + _conn_metrics(self._gate)
         return web.Response(body=text.encode(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
@@ -848,6 +871,20 @@ def _prometheus(values: dict, by_class: dict[str, int], bad_requests: int,
     lines.append("# TYPE meshjobs_http_auth_refused_total counter")
     for reason in sorted(refused or {}):
         lines.append(f'meshjobs_http_auth_refused_total{{reason="{reason}"}} {refused[reason]}')
+    return "\n".join(lines) + "\n"
+
+
+def _conn_metrics(gate: httpconn.Gate | None) -> str:
+    if gate is None:
+        return ""
+    lines = ["# TYPE meshjobs_http_conns_open gauge", f"meshjobs_http_conns_open {gate.open_conns}",
+             "# TYPE meshjobs_http_conns_max gauge", f"meshjobs_http_conns_max {gate.conns_max}",
+             "# TYPE meshjobs_http_conns_accepted_total counter",
+             f"meshjobs_http_conns_accepted_total {gate.accepted}",
+             "# TYPE meshjobs_http_conns_shed_total counter"]
+    lines += [f'meshjobs_http_conns_shed_total{{reason="{r}"}} {n}' for r, n in gate.shed.items()]
+    lines += ["# TYPE meshjobs_http_accept_errors_total counter",
+              f"meshjobs_http_accept_errors_total {gate.accept_errors}"]
     return "\n".join(lines) + "\n"
 
 

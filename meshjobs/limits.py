@@ -34,6 +34,18 @@ http_sessions_max = 1024  # browser sessions (POST /login) a member keeps; the o
 http_session_s_max = 12 * 3600  # a browser session ends this long after its login
 http_login_body_bytes_max = 16 * 1024  # the body of POST /login (a form or JSON with a token)
 http_refusal_logs_per_s_max = 5  # refused requests (401/403/415/421) logged per second; more are counted
+# The default connection limit: the soft fd limit (RLIMIT_NOFILE) less what the rest of meshd may
+# open (LMDB, journal, spool files, item and python-worker pipes, member links): a quarter of the
+# fds, and at least this many, stay out of HTTP's reach (see connbook.conns_limit).
+http_fds_reserved = 256
+http_conns_min = 16  # the default is never below this, however low the fd limit
+http_backlog_conns = 128  # connections the kernel queues before meshd accepts them
+http_accept_batch_max = 64  # connections accepted per wakeup of the listening socket
+http_evict_scan_max = 64  # connections looked at to find one to close for a newcomer
+http_emfile_evict_conns = 32  # connections closed (oldest waiting first) when accept says EMFILE
+http_accept_backoff_ms = 100  # and accepting pauses this long, instead of spinning
+http_log_records_max = 10  # accept errors (and asyncio's own messages) logged per window...
+http_log_window_s = 10  # ...of this length; the rest are counted and summed up in one line
 ctl_commit_ms_max = 10_000  # a change not committed by then is answered 503 (no leader/quorum)
 ctl_pending_max = 100_000  # changes waiting for their commit at once; more are answered 503
 ctl_queue_max = 10_000  # requests queued from HTTP to the jobs thread

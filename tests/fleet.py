@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import hashlib
 import ipaddress
 import json
 import os
+import selectors
+import shutil
 import signal
 import socket
 import ssl
@@ -19,8 +22,11 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START_S_MAX = 30.0  # a member that is not ready by then is a failed start
+WAIT_S_MAX = 30.0  # the longest wait of flood helpers
 
 
 def free_port() -> int:
@@ -338,6 +344,91 @@ def token_line(name: str, role: str, token: str) -> str:
     """One entry of [auth] tokens for `token` (only its SHA-256 goes in the config)."""
     digest = hashlib.sha256(token.encode()).hexdigest()
     return f'{{ name = "{name}", role = "{role}", sha256 = "{digest}" }}'
+def limit_fds(m: Meshd, nofile: int) -> Meshd:
+    """Start `m` under a file descriptor limit of `nofile` (soft and hard), as a host with
+    `ulimit -n 1024` would: prlimit execs meshd, so the pid stays the member's."""
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        pytest.skip("prlimit (util-linux) is not installed")
+    m.prefix = [prlimit, f"--nofile={nofile}:{nofile}", "--"]
+    return m
+
+
+def member_config(top: str, name: str, text: str = "") -> str:
+    """A config file for a fleet of one named `name`, with `text` after its name (tables such
+    as [http]); its HTTP and Raft addresses come from Meshd's command line."""
+    path = os.path.join(top, f"{name}.toml")
+    with open(path, "w") as f:
+        f.write(f'name = "{name}"\n{text}\n')
+    return path
+
+
+def flood(addr: tuple[str, int], n: int, payload: bytes) -> list[socket.socket]:
+    """n connections, each sent `payload` once connected (those refused or reset are closed
+    at once and left out); returns once every one is connected or failed."""
+    sel = selectors.DefaultSelector()
+    pending = 0
+    for _ in range(n):
+        s = socket.socket()
+        s.setblocking(False)
+        err = s.connect_ex(addr)
+        if err not in (0, errno.EINPROGRESS):
+            s.close()
+            continue
+        sel.register(s, selectors.EVENT_WRITE)
+        pending += 1
+    out: list[socket.socket] = []
+    deadline = time.monotonic() + WAIT_S_MAX
+    while pending and time.monotonic() < deadline:
+        for key, _ in sel.select(timeout=1.0):
+            s = key.fileobj
+            assert isinstance(s, socket.socket)
+            sel.unregister(s)
+            pending -= 1
+            if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0:
+                s.close()
+                continue
+            try:
+                s.send(payload)
+            except OSError:
+                s.close()
+                continue
+            out.append(s)
+    for key in list(sel.get_map().values()):
+        key.fileobj.close()  # type: ignore[union-attr]
+    sel.close()
+    return out
+
+
+def wait_closed(socks: list[socket.socket], timeout_s: float = WAIT_S_MAX) -> int:
+    """Wait until the server closed every socket (EOF or reset); returns how many it did in
+    time. Bytes the server sends first (an error answer) are read and skipped."""
+    sel = selectors.DefaultSelector()
+    for s in socks:
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ)
+    closed = 0
+    deadline = time.monotonic() + timeout_s
+    while closed < len(socks) and time.monotonic() < deadline:
+        for key, _ in sel.select(timeout=0.5):
+            s = key.fileobj
+            assert isinstance(s, socket.socket)
+            try:
+                data = s.recv(65536)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                sel.unregister(s)
+                closed += 1
+    sel.close()
+    return closed
+
+
+def close_all(socks: list[socket.socket]) -> None:
+    for s in socks:
+        s.close()
 
 
 def make_fleet(top: str, voters: int = 3, workers: int = 0, slots: int = 2,

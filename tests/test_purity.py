@@ -17,7 +17,7 @@ import pytest
 
 import meshjobs
 
-PURE = ("table", "node", "control", "auth")
+PURE = ("table", "node", "control", "auth", "connbook")
 FORBIDDEN = frozenset({
     "os", "socket", "threading", "time", "random", "lmdb", "pysyncobj", "subprocess",
     # Other ways to reach the world, the clock or entropy from a module that must not.
