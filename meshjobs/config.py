@@ -31,7 +31,7 @@ TOP_KEYS = {"name", "data", "http", "peer", "raft", "secret_file", "fleet", "poo
             "retention", "log", "auth", "items"}
 # `http` is either the address ("host:port") or a table with the address and these keys.
 HTTP_KEYS = {"addr", "listen", "tls_cert", "tls_key", "names", "conns_max", "header_timeout_s",
-             "idle_timeout_s"}
+             "idle_timeout_s", "body_timeout_s"}
 AUTH_KEYS = {"tokens", "allow_anonymous", "anonymous_role", "metrics"}
 ROLES = ("read", "submit", "admin")  # each role may do what the ones before it may
 TOKEN_KEYS = {"name", "role", "sha256"}
@@ -105,6 +105,7 @@ class Config:
     http_conns_max: int | None = None  # None: from the process's file descriptor limit
     http_header_timeout_s: float = limits.http_header_s_max
     http_idle_timeout_s: float = limits.http_idle_s_max
+    http_body_timeout_s: float = limits.http_body_s_max
     # [items] env_pass: the names of meshd's environment variables items see (meshjobs.itemenv)
     item_env_pass: tuple[str, ...] = DEFAULT_PASS
 
@@ -408,6 +409,9 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         raise ConfigError(f"[http] conns_max must be an integer 1..{limits.http_conns_max}")
     header_s = float(_number(http_table, "header_timeout_s", "http", limits.http_header_s_max))
     idle_s = float(_number(http_table, "idle_timeout_s", "http", limits.http_idle_s_max))
+    body_s = float(_number(http_table, "body_timeout_s", "http", limits.http_body_s_max))
+    if not 0 < body_s <= 86400:
+        raise ConfigError("[http] body_timeout_s must be in (0, 86400] seconds")
     if not 0 < header_s <= 3600 or not 0 < idle_s <= 86400:
         raise ConfigError("[http] header_timeout_s must be in (0, 3600] and idle_timeout_s in "
                           "(0, 86400] seconds")
@@ -428,6 +432,7 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         http_conns_max=conns_max,
         http_header_timeout_s=header_s,
         http_idle_timeout_s=idle_s,
+        http_body_timeout_s=body_s,
         blob_mem_max_bytes=_number(blobs, "mem_max", "blobs", DEFAULT_BLOB_MEM_MAX, integer=True),
         blob_gc_grace_s=float(_number(blobs, "gc_grace_s", "blobs", DEFAULT_GC_GRACE_S)),
         blob_gc_every_s=max(0.5, float(_number(blobs, "gc_every_s", "blobs", DEFAULT_GC_EVERY_S))),

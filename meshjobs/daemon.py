@@ -190,7 +190,8 @@ class Member:
                        names=(*cfg.http_names, *(v.http[0] for v in cfg.voters if v.http)),
                        auth=cfg.auth, conns_max=cfg.http_conns_max,
                        header_timeout_s=cfg.http_header_timeout_s,
-                       idle_timeout_s=cfg.http_idle_timeout_s)
+                       idle_timeout_s=cfg.http_idle_timeout_s,
+                       body_timeout_s=cfg.http_body_timeout_s)
         del voters
 
         stop = threading.Event()

@@ -110,10 +110,11 @@ class BlobReader(Protocol):
 class HttpError(Exception):
     """A request this layer refuses before it reaches the control port."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, close: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.close = close  # the connection cannot carry another request after this answer
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -146,6 +147,7 @@ class HttpApi:
         conns_max: int | None = None,
         header_timeout_s: float = limits.http_header_s_max,
         idle_timeout_s: float = limits.http_idle_s_max,
+        body_timeout_s: float = limits.http_body_s_max,
     ) -> None:
         self._host = host
         self._port = port
@@ -163,6 +165,7 @@ class HttpApi:
                                    "(ulimit -n, LimitNOFILE=) or lower [http] conns_max")
         self._header_s = header_timeout_s
         self._idle_s = idle_timeout_s
+        self._body_s = body_timeout_s
         self._gate: httpconn.Gate | None = None
         self._bound_port = 0
         self._stopping = threading.Event()
@@ -288,6 +291,16 @@ class HttpApi:
             resp = await handler(request)
         except HttpError as e:
             resp = _error(e.status, e.message)
+            if e.close:
+                # Answer, then close at once: aiohttp would otherwise linger reading the rest
+                # of the body the client never sends. A transport flushes what it holds first.
+                resp.force_close()
+                self._count(resp.status)
+                await resp.prepare(request)
+                await resp.write_eof()
+                if request.transport is not None:
+                    request.transport.close()
+                return resp
         except ControlError as e:
             resp = _error(e.status, e.message)
         except web.HTTPRequestEntityTooLarge:
@@ -387,12 +400,7 @@ class HttpApi:
 
     async def _login(self, request: web.Request) -> web.StreamResponse:
         """A browser's way in: the token, from a form or JSON, becomes a session cookie."""
-        raw = b""
-        while len(raw) <= limits.http_login_body_bytes_max:
-            chunk = await request.content.read(limits.http_login_body_bytes_max + 1 - len(raw))
-            if not chunk:
-                break
-            raw += chunk
+        raw = await self._read_body(request, self._login_body)
         if len(raw) > limits.http_login_body_bytes_max:
             raise HttpError(413, f"a login is at most {limits.http_login_body_bytes_max} bytes")
         is_form = request.content_type == "application/x-www-form-urlencoded"
@@ -496,7 +504,7 @@ class HttpApi:
         if request.content_length is not None and request.content_length > limits.http_body_bytes_max:
             raise web.HTTPRequestEntityTooLarge(
                 max_size=limits.http_body_bytes_max, actual_size=request.content_length)
-        raw = await request.read()
+        raw = await self._read_body(request)
         if not raw:
             raise HttpError(400, "the request needs a JSON body")
         try:
@@ -511,15 +519,36 @@ class HttpApi:
     def _job_id(request: web.Request) -> str:
         return parse_job_id(request.match_info["id"])
 
+    async def _read_body(self, request: web.Request,
+                         reader: Callable[[web.Request], Awaitable[bytes]] | None = None) -> bytes:
+        """The whole body, or 408 and a closed connection when it does not arrive within the
+        body timeout: a client that sends a head and then trickles its body must not hold a
+        connection (and its buffered bytes) for ever."""
+        try:
+            return await asyncio.wait_for((reader or _read_all)(request), self._body_s)
+        except TimeoutError:
+            self._log.info("http_body_timeout", path=request.path, timeout_s=self._body_s)
+            raise HttpError(408, f"the request body did not arrive within {self._body_s:g} s; "
+                                 "send it faster, or in smaller requests", close=True) from None
+
     @staticmethod
-    async def _rid(request: web.Request) -> dict[str, str | None]:
+    async def _login_body(request: web.Request) -> bytes:
+        raw = b""
+        while len(raw) <= limits.http_login_body_bytes_max:
+            chunk = await request.content.read(limits.http_login_body_bytes_max + 1 - len(raw))
+            if not chunk:
+                break
+            raw += chunk
+        return raw
+
+    async def _rid(self, request: web.Request) -> dict[str, str | None]:
         """The request id of a change, and the fingerprint its Idempotency-Key is bound to:
         the method, path and body, so that a key reused on another request is refused (422)
         instead of answering that request with the first one's outcome."""
         key = request.headers.get("Idempotency-Key")
         if key is None:
             return {"rid": uuid.uuid4().hex, "fp": None}
-        body = await request.read()
+        body = await self._read_body(request)
         h = blake3.blake3()
         for part in (request.method.encode(), request.path.encode("utf-8", "surrogateescape"), body):
             h.update(len(part).to_bytes(8, "big"))
@@ -767,6 +796,10 @@ def _html(text: str, status: int = 200, nonce: str | None = None) -> web.Respons
                                  "form-action 'self'; frame-ancestors 'none'",
                                  "X-Content-Type-Options": "nosniff",
                                  "Referrer-Policy": "same-origin"})
+
+
+async def _read_all(request: web.Request) -> bytes:
+    return await request.read()
 
 
 def _chain(blobs: BlobReader, digests: list[str]) -> Iterator[bytes]:

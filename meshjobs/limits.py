@@ -28,6 +28,7 @@ http_body_bytes_max = 64 * 1024 * 1024  # one request body (inline item payloads
 http_wait_s_max = 300  # the longest long-poll a client may ask for
 http_header_s_max = 10  # a connection must send a request's whole head within this (default)
 http_idle_s_max = 60  # a kept-alive connection with no request for this long is closed (default)
+http_body_s_max = 120  # a request's whole body must arrive within this of its head (default)
 http_conns_max = 100_000  # the most a config may allow; the default comes from the fd limit
 http_token_chars_max = 4096  # a bearer token or session id; a longer one is refused unhashed
 http_sessions_max = 1024  # browser sessions (POST /login) a member keeps; the oldest goes first

@@ -599,3 +599,24 @@ def test_gate_logs_accept_errors_within_budget_then_sums_up() -> None:
     events = [e for e, _ in log.lines]
     assert events == ["http_accept_failed"] * 3 + ["http_accept_failed_left_out"]
     assert log.lines[-1][1]["count"] == 97
+
+
+@pytest.mark.fleet
+def test_trickled_body_is_cut_at_the_body_timeout(tmp_path, members) -> None:
+    """A client that sends a whole head and then only part of its body is answered 408 and its
+    connection closed once body_timeout_s passed; nothing is submitted; others are served."""
+    m = start_member(tmp_path, "m1", "body_timeout_s = 1\n")
+    members.append(m)
+    m.start()
+    s = socket.create_connection(host_port(m), timeout=WAIT_S_MAX)
+    try:
+        body = json.dumps({"argv": ["true"], "id": "slow"}).encode()
+        s.sendall(b"POST /jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:5])
+        head = read_response(s)
+        assert head.startswith(b"HTTP/1.1 408"), head
+        assert wait_closed([s]) == 1
+    finally:
+        s.close()
+    assert m.request("GET", "/jobs/slow")[0] == 404
+    assert healthz(m) == 200
