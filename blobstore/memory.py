@@ -183,6 +183,27 @@ class MemoryBlobStore:
             self._live()
             return digest in self._blobs
 
+    def check(self, digest: str) -> bool | None:
+        """Whether one blob's bytes still match its digest (None when absent)."""
+        check_digest(digest)
+        with self._lock:
+            self._live()
+            entry = self._blobs.get(digest)
+        return None if entry is None else hexdigest(entry[0]) == digest
+
+    def drop_damaged(self, digest: str) -> bool:
+        """Remove a blob whose bytes no longer match its digest, keeping its pins, so that a
+        good copy can be put in its place; True when one was removed."""
+        check_digest(digest)
+        with self._lock:
+            self._begin()
+            entry = self._blobs.get(digest)
+            if entry is None or hexdigest(entry[0]) == digest:
+                return False
+            del self._blobs[digest]
+            self._durable()
+            return True
+
     def verify(self) -> list[str]:
         with self._lock:
             self._live()

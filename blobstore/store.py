@@ -846,6 +846,45 @@ class LmdbBlobStore:
         key, _ = _key(digest)
         return self._read(lambda txn: txn.get(key, db=self._blobs) is not None)
 
+    def check(self, digest: str) -> bool | None:
+        """Read and check one blob: True when its bytes match its digest, False when damaged,
+        None when it is not here."""
+        key, hexd = _key(digest)
+        try:
+            rec = self._read(lambda txn: self._record(txn, key, hexd))
+            if rec is None:
+                return None
+            for _ in self._iter_chunks(key, hexd, rec):
+                pass
+        except BlobCorrupt:
+            return False
+        except BlobGone:
+            return None
+        return True
+
+    def drop_damaged(self, digest: str) -> bool:
+        """Remove a damaged blob (its record and chunks; its pins stay, so a good copy put in
+        its place is pinned as the damaged one was). Checked again first: a good blob is never
+        dropped. True when one was removed."""
+        key, hexd = _key(digest)
+        if self.check(digest) is not False:
+            return False
+
+        def work(txn: lmdb.Transaction) -> bool:
+            rec = self._record(txn, key, hexd)
+            if rec is None:
+                return False
+            self._drop_stream(txn, rec.stream)
+            txn.delete(key, db=self._blobs)
+            self._add(txn, b"blobs", -1)
+            self._add(txn, b"bytes", -rec.size)
+            return True
+
+        dropped = self._commit(work)
+        if dropped:
+            log.warning("blob_damaged_dropped", digest=hexd, path=self.path)
+        return dropped
+
     def verify(self) -> list[str]:
         """Read and check every blob; return the digests of those that no longer match, sorted."""
         bad: list[str] = []

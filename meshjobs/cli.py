@@ -31,6 +31,7 @@ import uuid
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
+import blake3
 import click
 
 from meshjobs import limits
@@ -53,6 +54,11 @@ class Failure(click.ClickException):
 
     def show(self, file: IO[Any] | None = None) -> None:
         click.echo(f"meshctl: {self.message}", err=True)
+
+
+class Cut(Failure):
+    """A transfer that ended before all its bytes came: the connection, or damage on the member
+    (which cuts an answer whose headers went out already)."""
 
 
 def exit_code_for(status: int) -> int:
@@ -154,25 +160,35 @@ class Client:
             message = f"meshd at {self.at} refused: {message}"
         return Failure(message, exit_code_for(e.code))
 
-    def copy(self, resp: IO[bytes], out: IO[bytes]) -> None:
-        """Stream an answer's body to `out`; a cut or stalled transfer is a Failure (exit 4)."""
+    def copy(self, resp: IO[bytes], out: IO[bytes], digest: str | None = None) -> None:
+        """Stream an answer's body to `out`; a cut or stalled transfer is a Failure (exit 4).
+        With `digest`, the bytes are hashed as they pass and must hash to it (a Damaged
+        failure, exit 1, when they do not)."""
         # http.client's read(n) returns short at a closed connection instead of raising, so the
         # length is checked here.
         length = resp.headers.get("Content-Length")
+        hasher = blake3.blake3() if digest is not None else None
         got = 0
         while True:
             try:
                 chunk = resp.read(COPY_CHUNK_BYTES)
             except (http.client.HTTPException, TimeoutError, ConnectionError) as e:
-                raise Failure(f"the transfer from meshd at {self.at} broke off "
-                              f"({type(e).__name__}); try again", 4) from None
+                raise Cut(f"the transfer from meshd at {self.at} broke off "
+                          f"({type(e).__name__}); try again", 4) from None
             if not chunk:
                 break
             got += len(chunk)
+            if hasher is not None:
+                hasher.update(chunk)
             out.write(chunk)
         if length is not None and length.isdigit() and got != int(length):
-            raise Failure(f"the transfer from meshd at {self.at} broke off after {got} of "
-                          f"{length} bytes; try again", 4)
+            raise Cut(f"the transfer from meshd at {self.at} broke off after {got} of "
+                      f"{length} bytes; try again", 4)
+        if hasher is not None and hasher.hexdigest() != digest:
+            raise Failure(f"blob {digest} arrived from meshd at {self.at} with other bytes than "
+                          "its digest names: the member's copy is damaged; try again (a member "
+                          "repairs a damaged copy from another member's), or pass --at another "
+                          "member", 1)
 
     def json(self, method: str, path: str, body: Any = None,
              timeout: float = TIMEOUT_S) -> Any:
@@ -419,8 +435,11 @@ def job_results(ctx: click.Context, job_id: str, out_dir: Path | None, with_stde
     if out_dir is None and not want_json:
         for stream, out in (("stdout", "stdout"), ("stderr", "stderr"))[: 2 if with_stderr else 1]:
             sink = click.get_binary_stream(out)
-            with client.open("GET", f"/jobs/{_q(job_id)}/results?stream={stream}") as resp:
-                client.copy(resp, sink)
+            try:
+                with client.open("GET", f"/jobs/{_q(job_id)}/results?stream={stream}") as resp:
+                    client.copy(resp, sink)
+            except Cut as cut:
+                raise _why_cut(client, job_id, stream) or cut from None
             sink.flush()
         return
     record = client.json("GET", f"/jobs/{_q(job_id)}?items=1")
@@ -445,6 +464,41 @@ def job_results(ctx: click.Context, job_id: str, out_dir: Path | None, with_stde
         _print_json(written)
 
 
+def _why_cut(client: Client, job_id: str, stream: str) -> Failure | None:
+    """After a results transfer was cut: whether an item's blob is damaged on the member (it
+    says so when asked to check, and repairs it from another member's copy when it can)."""
+    try:
+        record = client.json("GET", f"/jobs/{_q(job_id)}?items=1")
+    except Failure:
+        return None
+    items = sorted(record.get("items") or [], key=lambda it: it.get("index", 0))
+    for it in items:
+        digest = it.get(stream)
+        if isinstance(digest, str):
+            why = _why_blob_cut(client, digest, it.get("index"), stream)
+            if why is not None:
+                return why
+    return None
+
+
+def _why_blob_cut(client: Client, digest: str, index: Any, stream: str = "output") -> Failure | None:
+    """Ask the member to check one blob: a Failure that says it is damaged (or was, and has
+    been repaired), or None when it is good (the connection was what failed)."""
+    try:
+        state = client.json("GET", f"/blobs/{digest}?check=1")
+    except Failure:
+        return None
+    if state.get("repaired"):
+        return Failure(f"the {stream} of item {index} (blob {digest}) was damaged on meshd at "
+                       f"{client.at} and has been replaced by a good copy from another member: "
+                       "run the command again", 1)
+    if state.get("state") == "damaged":
+        return Failure(f"the {stream} of item {index} (blob {digest}) is damaged on meshd at "
+                       f"{client.at}, and no other member had a good copy; see the member's log, "
+                       "or try another member (--at)", 1)
+    return None
+
+
 def _fetch_blob(client: Client, digest: str | None, path: Path, index: Any) -> None:
     """Write a blob to a file (empty when the item has none), whole or not at all."""
     tmp = path.with_name(path.name + ".part")
@@ -453,7 +507,9 @@ def _fetch_blob(client: Client, digest: str | None, path: Path, index: Any) -> N
             if digest is not None:
                 try:
                     with client.open("GET", f"/blobs/{digest}") as resp:
-                        client.copy(resp, f)
+                        client.copy(resp, f, digest)
+                except Cut as cut:
+                    raise _why_blob_cut(client, digest, index) or cut from None
                 except Failure as e:
                     if e.exit_code == 3:
                         raise Failure(f"item {index}: blob {digest} is not on meshd at "

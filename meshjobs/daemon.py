@@ -304,6 +304,17 @@ class _HttpBlobs:
             it = self._blobs.open(digest)
         return it
 
+    def repair(self, digest: str) -> bool:
+        """Replace a damaged copy of `digest` by a good one from another member: the damaged
+        copy is dropped (its pins stay), then fetched again. False on a fleet of one, or when
+        no member holds a good copy."""
+        if self._blobs.check(digest) is not False:
+            return self._blobs.has(digest)
+        if self._mover is None:
+            return False
+        self._durably(self._blobs.drop_damaged, digest)
+        return self._mover.fetch(digest, limits.blob_fetch_s_max)
+
     def size(self, digest: str):
         size = self._blobs.size(digest)
         if size is None and self._mover is not None and self._mover.fetch(digest, limits.blob_fetch_s_max):

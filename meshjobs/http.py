@@ -107,6 +107,14 @@ class BlobReader(Protocol):
     def size(self, digest: str) -> int | None: ...
 
 
+class _Damaged(Exception):
+    """A blob found damaged before anything of the answer was sent."""
+
+    def __init__(self, digest: str) -> None:
+        super().__init__(digest)
+        self.digest = digest
+
+
 class HttpError(Exception):
     """A request this layer refuses before it reaches the control port."""
 
@@ -174,6 +182,9 @@ class HttpApi:
         # Touched on the event loop thread only, so no lock.
         self._by_class: dict[str, int] = {}
         self._bad_requests = 0
+        self._damage: dict[str, int] = {}  # damaged blobs found and repaired, by what happened
+        self._repairs: dict[str, asyncio.Future[bool]] = {}  # digest -> its repair under way
+        self._repaired: dict[str, None] = {}  # digests repaired lately, oldest first
         self._auth = auth if auth is not None else Auth()
         # The names this member answers to besides IP literals and localhost; the machine's own
         # names are added when the server starts.
@@ -674,14 +685,41 @@ class HttpApi:
         digest = request.match_info["digest"]
         if not is_digest(digest):
             raise HttpError(400, "a blob digest is 64 lowercase hex characters (blake3-256)")
+        if _parse_flag(request.query.get("check"), "check"):
+            return await self._check_blob(digest)
         size = await self._blob_call(self._blobs.size, digest)
         if size is None:
             raise HttpError(404, f"no blob {digest} on this member")
         return await self._stream(request, [digest], size, digest, gone_status=404)
 
+    async def _check_blob(self, digest: str) -> web.Response:
+        """GET /blobs/{digest}?check=1: read the blob whole and say whether it is good; a damaged
+        one is repaired from another member's copy when one exists."""
+        check = getattr(self._blobs, "check", None)
+        if check is None:
+            raise HttpError(404, "this member cannot check blobs")
+        if digest in self._repairs:
+            ok = await self._repair(digest)  # the one under way
+            return web.json_response({"digest": digest, "state": "good" if ok else "damaged",
+                                      "repaired": ok})
+        state = await self._blob_call(check, digest)
+        if state is None:
+            raise HttpError(404, f"no blob {digest} on this member")
+        if state:
+            answer: dict[str, Any] = {"digest": digest, "state": "good"}
+            if digest in self._repaired:
+                answer["repaired"] = True
+            return web.json_response(answer)
+        self._count_damage("found")
+        if await self._repair(digest):
+            return web.json_response({"digest": digest, "state": "good", "repaired": True})
+        return web.json_response({"digest": digest, "state": "damaged", "repaired": False})
+
     async def _stream(self, request: web.Request, digests: list[str], size: int,
                       what: str, gone_status: int) -> web.StreamResponse:
-        """Send blobs one after the other; damage before the first byte is still a 500."""
+        """Send blobs one after the other. Damage found before the first byte is repaired (a
+        good copy fetched from another member) or answered 500 "damaged"; a small answer is
+        checked whole before its headers go out, so that it is never cut short by damage."""
         if request.method == "HEAD":
             # aiohttp would send what a stream writes even to HEAD, so write nothing.
             resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
@@ -689,24 +727,84 @@ class HttpApi:
             await resp.prepare(request)
             await resp.write_eof()
             return resp
-        chunks = _chain(self._blobs, digests)
+        if size <= limits.http_check_before_send_bytes_max:
+            await self._check_all(digests, what)
+        for attempt in (1, 2):
+            chunks = _chain(self._blobs, digests)
+            try:
+                try:
+                    first = await self._next_chunk(chunks, what, gone_status)
+                except _Damaged as d:
+                    if attempt == 1 and await self._repair(d.digest):
+                        continue
+                    raise self._damaged(d.digest, what) from None
+                resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+                if len(digests) == 1:
+                    resp.headers["X-Meshjobs-Blake3"] = digests[0]
+                resp.content_length = size
+                await resp.prepare(request)
+                await self._pour(request, resp, first, chunks, what)
+                return resp
+            finally:
+                # A store may tie a read to its thread: close the reader where it ran.
+                await self._blob_call(chunks.close)
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _damaged(self, digest: str, what: str) -> HttpError:
+        return HttpError(500, f"blob {digest} ({what}) is damaged on member {self._member} and no "
+                              "good copy could be fetched from another member; see the member's "
+                              "log, or ask another member (--at)")
+
+    async def _check_all(self, digests: list[str], what: str) -> None:
+        """Check every blob of an answer before its headers go out; repair the damaged ones."""
+        check = getattr(self._blobs, "check", None)
+        if check is None:
+            return
+        distinct = list(dict.fromkeys(digests))
+        bad = await self._blob_call(lambda: [d for d in distinct if check(d) is False])
+        for digest in bad:
+            if not await self._repair(digest):
+                raise self._damaged(digest, what)
+
+    async def _repair(self, digest: str) -> bool:
+        """Replace a damaged blob by a good copy from another member (True when done). One
+        repair of a digest at a time: later callers wait for the one under way."""
+        repair = getattr(self._blobs, "repair", None)
+        if repair is None:
+            return False
+        running = self._repairs.get(digest)
+        if running is not None:
+            return await asyncio.shield(running)
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._repairs[digest] = fut
         try:
-            first = await self._next_chunk(chunks, what, gone_status)
-            resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
-            resp.content_length = size
-            await resp.prepare(request)
-            await self._pour(request, resp, first, chunks, what)
-            return resp
+            self._count_damage("repairs")
+            ok = bool(await self._blob_call(repair, digest))
+        except Exception as e:
+            self._log.error("blob_repair_failed", digest=digest, error=repr(e))
+            ok = False
         finally:
-            # A store may tie a read to its thread: close the reader where it ran.
-            await self._blob_call(chunks.close)
+            del self._repairs[digest]
+        fut.set_result(ok)
+        self._count_damage("repaired" if ok else "unrepaired")
+        self._log.warning("blob_repair", digest=digest, repaired=ok)
+        if ok:
+            # Remembered a while, so that a client cut short by the damage learns what happened.
+            self._repaired[digest] = None
+            while len(self._repaired) > limits.http_repaired_remembered_max:
+                del self._repaired[next(iter(self._repaired))]
+        return ok
+
+    def _count_damage(self, what: str) -> None:
+        self._damage[what] = self._damage.get(what, 0) + 1
 
     async def _next_chunk(self, chunks: Iterator[bytes], what: str, gone_status: int) -> bytes | None:
         try:
             return await self._blob_call(next, chunks, None)
         except BlobCorrupt as e:
             self._log.error("blob_damaged", what=what, error=str(e))
-            raise HttpError(500, "blob damaged") from None
+            self._count_damage("found")
+            raise _Damaged(e.digest) from None
         except BlobGone as e:
             raise HttpError(gone_status, f"blob {e.digest} is no longer on this member") from None
         except ValueError as e:
@@ -715,7 +813,9 @@ class HttpApi:
 
     async def _pour(self, request: web.Request, resp: web.StreamResponse, first: bytes | None,
                     chunks: Iterator[bytes], what: str) -> None:
-        """Write chunks after the headers went out; damage now can only cut the connection."""
+        """Write chunks after the headers went out; damage now can only cut the connection (the
+        client sees fewer bytes than Content-Length; meshctl then asks ?check=1 and says why),
+        and the damaged blob is repaired meanwhile, so that the next try is served whole."""
         chunk = first
         while chunk is not None:
             try:
@@ -725,11 +825,12 @@ class HttpApi:
             try:
                 chunk = await self._blob_call(next, chunks, None)
             except (BlobCorrupt, BlobGone) as e:
-                # The status is sent already: the short body (under Content-Length) tells the
-                # client that the transfer failed.
                 self._log.error("blob_damaged", what=what, error=str(e), sent_headers=True)
                 if request.transport is not None:
                     request.transport.close()
+                if isinstance(e, BlobCorrupt):
+                    self._count_damage("found")
+                    asyncio.get_running_loop().create_task(self._repair(e.digest))
                 return
         try:
             await resp.write_eof()
@@ -760,7 +861,8 @@ class HttpApi:
         answer = await self._ask({"op": "metrics"})
         if answer.status != 200 or not isinstance(answer.body, dict):
             return web.json_response(answer.body, status=answer.status)
-        text = _prometheus(answer.body, self._by_class, self._bad_requests, self._refused) + _conn_metrics(self._gate)
+        text = (_prometheus(answer.body, self._by_class, self._bad_requests, self._refused)
+                + _conn_metrics(self._gate) + _damage_metrics(self._damage))
         return web.Response(body=text.encode(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
@@ -904,6 +1006,12 @@ def _prometheus(values: dict, by_class: dict[str, int], bad_requests: int,
     lines.append("# TYPE meshjobs_http_auth_refused_total counter")
     for reason in sorted(refused or {}):
         lines.append(f'meshjobs_http_auth_refused_total{{reason="{reason}"}} {refused[reason]}')
+    return "\n".join(lines) + "\n"
+
+
+def _damage_metrics(damage: dict[str, int]) -> str:
+    lines = ["# TYPE meshjobs_http_blobs_damaged_total counter"]
+    lines += [f'meshjobs_http_blobs_damaged_total{{what="{w}"}} {n}' for w, n in sorted(damage.items())]
     return "\n".join(lines) + "\n"
 
 

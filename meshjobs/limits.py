@@ -28,6 +28,10 @@ http_body_bytes_max = 64 * 1024 * 1024  # one request body (inline item payloads
 http_wait_s_max = 300  # the longest long-poll a client may ask for
 http_header_s_max = 10  # a connection must send a request's whole head within this (default)
 http_idle_s_max = 60  # a kept-alive connection with no request for this long is closed (default)
+# An answer of blobs up to this size is checked whole before its headers go out, so damage is
+# a clear 500 (or repaired) instead of a transfer cut short; larger ones are checked as they go.
+http_check_before_send_bytes_max = 16 * 1024 * 1024
+http_repaired_remembered_max = 4096  # digests repaired lately, for ?check=1 to say so
 http_body_s_max = 120  # a request's whole body must arrive within this of its head (default)
 http_conns_max = 100_000  # the most a config may allow; the default comes from the fd limit
 http_token_chars_max = 4096  # a bearer token or session id; a longer one is refused unhashed

@@ -260,13 +260,30 @@ _PATHS: dict[str, Any] = {
     },
     "/blobs/{digest}": {
         "get": {
-            "summary": "A blob's bytes.",
+            "summary": "A blob's bytes (header X-Meshjobs-Blake3: the digest they hash to); "
+                       "with ?check=1, whether this member's copy is good.",
+            "description": "A copy found damaged is replaced by a good one from another member "
+                           "when one exists. An answer of up to "
+                           f"{limits.http_check_before_send_bytes_max} bytes is checked whole "
+                           "before it is sent; a larger one found damaged part way is cut short "
+                           "(fewer bytes than Content-Length): ask ?check=1 to learn why.",
             "operationId": "getBlob",
             "parameters": [{"name": "digest", "in": "path", "required": True,
-                            "schema": {"$ref": "#/components/schemas/Digest"}}],
-            "responses": {"200": {"description": "The bytes.", "content": _OCTETS},
+                            "schema": {"$ref": "#/components/schemas/Digest"}},
+                           {"name": "check", "in": "query",
+                            "description": "1: read the blob whole and answer its state as JSON.",
+                            "schema": {"enum": ["0", "1", "true", "false"]}}],
+            "responses": {"200": {"description": "The bytes, or with ?check=1 the state: "
+                                                 "{digest, state: good|damaged, repaired?}.",
+                                  "content": {**_OCTETS, "application/json": {"schema": {
+                                      "type": "object", "required": ["digest", "state"],
+                                      "properties": {
+                                          "digest": {"$ref": "#/components/schemas/Digest"},
+                                          "state": {"enum": ["good", "damaged"]},
+                                          "repaired": {"type": "boolean"}}}}}},
                           "400": _BAD, "404": _err("No such blob on this member."),
-                          "500": _err("The blob is damaged on this member.")},
+                          "500": _err("The blob is damaged on this member and no other member "
+                                      "had a good copy.")},
         },
     },
     "/fleet": {

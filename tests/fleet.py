@@ -469,3 +469,39 @@ def make_fleet(top: str, voters: int = 3, workers: int = 0, slots: int = 2,
             m.raft_port, m.peer_port = ports[name][0], ports[name][1]
         members.append(m)
     return members
+
+
+def wait_until(pred: Any, timeout_s: float = WAIT_S_MAX, what: str = "condition") -> Any:
+    """Call `pred` until it returns something true (OSError counts as not yet); return that, or
+    fail naming `what` once `timeout_s` passed."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = pred()
+        except OSError as e:  # a member that is down or restarting
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not reached within {timeout_s} s (last: {last!r})")
+
+
+def flip_blob_byte(data: str, needle: bytes) -> None:
+    """Flip one bit of a stored blob in a stopped member's LMDB file, where `needle` (bytes
+    unique to that blob) lies: damage on disk, as bit rot would leave it."""
+    mdb = os.path.join(data, "blobs", "data.mdb")
+    with open(mdb, "rb") as f:
+        raw = bytearray(f.read())
+    at = raw.find(needle)
+    assert at >= 0 and raw.find(needle, at + 1) < 0, "the needle must be in the file once"
+    raw[at + 7] ^= 0x01
+    with open(mdb, "wb") as f:
+        f.write(bytes(raw))
+
+
+def holds_bytes(data: str, needle: bytes) -> bool:
+    """Whether a member's LMDB file holds `needle` (so: the blob it belongs to)."""
+    with open(os.path.join(data, "blobs", "data.mdb"), "rb") as f:
+        return f.read().find(needle) >= 0

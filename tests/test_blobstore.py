@@ -357,6 +357,15 @@ def test_flipped_byte_on_disk_is_caught(tmp_path: Path, size: int, bad_chunk: in
         assert served == [data[i * CHUNK : (i + 1) * CHUNK] for i in range(bad_chunk)]
         assert s.verify() == [digest]
         assert s.get(good) == b"an innocent neighbour"
+        # check names the damage; drop_damaged removes only a damaged blob, keeps its pins, and a
+        # good copy put in its place is served again.
+        s.pin(digest, "job-1")
+        assert s.check(digest) is False and s.check(good) is True
+        assert s.check("0" * 64) is None
+        assert s.drop_damaged(good) is False and s.get(good) == b"an innocent neighbour"
+        assert s.drop_damaged(digest) is True and s.check(digest) is None
+        assert s.pinned(digest)
+        assert s.put(data) == digest and s.get(digest) == data and s.verify() == []
     finally:
         s.close()
 
@@ -612,3 +621,16 @@ def test_pin_many_is_one_durable_step(tmp_path):
             assert store.stats()["fsyncs"] - before <= 1
         assert store.unpin_owner("job") == 50
         store.close()
+
+
+def test_memory_twin_checks_and_drops_damaged() -> None:
+    """The in-memory twin has the same check/drop_damaged contract as the LMDB store."""
+    s = MemoryBlobStore()
+    digest = s.put(b"precious")
+    s.pin(digest, "job-1")
+    assert s.check(digest) is True and s.check("0" * 64) is None
+    assert s.drop_damaged(digest) is False
+    s._blobs[digest] = (b"tampered", s._blobs[digest][1])
+    assert s.check(digest) is False
+    assert s.drop_damaged(digest) is True and s.check(digest) is None and s.pinned(digest)
+    assert s.put(b"precious") == digest and s.check(digest) is True

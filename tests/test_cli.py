@@ -340,7 +340,7 @@ def test_tone(srv: Server, args: list[str], fields: dict) -> None:
     r = run(srv, "job", "tone", "j1", *args)
     assert r.exit_code == 0, r.output
     req = srv.control.last()
-    assert {k: v for k, v in req.items() if k not in ("op", "rid", "id")} == fields
+    assert {k: v for k, v in req.items() if k not in ("op", "rid", "fp", "id")} == fields
 
 
 @pytest.mark.parametrize("args", [[], ["--max-leases", "0"], ["--max-leases", "lots"]])

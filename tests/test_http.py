@@ -440,7 +440,11 @@ def test_blob_damaged_is_500_json(srv: Server) -> None:
     # Damage the store's copy behind its back, as a bad disk would.
     srv.blobs._blobs[digest] = (b"tampered", srv.blobs._blobs[digest][1])
     status, body = srv.json("GET", f"/blobs/{digest}")
-    assert (status, body) == (500, {"error": "blob damaged"})
+    assert status == 500 and set(body) == {"error"}
+    assert f"blob {digest}" in body["error"] and "is damaged on member" in body["error"]
+    assert b"tampered" not in json.dumps(body).encode()
+    status, body = srv.json("GET", f"/blobs/{digest}?check=1")
+    assert (status, body) == (200, {"digest": digest, "state": "damaged", "repaired": False})
 
 
 class LateDamageStore(MemoryBlobStore):

@@ -1,0 +1,123 @@
+"""Damaged blobs, as a client meets them: a member says "damaged" (never a bare "try again"),
+checks a small answer whole before sending it, and replaces a damaged copy with a good one from
+another member when the fleet has one. Real meshd processes; the damage is a bit flipped in a
+stopped member's LMDB file."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.fleet import flip_blob_byte, holds_bytes, make_fleet, wait_until
+
+pytestmark = pytest.mark.fleet
+
+SMALL_BYTES = 3 << 20  # under http_check_before_send_bytes_max: checked before it is sent
+BIG_BYTES = 20 << 20  # over it: streamed, damage found part way
+MiB = 1 << 20
+
+
+def payload(size: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def writer(size: int, seed: int) -> list[str]:
+    """An item that writes payload(size, seed) to stdout."""
+    return ["python3", "-c", "import random, sys; "
+            f"sys.stdout.buffer.write(random.Random({seed}).randbytes({size}))"]
+
+
+def needle(data: bytes, chunk: int) -> bytes:
+    """64 bytes from the middle of the blob's `chunk`-th MiB chunk."""
+    at = chunk * MiB + MiB // 2
+    return data[at:at + 64]
+
+
+def run_job(m, size: int, seed: int) -> tuple[str, str]:
+    status, rec = m.request("POST", "/jobs", {"argv": writer(size, seed)})
+    assert status == 201, rec
+    done = m.wait_job(rec["id"])
+    assert done["state"] == "done", done
+    return rec["id"], done["items"][0]["stdout"]
+
+
+def test_damage_on_a_fleet_of_one_is_named(meshd, tmp_path):
+    """No other copy exists: a small damaged answer is a 500 that says "damaged", a big one is
+    cut and meshctl then says which item's blob is damaged; --out verifies the bytes and leaves
+    no file; ?check=1 names the state; the member counts what it found."""
+    small, big = payload(SMALL_BYTES, 1), payload(BIG_BYTES, 2)
+    small_job, small_digest = run_job(meshd, SMALL_BYTES, 1)
+    big_job, big_digest = run_job(meshd, BIG_BYTES, 2)
+    assert meshd.terminate() == 0
+    flip_blob_byte(meshd.data, needle(small, 1))
+    flip_blob_byte(meshd.data, needle(big, 12))
+    meshd.start()
+
+    r = meshd.ctl("job", "results", small_job)
+    assert r.returncode == 1 and b"damaged" in r.stderr and r.stdout == b"", r.stderr
+    r = meshd.ctl("job", "results", big_job)
+    assert r.returncode == 1 and b"damaged" in r.stderr and b"item 0" in r.stderr, r.stderr
+    assert len(r.stdout) < BIG_BYTES and big.startswith(r.stdout)
+    out = tmp_path / "out"
+    r = meshd.ctl("job", "results", big_job, "--out", str(out))
+    assert r.returncode == 1 and b"damaged" in r.stderr, r.stderr
+    assert not (out / "0.out").exists()
+    status, state = meshd.request("GET", f"/blobs/{big_digest}?check=1")
+    assert status == 200 and state == {"digest": big_digest, "state": "damaged", "repaired": False}
+    status, state = meshd.request("GET", f"/blobs/{small_digest}?check=1")
+    assert state["state"] == "damaged"
+    assert meshd.metrics()['meshjobs_http_blobs_damaged_total{what="found"}'] >= 3
+    # An undamaged blob checks good.
+    _, good = run_job(meshd, 1000, 3)
+    assert meshd.request("GET", f"/blobs/{good}?check=1")[1] == {"digest": good, "state": "good"}
+
+
+def test_damaged_copy_is_replaced_from_another_member(tmp_path):
+    """Outputs are on blob_copies (2) members. A member whose copy is damaged serves a small
+    answer whole at once (checked, repaired, then sent); a big one is cut the first time,
+    meshctl says it was repaired, and the next try gets every byte."""
+    members = make_fleet(str(tmp_path), voters=3)
+    try:
+        for m in members:
+            m.start(wait_ready=False)
+        for m in members:
+            m.wait_ready()
+        small, big = payload(SMALL_BYTES, 4), payload(BIG_BYTES, 5)
+
+        def submit_through_any():
+            for m in members:
+                status, rec = m.request("POST", "/jobs", {"argv": writer(SMALL_BYTES, 4)})
+                if status == 201:
+                    return m, rec["id"]
+            return None
+        entry, small_job = wait_until(submit_through_any, 60, "a submit")
+        assert entry.wait_job(small_job)["state"] == "done"
+        status, rec = entry.request("POST", "/jobs", {"argv": writer(BIG_BYTES, 5)})
+        assert status == 201, rec
+        big_job = rec["id"]
+        assert entry.wait_job(big_job)["state"] == "done"
+        # The copies of both outputs are made before their results commit; wait for two holders.
+        marks = (needle(small, 1), needle(big, 12))
+        holders = wait_until(lambda: [m for m in members
+                                      if all(holds_bytes(m.data, n) for n in marks)], 60,
+                             "two members holding both outputs")
+        victim = holders[0]
+        if len(holders) < 2:
+            pytest.skip("the outputs were not copied to a second member")
+        assert victim.terminate() == 0
+        for n in marks:
+            flip_blob_byte(victim.data, n)
+        victim.start()
+
+        r = victim.ctl("job", "results", small_job)
+        assert r.returncode == 0 and r.stdout == small, r.stderr
+        r = victim.ctl("job", "results", big_job)
+        assert r.returncode == 1 and b"replaced by a good copy" in r.stderr, r.stderr
+        r = victim.ctl("job", "results", big_job)
+        assert r.returncode == 0 and r.stdout == big, r.stderr
+        m = victim.metrics()
+        assert m['meshjobs_http_blobs_damaged_total{what="repaired"}'] >= 2
+    finally:
+        for m in members:
+            m.stop()
