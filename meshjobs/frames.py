@@ -9,17 +9,20 @@ A connection opens with three handshake frames, each a msgpack map followed by a
 MAC keyed with a key derived from the fleet's 32-byte secret (one key per step, so that no step's
 MAC can stand in for another's):
 
-    dialler  -> acceptor  F_HELLO      {name, boot, peer, to, wall_ms, nonce: N_d}  MAC(hello)
-    acceptor -> dialler   F_CHALLENGE  {name, boot, peer, to, wall_ms, nonce: N_a}  MAC(hello | challenge)
-    dialler  -> acceptor  F_PROOF      {}                                           MAC(hello | challenge | proof)
+    dialler  -> acceptor  F_HELLO      {name, boot, peer, to, wall_ms, nonce: N_d, kx: X_d}  MAC(hello)
+    acceptor -> dialler   F_CHALLENGE  {name, boot, peer, to, wall_ms, nonce: N_a, kx: X_a}  MAC(hello | challenge)
+    dialler  -> acceptor  F_PROOF      {}                                                    MAC(hello | challenge | proof)
 
-N_d and N_a are fresh random 32-byte nonces, one from each side, passed in by the caller. The
+N_d and N_a are fresh random 32-byte nonces, one from each side; X_d and X_a are the public halves
+of fresh X25519 keys, one from each side; the caller passes in the random bytes of both. The
 challenge's MAC covers the dialler's hello, so it proves to the dialler that the acceptor holds
 the secret now (N_d is new); the proof's MAC covers the challenge, so it proves the same of the
 dialler (N_a is new). A recorded hello replayed to an acceptor, even one restarted since, earns
 nothing but a challenge it cannot answer. Then each side derives two keys, one per direction,
-from the secret and the hash of the whole transcript (both nonces in it), and every later frame
-is sealed with ChaCha20-Poly1305 under its direction's key: the AEAD nonce is the count of frames
+from the secret, the X25519 shared secret of the two fresh keys and the hash of the whole
+transcript (both nonces in it). The shared secret gives forward secrecy: someone who records the
+traffic and later learns the fleet secret still cannot open it. Every later frame is sealed with
+ChaCha20-Poly1305 under its direction's key: the AEAD nonce is the count of frames
 sealed before it in that direction, and the header is the associated data. A TCP stream delivers
 frames in order, so the receiver expects exactly the next count: a frame replayed, duplicated,
 reordered, dropped or taken from another connection fails to open. No clock is read: `wall_ms`
@@ -53,6 +56,7 @@ from typing import Any
 import blake3
 import msgpack
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from meshjobs import limits
@@ -67,8 +71,12 @@ NONCE_BYTES = 32
 SECRET_BYTES = 32
 # The smallest frame: a header, an empty msgpack map (one byte) and a tag.
 FRAME_BYTES_MIN = HEADER_BYTES + 1 + TAG_BYTES
+KX_BYTES = 32  # an X25519 key, private or public
 _COUNTER_MAX = (1 << 64) - 1
 _CONTEXT = "meshjobs 2026-12 member links v2 "
+# Any fixed private key tells a low-order public key (whose shared secret is zero, whatever the
+# private key) from a good one: refused at receipt, so that no later exchange can fail.
+_PROBE = X25519PrivateKey.from_private_bytes(bytes(range(KX_BYTES)))
 
 
 class FrameType(enum.IntEnum):
@@ -201,6 +209,8 @@ class Session:
         self._error: FrameError | None = None
         self._transcript: list[bytes] = []  # the handshake frames, whole, in order
         self._nonce: bytes | None = None  # ours
+        self._kx: X25519PrivateKey | None = None  # our fresh key
+        self._peer_kx: X25519PublicKey | None = None  # the other end's
         self._send_aead: ChaCha20Poly1305 | None = None
         self._recv_aead: ChaCha20Poly1305 | None = None
         self.sent = 0  # sealed frames sent: the next one's AEAD nonce
@@ -265,7 +275,8 @@ class Session:
             raise self._fail("length", f"{size} > {size_max}")
         if have < size:
             return None
-        frame = bytes(buf[:size])
+        with memoryview(buf) as view:
+            frame = bytes(view[:size])  # one copy; the view is released before the delete
         del buf[:size]
         if expect is None:
             return self._open(ftype, frame)
@@ -277,7 +288,8 @@ class Session:
             raise self._fail("aead", "shorter than a tag")
         try:
             packed = self._recv_aead.decrypt(self._aead_nonce(self.received),
-                                             frame[HEADER_BYTES:], frame[:HEADER_BYTES])
+                                             memoryview(frame)[HEADER_BYTES:],
+                                             frame[:HEADER_BYTES])
         except InvalidTag:
             raise self._fail("aead", f"frame {self.received} does not open") from None
         body = _unpack_body(packed, self.frame_bytes_max)
@@ -317,25 +329,38 @@ class Session:
         if nonce == self._nonce:
             # Our own nonce coming back is a reflection, never a peer's fresh one.
             raise self._fail("handshake", "our own nonce")
+        kx = body.pop("kx", None)
+        if not isinstance(kx, bytes) or len(kx) != KX_BYTES:
+            raise self._fail("handshake", f"no {KX_BYTES}-byte key")
+        try:
+            self._peer_kx = X25519PublicKey.from_public_bytes(kx)
+            _PROBE.exchange(self._peer_kx)
+        except ValueError:
+            raise self._fail("handshake", "a low-order key") from None
         self.state = State.GOT_HELLO if ftype == FrameType.F_HELLO else State.GOT_CHALLENGE
         return Hello(body)
 
     # --- bytes out -------------------------------------------------------------------------
 
-    def hello(self, body: dict[str, Any], nonce: bytes) -> bytes:
-        """The dialler's first frame: `body` (name, boot, peer, to, wall_ms) with our nonce."""
+    def hello(self, body: dict[str, Any], nonce: bytes, kx: bytes) -> bytes:
+        """The dialler's first frame: `body` (name, boot, peer, to, wall_ms) with our nonce and
+        the public half of our fresh key. `nonce` and `kx` (the private key) are 32 random
+        bytes each, new for this session."""
+        _check_fresh(body, nonce, kx)
         self._step(Role.DIALLER, State.START, State.SENT_HELLO)
-        return self._signed(FrameType.F_HELLO, body, nonce)
+        return self._signed(FrameType.F_HELLO, body, nonce, kx)
 
-    def challenge(self, body: dict[str, Any], nonce: bytes) -> bytes:
-        """The acceptor's answer to a good Hello: our own hello fields with our nonce."""
+    def challenge(self, body: dict[str, Any], nonce: bytes, kx: bytes) -> bytes:
+        """The acceptor's answer to a good Hello: our own hello fields with our nonce and key,
+        32 random bytes each, new for this session."""
+        _check_fresh(body, nonce, kx)
         self._step(Role.ACCEPTOR, State.GOT_HELLO, State.SENT_CHALLENGE)
-        return self._signed(FrameType.F_CHALLENGE, body, nonce)
+        return self._signed(FrameType.F_CHALLENGE, body, nonce, kx)
 
     def proof(self) -> bytes:
         """The dialler's answer to a good challenge; the session is open once it is sent."""
         self._step(Role.DIALLER, State.GOT_CHALLENGE, State.OPEN)
-        data = self._signed(FrameType.F_PROOF, {}, None)
+        data = self._signed(FrameType.F_PROOF, {}, None, None)
         self._open_keys()
         return data
 
@@ -366,14 +391,13 @@ class Session:
             raise AssertionError(f"{self.role.value} in {self.state.value} cannot do this")
         self.state = after
 
-    def _signed(self, ftype: FrameType, body: dict[str, Any], nonce: bytes | None) -> bytes:
+    def _signed(self, ftype: FrameType, body: dict[str, Any], nonce: bytes | None,
+                kx: bytes | None) -> bytes:
         if nonce is not None:
-            if not isinstance(nonce, bytes) or len(nonce) != NONCE_BYTES:
-                raise ValueError(f"a nonce is {NONCE_BYTES} bytes")
-            if "nonce" in body:
-                raise ValueError("the session adds the nonce itself")
+            assert kx is not None
             self._nonce = nonce
-            body = {**body, "nonce": nonce}
+            self._kx = X25519PrivateKey.from_private_bytes(kx)
+            body = {**body, "nonce": nonce, "kx": self._kx.public_key().public_bytes_raw()}
         packed = pack(body)
         size = HEADER_BYTES + len(packed) + MAC_BYTES
         if size > self.handshake_bytes_max:
@@ -387,11 +411,16 @@ class Session:
         return _derive(f"{ftype.name} mac", self._secret)
 
     def _open_keys(self) -> None:
-        # Both keys depend on the secret and on the whole transcript, both nonces included.
-        material = self._secret + blake3.blake3(b"".join(self._transcript)).digest()
+        # Both keys depend on the secret, on the fresh keys' shared secret and on the whole
+        # transcript, both nonces included.
+        assert self._kx is not None and self._peer_kx is not None
+        shared = self._kx.exchange(self._peer_kx)  # checked at receipt: cannot fail
+        material = (self._secret + shared
+                    + blake3.blake3(b"".join(self._transcript)).digest())
         to_acceptor = ChaCha20Poly1305(_derive("dialler to acceptor", material))
         to_dialler = ChaCha20Poly1305(_derive("acceptor to dialler", material))
         self._transcript = []
+        self._kx = self._peer_kx = None
         if self.role is Role.DIALLER:
             self._send_aead, self._recv_aead = to_acceptor, to_dialler
         else:
@@ -400,6 +429,15 @@ class Session:
     @staticmethod
     def _aead_nonce(counter: int) -> bytes:
         return counter.to_bytes(12, "big")
+
+
+def _check_fresh(body: dict[str, Any], nonce: bytes, kx: bytes) -> None:
+    if not isinstance(nonce, bytes) or len(nonce) != NONCE_BYTES:
+        raise ValueError(f"a nonce is {NONCE_BYTES} bytes")
+    if not isinstance(kx, bytes) or len(kx) != KX_BYTES:
+        raise ValueError(f"a key is {KX_BYTES} random bytes")
+    if "nonce" in body or "kx" in body:
+        raise ValueError("the session adds the nonce and the key itself")
 
 
 def _unpack_body(packed: bytes, size_max: int) -> dict[Any, Any] | None:

@@ -11,7 +11,8 @@ Rules:
   "peer", "to", "wall_ms"}` and its nonce, the acceptor's F_CHALLENGE (its own hello fields and
   nonce), the dialler's F_PROOF. The acceptor answers only a good hello that is meant for it;
   until the proof no other frame is accepted, and a connection that has not completed its
-  handshake within `link_hello_ms_max` is closed. The nonces come from `os.urandom` here.
+  handshake within `link_hello_ms_max` is closed. The nonces and the fresh X25519 keys
+  come from `os.urandom` here.
 - Frames are queued as (type, packed body) and sealed when they are written to a connection:
   the keys and the frame count belong to one connection. No frame is checked against a clock;
   a hello whose `wall_ms` is more than `link_clock_skew_warn_ms` off ours is only logged.
@@ -44,6 +45,7 @@ import structlog
 
 from meshjobs import limits
 from meshjobs.frames import (
+    KX_BYTES,
     NONCE_BYTES,
     Frame,
     FrameError,
@@ -86,7 +88,7 @@ def discover(addr: tuple[str, int], self_name: str, boot: str, secret: bytes,
     with socket.create_connection(addr, timeout=timeout_s) as sock:
         sock.sendall(session.hello({"name": self_name, "boot": boot, "peer": "",
                                     "to": DISCOVER, "wall_ms": wall_ms()},
-                                   os.urandom(NONCE_BYTES)))
+                                   os.urandom(NONCE_BYTES), os.urandom(KX_BYTES)))
         while True:
             event = session.next_event()
             if isinstance(event, Hello):
@@ -505,7 +507,7 @@ class Links:
                 conn.connecting = False
                 assert conn.name is not None
                 conn.out += conn.session.hello(self._hello_body(conn.name),
-                                               os.urandom(NONCE_BYTES))
+                                               os.urandom(NONCE_BYTES), os.urandom(KX_BYTES))
                 self._set_events(conn)
             return
         if mask & selectors.EVENT_READ:
@@ -605,7 +607,8 @@ class Links:
         conn.hello = dict(body)
         # The acceptor answers only a good hello meant for it, so a stranger learns nothing,
         # and one that replays a recorded hello gets a challenge it cannot answer.
-        conn.out += conn.session.challenge(self._hello_body(name), os.urandom(NONCE_BYTES))
+        conn.out += conn.session.challenge(self._hello_body(name), os.urandom(NONCE_BYTES),
+                                           os.urandom(KX_BYTES))
 
     def _proven(self, conn: _Conn) -> None:
         """The dialler proved it holds the secret: the connection is the claimed member's."""

@@ -39,7 +39,8 @@ def _send(port: int, data: bytes, wait_s: float = 10.0) -> bytes:
 
 def _hello(secret: bytes, body: dict) -> tuple[Session, bytes]:
     session = Session(secret, Role.DIALLER)
-    return session, session.hello({**body, "wall_ms": int(time.time() * 1000)}, os.urandom(32))
+    return session, session.hello({**body, "wall_ms": int(time.time() * 1000)}, os.urandom(32),
+                                  os.urandom(32))
 
 
 def _handshake(port: int, secret: bytes, body: dict) -> list[bytes]:

@@ -6,8 +6,11 @@ import ast
 import itertools
 import struct
 
+import blake3
 import msgpack
 import pytest
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +18,7 @@ from meshjobs import frames, limits
 from meshjobs.frames import (
     HEADER,
     HEADER_BYTES,
+    KX_BYTES,
     MAC_BYTES,
     MAGIC,
     NONCE_BYTES,
@@ -37,6 +41,12 @@ _counter = itertools.count(1)
 def nonce() -> bytes:
     """A fresh nonce (a counter: deterministic, never repeated within a test run)."""
     return next(_counter).to_bytes(NONCE_BYTES, "big")
+
+
+def key() -> bytes:
+    """Bytes for a fresh X25519 key: a hashed counter (X25519 clears a key's low bits, so
+    consecutive counters would make the same key)."""
+    return blake3.blake3(next(_counter).to_bytes(8, "big")).digest()
 
 
 def hello_body(name: str = "d", to: str = "a") -> dict:
@@ -64,10 +74,10 @@ class Handshake:
     def __init__(self, dsecret: bytes = SECRET, asecret: bytes = SECRET, **kw) -> None:
         self.d = Session(dsecret, Role.DIALLER, **kw)
         self.a = Session(asecret, Role.ACCEPTOR, **kw)
-        self.hello = self.d.hello(hello_body(), nonce())
+        self.hello = self.d.hello(hello_body(), nonce(), key())
         ev = feed(self.a, self.hello)
         assert ev == Hello(hello_body())
-        self.challenge = self.a.challenge(hello_body("a", "d"), nonce())
+        self.challenge = self.a.challenge(hello_body("a", "d"), nonce(), key())
         ev = feed(self.d, self.challenge)
         assert ev == Hello(hello_body("a", "d"))
         self.proof = self.d.proof()
@@ -144,18 +154,18 @@ def test_another_secret_is_refused_at_the_first_step():
     """Rule: a hello signed with another fleet's secret is refused as `mac`, unanswered."""
     d = Session(OTHER, Role.DIALLER)
     a = Session(SECRET, Role.ACCEPTOR)
-    assert reason(a, d.hello(hello_body(), nonce())) == "mac"
+    assert reason(a, d.hello(hello_body(), nonce(), key())) == "mac"
 
 
 def test_an_acceptor_without_the_secret_cannot_challenge():
     """Rule: a challenge not made with the fleet secret is refused by the dialler."""
     d = Session(SECRET, Role.DIALLER)
-    hello = d.hello(hello_body(), nonce())
+    hello = d.hello(hello_body(), nonce(), key())
     a = Session(OTHER, Role.ACCEPTOR)
     # The impostor cannot even check the hello; suppose it answers anyway.
     a._transcript.append(hello)
     a.state = State.GOT_HELLO
-    assert reason(d, a.challenge(hello_body("a", "d"), nonce())) == "challenge"
+    assert reason(d, a.challenge(hello_body("a", "d"), nonce(), key())) == "challenge"
 
 
 def test_a_recorded_handshake_replayed_never_completes():
@@ -167,7 +177,7 @@ def test_a_recorded_handshake_replayed_never_completes():
     for _ in range(3):
         fresh = Session(SECRET, Role.ACCEPTOR)  # a new acceptor object: a restart
         assert isinstance(feed(fresh, h.hello), Hello)
-        fresh.challenge(hello_body("a", "d"), nonce())
+        fresh.challenge(hello_body("a", "d"), nonce(), key())
         assert reason(fresh, h.proof + recorded_frame) == "proof"
 
 
@@ -176,14 +186,14 @@ def test_a_recorded_challenge_replayed_to_a_dialler_is_refused():
     does not answer a new hello."""
     h = Handshake()
     d = Session(SECRET, Role.DIALLER)
-    d.hello(hello_body(), nonce())
+    d.hello(hello_body(), nonce(), key())
     assert reason(d, h.challenge) == "challenge"
 
 
 def test_a_reflected_hello_is_refused():
     """A dialler's own hello sent back to it is not a challenge."""
     d = Session(SECRET, Role.DIALLER)
-    hello = d.hello(hello_body(), nonce())
+    hello = d.hello(hello_body(), nonce(), key())
     assert reason(d, hello) == "handshake"
 
 
@@ -191,10 +201,10 @@ def test_own_nonce_back_is_refused():
     """An acceptor that echoes the dialler's nonce in a validly signed challenge is refused."""
     d = Session(SECRET, Role.DIALLER)
     n = nonce()
-    hello = d.hello(hello_body(), n)
+    hello = d.hello(hello_body(), n, key())
     a = Session(SECRET, Role.ACCEPTOR)
     feed(a, hello)
-    assert reason(d, a.challenge(hello_body("a", "d"), n)) == "handshake"
+    assert reason(d, a.challenge(hello_body("a", "d"), n, key())) == "handshake"
 
 
 def test_frames_before_the_handshake_is_done_are_refused():
@@ -204,12 +214,12 @@ def test_frames_before_the_handshake_is_done_are_refused():
     a = Session(SECRET, Role.ACCEPTOR)
     assert reason(a, h.d.seal(FrameType.F_LEASE, {})) == "handshake"
     a = Session(SECRET, Role.ACCEPTOR)
-    feed(a, Session(SECRET, Role.DIALLER).hello(hello_body(), nonce()))
+    feed(a, Session(SECRET, Role.DIALLER).hello(hello_body(), nonce(), key()))
     assert a.state is State.GOT_HELLO
     assert reason(a, b"M") == "handshake"  # the dialler spoke before our challenge
-    assert reason(h.a, Session(SECRET, Role.DIALLER).hello(hello_body(), nonce())) == "handshake"
+    assert reason(h.a, Session(SECRET, Role.DIALLER).hello(hello_body(), nonce(), key())) == "handshake"
     d = Session(SECRET, Role.DIALLER)
-    d.hello(hello_body(), nonce())
+    d.hello(hello_body(), nonce(), key())
     assert reason(d, h.proof) == "handshake"
     # A dialler that has not said hello yet expects nothing at all.
     assert reason(Session(SECRET, Role.DIALLER), b"MJF2") == "handshake"
@@ -219,23 +229,63 @@ def test_a_proof_with_a_body_is_refused():
     """A proof carries an empty map: anything else, even correctly signed, is refused."""
     d = Session(SECRET, Role.DIALLER)
     a = Session(SECRET, Role.ACCEPTOR)
-    hello = d.hello(hello_body(), nonce())
+    hello = d.hello(hello_body(), nonce(), key())
     feed(a, hello)
-    challenge = a.challenge(hello_body("a", "d"), nonce())
+    challenge = a.challenge(hello_body("a", "d"), nonce(), key())
     packed = msgpack.packb({"x": 1})
     signed = HEADER.pack(MAGIC, int(FrameType.F_PROOF), 0, len(packed) + MAC_BYTES) + packed
     mac = frames._mac(frames._derive("F_PROOF mac", SECRET), hello, challenge, signed)
     assert reason(a, signed + mac) == "handshake"
 
 
-def test_missing_or_short_nonce_is_refused():
-    """A hello without a 32-byte nonce is refused, however well signed."""
+def signed_hello(body: dict) -> bytes:
+    """A hello with exactly `body`, correctly signed with SECRET."""
+    packed = msgpack.packb(body, use_bin_type=True)
+    signed = HEADER.pack(MAGIC, 1, 0, len(packed) + MAC_BYTES) + packed
+    return signed + frames._mac(frames._derive("F_HELLO mac", SECRET), signed)
+
+
+def test_missing_or_bad_nonce_or_key_is_refused():
+    """A hello without a 32-byte nonce, or without a 32-byte X25519 key that is not of low
+    order, is refused, however well signed."""
+    good_kx = bytes(range(1, 33))
     for n in (None, b"short", "a" * 32, 7):
-        body = dict(hello_body(), **({} if n is None else {"nonce": n}))
-        packed = msgpack.packb(body, use_bin_type=True)
-        signed = HEADER.pack(MAGIC, 1, 0, len(packed) + MAC_BYTES) + packed
-        data = signed + frames._mac(frames._derive("F_HELLO mac", SECRET), signed)
-        assert reason(Session(SECRET, Role.ACCEPTOR), data) == "handshake", n
+        body = dict(hello_body(), kx=good_kx, **({} if n is None else {"nonce": n}))
+        assert reason(Session(SECRET, Role.ACCEPTOR), signed_hello(body)) == "handshake", n
+    # The zero point and another low-order point: their shared secret is zero, whatever our key.
+    low = (bytes(32), bytes([1]) + bytes(31),
+           bytes.fromhex("e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800"))
+    for kx in (None, b"short", "k" * 32, *low):
+        body = dict(hello_body(), nonce=nonce(), **({} if kx is None else {"kx": kx}))
+        assert reason(Session(SECRET, Role.ACCEPTOR), signed_hello(body)) == "handshake", kx
+    body = dict(hello_body(), nonce=nonce(), kx=good_kx)
+    assert isinstance(feed(Session(SECRET, Role.ACCEPTOR), signed_hello(body)), Hello)
+
+
+def test_the_secret_and_the_transcript_alone_do_not_open_a_session():
+    """Rule (forward secrecy): someone who recorded a whole handshake and its frames, and later
+    learns the fleet secret, still cannot compute the keys: they depend on the fresh X25519
+    keys too, whose private halves never left the two ends."""
+    h = Handshake()
+    frame = h.d.seal(FrameType.F_RESULT, {"out": "confidential"})
+    transcript = blake3.blake3(h.hello + h.challenge + h.proof).digest()
+    for material in (SECRET + transcript, SECRET + bytes(KX_BYTES) + transcript):
+        guess = ChaCha20Poly1305(frames._derive("dialler to acceptor", material))
+        with pytest.raises(InvalidTag):
+            guess.decrypt(bytes(12), frame[HEADER_BYTES:], frame[:HEADER_BYTES])
+    assert opened(h.a, frame) == [Frame(FrameType.F_RESULT, {"out": "confidential"})]
+
+
+def test_fresh_keys_give_fresh_session_keys():
+    """Two handshakes with the same nonces but other X25519 keys seal differently."""
+    sealed = set()
+    for k in (key(), key()):
+        d, a = Session(SECRET, Role.DIALLER), Session(SECRET, Role.ACCEPTOR)
+        feed(a, d.hello(hello_body(), bytes(NONCE_BYTES), k))
+        feed(d, a.challenge(hello_body("a", "d"), b"\x01" * NONCE_BYTES, bytes(range(32))))
+        feed(a, d.proof())
+        sealed.add(d.seal(FrameType.F_PING, {}))
+    assert len(sealed) == 2
 
 
 def test_steps_out_of_turn_are_the_callers_bug():
@@ -247,11 +297,13 @@ def test_steps_out_of_turn_are_the_callers_bug():
     with pytest.raises(AssertionError):
         d.seal(FrameType.F_PING, {})
     with pytest.raises(AssertionError):
-        Session(SECRET, Role.ACCEPTOR).hello(hello_body(), nonce())
+        Session(SECRET, Role.ACCEPTOR).hello(hello_body(), nonce(), key())
     with pytest.raises(AssertionError):
-        Session(SECRET, Role.ACCEPTOR).challenge(hello_body(), nonce())
+        Session(SECRET, Role.ACCEPTOR).challenge(hello_body(), nonce(), key())
     with pytest.raises(ValueError):
-        d.hello(hello_body(), b"short")
+        d.hello(hello_body(), b"short", key())
+    with pytest.raises(ValueError):
+        d.hello(hello_body(), nonce(), b"short")
     with pytest.raises(ValueError):
         Session(b"short", Role.DIALLER)
     h = Handshake()
@@ -322,7 +374,7 @@ def test_a_flipped_bit_in_any_handshake_frame_is_refused():
             bad[i] ^= 0x10
             d = Session(SECRET, Role.DIALLER)
             a = Session(SECRET, Role.ACCEPTOR)
-            d.hello(hello_body(), nonce())
+            d.hello(hello_body(), nonce(), key())
             if step == "hello":
                 target = a
             elif step == "challenge":
@@ -367,7 +419,7 @@ def test_byte_by_byte_and_one_chunk_decode_the_same():
 
 def test_truncated_handshake_waits_never_errors():
     """A hello cut anywhere is 'need more data', never an error."""
-    hello = Session(SECRET, Role.DIALLER).hello(hello_body(), nonce())
+    hello = Session(SECRET, Role.DIALLER).hello(hello_body(), nonce(), key())
     for cut in range(len(hello)):
         a = Session(SECRET, Role.ACCEPTOR)
         a.receive_data(hello[:cut])
@@ -427,7 +479,7 @@ def test_session_is_dead_after_an_error():
     """After a FrameError every later call raises it again, whatever is fed."""
     a = Session(SECRET, Role.ACCEPTOR)
     assert reason(a, b"XXXX") == "magic"
-    a.receive_data(Session(SECRET, Role.DIALLER).hello(hello_body(), nonce()))
+    a.receive_data(Session(SECRET, Role.DIALLER).hello(hello_body(), nonce(), key()))
     with pytest.raises(FrameError):
         a.next_event()
 
@@ -440,12 +492,12 @@ def _at_step(step: str) -> Session:
         return Session(SECRET, Role.ACCEPTOR)
     if step == "challenge":
         d = Session(SECRET, Role.DIALLER)
-        d.hello(hello_body(), nonce())
+        d.hello(hello_body(), nonce(), key())
         return d
     if step == "proof":
         a = Session(SECRET, Role.ACCEPTOR)
-        feed(a, Session(SECRET, Role.DIALLER).hello(hello_body(), nonce()))
-        a.challenge(hello_body("a", "d"), nonce())
+        feed(a, Session(SECRET, Role.DIALLER).hello(hello_body(), nonce(), key()))
+        a.challenge(hello_body("a", "d"), nonce(), key())
         return a
     return Handshake().a
 

@@ -127,7 +127,7 @@ def hello_body(name: str, to: str) -> dict[str, Any]:
 
 def hello(name: str, to: str, secret: bytes = SECRET) -> bytes:
     """A dialler's first frame, from a fresh session."""
-    return Session(secret, Role.DIALLER).hello(hello_body(name, to), os.urandom(NONCE_BYTES))
+    return Session(secret, Role.DIALLER).hello(hello_body(name, to), os.urandom(NONCE_BYTES), os.urandom(32))
 
 
 class RawPeer:
@@ -153,7 +153,7 @@ class RawPeer:
         return ev
 
     def handshake(self) -> dict[str, Any]:
-        self.send(self.session.hello(hello_body(self.name, self.to), os.urandom(NONCE_BYTES)))
+        self.send(self.session.hello(hello_body(self.name, self.to), os.urandom(NONCE_BYTES), os.urandom(32)))
         ev = self.event()
         assert isinstance(ev, Hello)
         self.send(self.session.proof())
@@ -661,7 +661,7 @@ def test_discover_answers_with_voters(tmp_path):
         with pytest.raises((OSError, FrameError)):
             discover(links.address, "w1", "bootw", b"x" * 32, timeout_s=1.5)
         rp = RawPeer(links.address, "w2", "*", secret=secret)
-        rp.send(rp.session.hello(hello_body("w2", "*"), os.urandom(NONCE_BYTES)))
+        rp.send(rp.session.hello(hello_body("w2", "*"), os.urandom(NONCE_BYTES), os.urandom(32)))
         assert isinstance(rp.event(), Hello)
         rp.send(b"MJF2" + bytes([int(FrameType.F_PROOF), 0]) + (40).to_bytes(4, "big")
                 + bytes(40))
