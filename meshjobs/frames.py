@@ -9,9 +9,12 @@ A connection opens with three handshake frames, each a msgpack map followed by a
 MAC keyed with a key derived from the fleet's 32-byte secret (one key per step, so that no step's
 MAC can stand in for another's):
 
-    dialler  -> acceptor  F_HELLO      {name, boot, peer, to, wall_ms, nonce: N_d, kx: X_d}  MAC(hello)
-    acceptor -> dialler   F_CHALLENGE  {name, boot, peer, to, wall_ms, nonce: N_a, kx: X_a}  MAC(hello | challenge)
-    dialler  -> acceptor  F_PROOF      {}                                                    MAC(hello | challenge | proof)
+    dialler  -> acceptor  F_HELLO      {name, boot, peer, to, wall_ms, nonce: N_d, kx: X_d}
+                          MAC(hello)
+    acceptor -> dialler   F_CHALLENGE  {name, boot, peer, to, wall_ms, nonce: N_a, kx: X_a}
+                          MAC(hello | challenge)
+    dialler  -> acceptor  F_PROOF      {}
+                          MAC(hello | challenge | proof)
 
 N_d and N_a are fresh random 32-byte nonces, one from each side; X_d and X_a are the public halves
 of fresh X25519 keys, one from each side; the caller passes in the random bytes of both. The
@@ -377,7 +380,8 @@ class Session:
             raise ValueError(f"{ftype.name} is not sealed")
         size = sealed_bytes(len(packed))
         if size > self.frame_bytes_max:
-            raise ValueError(f"frame of {size} bytes exceeds frame_bytes_max={self.frame_bytes_max}")
+            raise ValueError(f"frame of {size} bytes exceeds frame_bytes_max="
+                             f"{self.frame_bytes_max}")
         assert self._send_aead is not None and self.sent < _COUNTER_MAX
         header = HEADER.pack(MAGIC, int(ftype), 0, len(packed) + TAG_BYTES)
         sealed = self._send_aead.encrypt(self._aead_nonce(self.sent), packed, header)

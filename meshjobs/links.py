@@ -1,10 +1,10 @@
 """Member links: one sealed TCP connection per peer, with bounded send queues.
 
-This is the IO edge around `frames` (the pure handshake and sealing). One thread (the caller starts it with `run` as its body)
-runs a selector loop over the listening socket, every connection, a wake-up pipe and the
-timers (redials, handshakes, pings, table frames waiting for room). Other threads only call
-`connect`, `send`, `send_batch`, `peers`, `stats` and `stop`, which take one short lock and never
-block on the network.
+This is the IO edge around `frames` (the pure handshake and sealing). One thread (the caller
+starts it with `run` as its body) runs a selector loop over the listening socket, every
+connection, a wake-up pipe and the timers (redials, handshakes, pings, table frames waiting for
+room). Other threads only call `connect`, `send`, `send_batch`, `peers`, `stats` and `stop`,
+which take one short lock and never block on the network.
 
 Rules:
 - A connection opens with the handshake of `frames`: the dialler's F_HELLO `{"name", "boot",
@@ -24,7 +24,8 @@ Rules:
   dropped. Nothing correct may depend on a frame arriving; every drop is counted.
 - Garbage from outside (any `FrameError`, a bad hello, a silent or handshake-less connection)
   closes that connection, is counted by reason in `stats()["dropped"]` and is logged with the
-  peer's name (when it gave one) and address. It never raises out of `run`. An exception from the `on_frame` / `on_peer` callbacks is a bug of ours and does.
+  peer's name (when it gave one) and address. It never raises out of `run`. An exception from
+  the `on_frame` / `on_peer` callbacks is a bug of ours and does.
 - The handshake frames, F_PING and F_VOTERS are the links' own: they are not passed to
   `on_frame`.
 """

@@ -127,7 +127,8 @@ def hello_body(name: str, to: str) -> dict[str, Any]:
 
 def hello(name: str, to: str, secret: bytes = SECRET) -> bytes:
     """A dialler's first frame, from a fresh session."""
-    return Session(secret, Role.DIALLER).hello(hello_body(name, to), os.urandom(NONCE_BYTES), os.urandom(32))
+    return Session(secret, Role.DIALLER).hello(hello_body(name, to), os.urandom(NONCE_BYTES),
+                                               os.urandom(32))
 
 
 class RawPeer:
@@ -153,7 +154,8 @@ class RawPeer:
         return ev
 
     def handshake(self) -> dict[str, Any]:
-        self.send(self.session.hello(hello_body(self.name, self.to), os.urandom(NONCE_BYTES), os.urandom(32)))
+        self.send(self.session.hello(hello_body(self.name, self.to), os.urandom(NONCE_BYTES),
+                                     os.urandom(32)))
         ev = self.event()
         assert isinstance(ev, Hello)
         self.send(self.session.proof())
