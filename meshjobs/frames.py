@@ -322,7 +322,7 @@ class Session:
         self._transcript.append(frame)
         if ftype == FrameType.F_PROOF:
             if body:
-                raise self._fail("handshake", "a proof carries an empty map")
+                raise self._fail("handshake", "a proof's body must be an empty map")
             self._open_keys()
             self.state = State.OPEN
             return Ready()
