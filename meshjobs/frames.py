@@ -35,8 +35,8 @@ A `Session` is one end of one connection, in the manner of h11: bytes in with `r
 events out with `next_event` (None means it needs more bytes, or waits for its caller to answer
 a `Hello`), bytes out from `hello`, `challenge`, `proof` and `seal`.
 
-Rule 1: this module does no IO. It imports no os, socket, threading, time or random: nonces come
-from the caller.
+Rule 1: this module does no IO. It imports no os, socket, threading, time or random: the nonces
+and the random bytes of the fresh keys come from the caller.
 Rule 2: anything wrong with the bytes from outside raises `FrameError(reason)`, the one error
 class, and the session is dead from then on (the connection must be closed). A caller's own
 mistake (an oversized frame to send, a step out of turn, a bad nonce) raises ValueError,
