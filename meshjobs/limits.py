@@ -94,9 +94,9 @@ log_compaction_bytes_min = 4 * 1024 * 1024  # or past this many bytes of entries
 log_compaction_force_s_min = 1  # compactions asked for by size come at most this often
 
 # --- Frames and links between members (frames.py, links.py) -----------------------------------
-frame_bytes_max = 4 * 1024 * 1024  # one frame, header and MAC included (a 1 MiB blob chunk fits)
-frame_clock_skew_ms_max = 30_000  # a frame's sent_ms may differ from the receiver's clock this much
-nonce_cache_max = 262_144  # nonces a member remembers to refuse replays (~20 MiB)
+frame_bytes_max = 4 * 1024 * 1024  # one frame, header and tag included (a 1 MiB blob chunk fits)
+link_handshake_bytes_max = 4096  # one handshake frame (hello, challenge, proof), MAC included
+link_clock_skew_warn_ms = 30_000  # a peer's hello this far off our wall clock is logged (never refused)
 link_queue_frames_max = 1024  # frames queued to one peer (and as many table frames waiting)
 link_queue_bytes_max = 8 * 1024 * 1024  # bytes queued to one peer (and as many waiting)
 table_frame_wait_ms = 2_000  # a table frame waits this long for room, then its batch's rest drops
@@ -104,8 +104,8 @@ link_connect_backoff_ms_base = 100  # first redial of a peer that is down waits 
 link_connect_backoff_ms_max = 5_000  # and no redial waits longer than this
 link_idle_ms = 1_000  # a connection with nothing to send gets an F_PING this often
 link_silent_ms_max = 10_000  # a connection that received nothing for this long is closed
-link_hello_ms_max = 5_000  # a new connection must complete its F_HELLO within this
-link_pending_conns_max = 64  # accepted connections that have not said F_HELLO yet
+link_hello_ms_max = 5_000  # a new connection must complete its handshake within this
+link_pending_conns_max = 64  # accepted connections that have not completed their handshake
 link_io_bytes = 256 * 1024  # one recv or send call on a member link
 
 # --- The fleet ---------------------------------------------------------------------------------

@@ -1,16 +1,21 @@
-"""Member links: one authenticated TCP connection per peer, with bounded send queues.
+"""Member links: one sealed TCP connection per peer, with bounded send queues.
 
-This is the IO edge around `frames`. One thread (the caller starts it with `run` as its body)
-runs a selector loop over the listening socket, every connection, a wake-up pipe and the
-timers (redials, handshakes, pings, table frames waiting for room). Other threads only call
-`connect`, `send`, `send_batch`, `peers`, `stats` and `stop`, which take one short lock and never
-block on the network.
+This is the IO edge around `frames` (the pure handshake and sealing). One thread (the caller
+starts it with `run` as its body) runs a selector loop over the listening socket, every
+connection, a wake-up pipe and the timers (redials, handshakes, pings, table frames waiting for
+room). Other threads only call `connect`, `send`, `send_batch`, `peers`, `stats` and `stop`,
+which take one short lock and never block on the network.
 
 Rules:
-- The first frame each way on a connection is an F_HELLO `{"name", "boot", "peer", "to"}`. The
-  dialler speaks first; the acceptor answers once the dialler's hello is good. Until then no
-  other frame is accepted, and a connection that has not completed its hello within
-  `link_hello_ms_max` is closed.
+- A connection opens with the handshake of `frames`: the dialler's F_HELLO `{"name", "boot",
+  "peer", "to", "wall_ms"}` and its nonce, the acceptor's F_CHALLENGE (its own hello fields and
+  nonce), the dialler's F_PROOF. The acceptor answers only a good hello that is meant for it;
+  until the proof no other frame is accepted, and a connection that has not completed its
+  handshake within `link_hello_ms_max` is closed. The nonces and the fresh X25519 keys
+  come from `os.urandom` here.
+- Frames are queued as (type, packed body) and sealed when they are written to a connection:
+  the keys and the frame count belong to one connection. No frame is checked against a clock;
+  a hello whose `wall_ms` is more than `link_clock_skew_warn_ms` off ours is only logged.
 - One connection per peer. If two are up (both sides dialled), both members keep the one dialled
   by the member whose name sorts lower; a newer boot of the peer, or a second connection dialled
   by the same member, replaces the older one.
@@ -18,9 +23,11 @@ Rules:
   written per peer, and as many table frames waiting for room. Frames to a peer that is down are
   dropped. Nothing correct may depend on a frame arriving; every drop is counted.
 - Garbage from outside (any `FrameError`, a bad hello, a silent or handshake-less connection)
-  closes that connection and is counted by reason in `stats()["dropped"]`. It never raises out of
-  `run`. An exception from the `on_frame` / `on_peer` callbacks is a bug of ours and does.
-- F_HELLO and F_PING are the links' own: they are not passed to `on_frame`.
+  closes that connection, is counted by reason in `stats()["dropped"]` and is logged with the
+  peer's name (when it gave one) and address. It never raises out of `run`. An exception from
+  the `on_frame` / `on_peer` callbacks is a bug of ours and does.
+- The handshake frames, F_PING and F_VOTERS are the links' own: they are not passed to
+  `on_frame`.
 """
 
 from __future__ import annotations
@@ -39,13 +46,16 @@ import structlog
 
 from meshjobs import limits
 from meshjobs.frames import (
+    KX_BYTES,
     NONCE_BYTES,
     Frame,
-    FrameDecoder,
     FrameError,
     FrameType,
-    NonceCache,
-    encode,
+    Hello,
+    Role,
+    Session,
+    pack,
+    sealed_bytes,
 )
 
 _LISTEN = object()
@@ -58,35 +68,53 @@ _TICK_S = 0.05
 
 DISCOVER = "*"  # the `to` of a hello that asks "who are you and who are the voters?"
 
+# What an operator should know about a refusal, by reason (logged with it).
+_HINTS = {
+    "magic": "not a member link of this version (MJF2): another program, or an older meshjobs",
+    "mac": "its hello is not signed with our fleet secret: is its secret file the fleet's?",
+    "challenge": "the member dialled does not hold our fleet secret (or its answer was replayed)",
+    "proof": "the dialler did not prove it holds the fleet secret (a replayed handshake?)",
+    "aead": "a sealed frame did not open: bytes changed, replayed or reordered on the way",
+}
+
 
 def discover(addr: tuple[str, int], self_name: str, boot: str, secret: bytes,
              timeout_s: float = 5.0) -> dict[str, Any]:
     """Ask the member at `addr` for its hello and the fleet's voters (blocking; used once when a
-    worker member starts with `join`). Raises OSError or FrameError when it cannot."""
+    worker member starts with `join`), over a whole handshake: the answer comes only after both
+    ends proved they hold the secret. Raises OSError or FrameError when it cannot."""
     deadline = time.monotonic() + timeout_s
+    session = Session(secret, Role.DIALLER)
+    hello: dict[str, Any] | None = None
     with socket.create_connection(addr, timeout=timeout_s) as sock:
-        sock.sendall(encode(FrameType.F_HELLO, {"name": self_name, "boot": boot, "peer": "",
-                                                "to": DISCOVER}, secret, wall_ms(),
-                            os.urandom(NONCE_BYTES)))
-        decoder = FrameDecoder(secret)
+        sock.sendall(session.hello({"name": self_name, "boot": boot, "peer": "",
+                                    "to": DISCOVER, "wall_ms": wall_ms()},
+                                   os.urandom(NONCE_BYTES), os.urandom(KX_BYTES)))
         while True:
-            frame = decoder.next_frame(wall_ms())
-            if frame is not None:
-                if frame.type != FrameType.F_HELLO or not isinstance(frame.body.get("voters"), dict):
+            event = session.next_event()
+            if isinstance(event, Hello):
+                hello = event.body
+                sock.sendall(session.proof())
+                continue
+            if isinstance(event, Frame):
+                voters = event.body.get("voters")
+                if event.type != FrameType.F_VOTERS or not isinstance(voters, dict):
                     raise FrameError("hello", "the member did not answer with its voters")
-                return frame.body
+                assert hello is not None
+                return {**hello, "voters": voters}
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"no answer from {addr[0]}:{addr[1]} within {timeout_s} s")
             sock.settimeout(left)
-            data = sock.recv(min(decoder.room(), 65536))
+            data = sock.recv(min(session.room(), 65536))
             if not data:
                 raise ConnectionError(f"{addr[0]}:{addr[1]} closed the connection")
-            decoder.receive_data(data)
+            session.receive_data(data)
 
 
 def wall_ms() -> int:
-    """Milliseconds since the epoch: frames carry wall time, compared across members."""
+    """Milliseconds since the epoch: only logged (clock skew between members), never compared
+    to refuse anything."""
     return time.time_ns() // 1_000_000
 
 
@@ -102,17 +130,20 @@ def _parse_hostport(value: str) -> tuple[str, int]:
 class _Conn:
     """One TCP connection; touched only by the link thread."""
 
-    __slots__ = ("sock", "outgoing", "name", "dialler", "decoder", "established", "hello",
+    __slots__ = ("sock", "outgoing", "name", "dialler", "session", "established", "hello",
                  "out", "connecting", "created_ms", "last_recv_ms", "last_sent_ms", "closed",
-                 "events", "seq")
+                 "events", "seq", "addr", "claimed", "discover")
 
     def __init__(self, sock: socket.socket, outgoing: bool, name: str | None,
-                 decoder: FrameDecoder, now: float, seq: int) -> None:
+                 session: Session, now: float, seq: int, addr: str) -> None:
         self.sock = sock
         self.outgoing = outgoing
         self.name = name  # for an outgoing connection, the peer it was dialled to
         self.dialler: str | None = None
-        self.decoder = decoder
+        self.session = session
+        self.addr = addr  # host:port of the other end, for the log
+        self.claimed: str | None = None  # the name in its hello, before it is proven
+        self.discover = False  # a joining worker asking for the voters
         self.established = False
         self.hello: dict[str, Any] | None = None
         self.out = bytearray()
@@ -126,6 +157,9 @@ class _Conn:
         self.seq = seq
 
 
+_Item = tuple[FrameType, bytes, int]
+
+
 class _Peer:
     """What the links know of one peer; guarded by Links._lock."""
 
@@ -136,13 +170,15 @@ class _Peer:
         self.dialing: _Conn | None = None
         self.next_dial_ms = 0.0
         self.backoff_ms = float(limits.link_connect_backoff_ms_base)
-        self.queue: deque[bytes] = deque()
+        # Frames to write, sealed only when written: (type, packed body, bytes on the wire).
+        self.queue: deque[_Item] = deque()
         self.queue_bytes = 0
         # Table frames waiting for room: (frame, batch id, since when, monotonic ms).
-        self.waiting: deque[tuple[bytes, int, float]] = deque()
+        self.waiting: deque[tuple[_Item, int, float]] = deque()
         self.waiting_bytes = 0
         self.since_ms: int | None = None
         self.hello: dict[str, Any] | None = None
+        self.skew_ms: int | None = None  # its wall clock minus ours, at its last handshake
         self.sent = 0
         self.received = 0
         self.dropped = 0
@@ -180,9 +216,6 @@ class Links:
         self._silent_ms_max = silent_ms_max
         self._hello_ms_max = hello_ms_max
         self._frame_bytes_max = frame_bytes_max
-        # One replay cache for every connection: a frame replayed on another connection is
-        # still a replay.
-        self._nonces = NonceCache()
 
         self._lock = threading.Lock()
         self._peers: dict[str, _Peer] = {}
@@ -232,17 +265,17 @@ class Links:
         """Queue one frame to `name`; False if it was dropped (peer down, queue full)."""
         if table:
             return self.send_batch(name, [(ftype, body)], table=True) == 1
-        data = self._encode(ftype, body)
+        item = self._pack(ftype, body)
         with self._lock:
             peer = self._peers.get(name)
             if peer is None or peer.conn is None:
                 self._drop_send(peer, "down", 1)
                 return False
-            if not self._has_room(peer, len(data)):
+            if not self._has_room(peer, item[2]):
                 self._drop_send(peer, "full", 1)
                 return False
-            peer.queue.append(data)
-            peer.queue_bytes += len(data)
+            peer.queue.append(item)
+            peer.queue_bytes += item[2]
         self._wake()
         return True
 
@@ -256,7 +289,7 @@ class Links:
         """
         if not table:
             return sum(self.send(name, t, b) for t, b in frames)
-        encoded = [self._encode(t, b) for t, b in frames]
+        encoded = [self._pack(t, b) for t, b in frames]
         if not encoded:
             return 0
         now = _mono_ms()
@@ -268,14 +301,14 @@ class Links:
             self._batch_seq += 1
             batch = self._batch_seq
             taken = 0
-            for data in encoded:
-                if not peer.waiting and self._has_room(peer, len(data)):
-                    peer.queue.append(data)
-                    peer.queue_bytes += len(data)
+            for item in encoded:
+                if not peer.waiting and self._has_room(peer, item[2]):
+                    peer.queue.append(item)
+                    peer.queue_bytes += item[2]
                 elif (len(peer.waiting) < self._queue_frames_max
-                      and peer.waiting_bytes + len(data) <= self._queue_bytes_max):
-                    peer.waiting.append((data, batch, now))
-                    peer.waiting_bytes += len(data)
+                      and peer.waiting_bytes + item[2] <= self._queue_bytes_max):
+                    peer.waiting.append((item, batch, now))
+                    peer.waiting_bytes += item[2]
                 else:
                     break
                 taken += 1
@@ -285,7 +318,8 @@ class Links:
         return taken
 
     def peers(self) -> dict[str, dict[str, Any]]:
-        """Every peer the links know: up, since_ms, sent, received, dropped (outgoing)."""
+        """Every peer the links know: up, since_ms, sent, received, dropped (outgoing), and
+        clock_skew_ms (its wall clock minus ours at its last handshake; only informative)."""
         with self._lock:
             return {
                 p.name: {
@@ -298,14 +332,16 @@ class Links:
                     "waiting": len(p.waiting),
                     "addr": f"{p.addr[0]}:{p.addr[1]}" if p.addr else None,
                     "boot": p.hello.get("boot") if p.hello else None,
+                    "clock_skew_ms": p.skew_ms,
                 }
                 for p in self._peers.values()
             }
 
     def stats(self) -> dict[str, Any]:
         """Counters: `dropped` (incoming garbage, by reason), `send_dropped` (outgoing frames
-        dropped, by reason: down, full, table_wait), `peers_up`, `pending` (connections without
-        a hello yet), `conns` (connections with one), `sent`, `received`."""
+        dropped, by reason: down, full, table_wait), `peers_up`, `pending` (accepted connections
+        whose handshake is not complete), `conns` (connections whose handshake is), `sent`,
+        `received`."""
         with self._lock:
             return {
                 "dropped": dict(self._dropped),
@@ -357,9 +393,16 @@ class Links:
             peer = self._peers[name] = _Peer(name)
         return peer
 
-    def _encode(self, ftype: FrameType, body: dict[str, Any]) -> bytes:
-        return encode(ftype, body, self._secret, self._clock_ms(), os.urandom(NONCE_BYTES),
-                      self._frame_bytes_max)
+    def _pack(self, ftype: FrameType, body: dict[str, Any]) -> _Item:
+        """A frame to queue: sealed later, when it is written to a connection. Raises ValueError
+        if it would exceed frame_bytes_max (the sender's bug: callers size their batches)."""
+        ftype = FrameType(ftype)
+        packed = pack(body)
+        size = sealed_bytes(len(packed))
+        if size > self._frame_bytes_max:
+            raise ValueError(f"frame of {size} bytes exceeds frame_bytes_max="
+                             f"{self._frame_bytes_max}")
+        return (ftype, packed, size)
 
     def _has_room(self, peer: _Peer, size: int) -> bool:
         return (len(peer.queue) < self._queue_frames_max
@@ -393,15 +436,17 @@ class Links:
         except (BlockingIOError, OSError):
             pass
 
-    def _hello(self, to: str) -> bytes:
+    def _hello_body(self, to: str) -> dict[str, Any]:
         host, port = self.address
-        return self._encode(FrameType.F_HELLO, {"name": self.self_name, "boot": self.boot,
-                                                "peer": f"{host}:{port}", "to": to})
+        return {"name": self.self_name, "boot": self.boot, "peer": f"{host}:{port}", "to": to,
+                "wall_ms": self._clock_ms()}
 
-    def _new_conn(self, sock: socket.socket, outgoing: bool, name: str | None) -> _Conn:
+    def _new_conn(self, sock: socket.socket, outgoing: bool, name: str | None,
+                  addr: str) -> _Conn:
         self._conn_seq += 1
-        decoder = FrameDecoder(self._secret, self._frame_bytes_max, nonces=self._nonces)
-        conn = _Conn(sock, outgoing, name, decoder, _mono_ms(), self._conn_seq)
+        session = Session(self._secret, Role.DIALLER if outgoing else Role.ACCEPTOR,
+                          self._frame_bytes_max)
+        conn = _Conn(sock, outgoing, name, session, _mono_ms(), self._conn_seq, addr)
         self._sel.register(sock, conn.events, conn)
         self._conns.add(conn)
         return conn
@@ -409,7 +454,7 @@ class Links:
     def _accept(self) -> None:
         for _ in range(limits.link_pending_conns_max):
             try:
-                sock, _addr = self._listener.accept()
+                sock, addr = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
@@ -426,7 +471,7 @@ class Links:
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._new_conn(sock, outgoing=False, name=None)
+            self._new_conn(sock, outgoing=False, name=None, addr=f"{addr[0]}:{addr[1]}")
 
     def _dial(self, peer: _Peer) -> None:
         # Called with the lock held; the socket calls below do not block (an IP address does
@@ -444,7 +489,7 @@ class Links:
             self._log.info("link_dial_failed", peer=peer.name, error=str(e))
             self._backoff(peer)
             return
-        peer.dialing = self._new_conn(sock, outgoing=True, name=peer.name)
+        peer.dialing = self._new_conn(sock, outgoing=True, name=peer.name, addr=f"{host}:{port}")
 
     def _backoff(self, peer: _Peer) -> None:
         # Called with the lock held. Jitter keeps a fleet from redialling in step.
@@ -462,7 +507,8 @@ class Links:
                     return
                 conn.connecting = False
                 assert conn.name is not None
-                conn.out += self._hello(conn.name)
+                conn.out += conn.session.hello(self._hello_body(conn.name),
+                                               os.urandom(NONCE_BYTES), os.urandom(KX_BYTES))
                 self._set_events(conn)
             return
         if mask & selectors.EVENT_READ:
@@ -472,7 +518,7 @@ class Links:
 
     def _read(self, conn: _Conn) -> None:
         for _ in range(_READS_PER_TURN):
-            want = min(limits.link_io_bytes, conn.decoder.room())
+            want = min(limits.link_io_bytes, conn.session.room())
             try:
                 data = conn.sock.recv(want)
             except (BlockingIOError, InterruptedError):
@@ -484,16 +530,22 @@ class Links:
                 self._close(conn, "eof")
                 return
             conn.last_recv_ms = _mono_ms()
-            conn.decoder.receive_data(data)
+            conn.session.receive_data(data)
             while True:
                 try:
-                    frame = conn.decoder.next_frame(self._clock_ms())
+                    event = conn.session.next_event()
                 except FrameError as e:
+                    conn.claimed = conn.claimed or e.claimed
                     self._garbage(conn, e.reason, e.detail)
                     return
-                if frame is None:
+                if event is None:
                     break
-                self._frame(conn, frame)
+                if isinstance(event, Frame):
+                    self._frame(conn, event)
+                elif isinstance(event, Hello):
+                    self._hello(conn, event.body)
+                else:
+                    self._proven(conn)
                 if conn.closed:
                     return
             if len(data) < want:
@@ -501,18 +553,19 @@ class Links:
 
     def _garbage(self, conn: _Conn, reason: str, detail: str = "") -> None:
         self._count(reason)
-        self._log.warning("link_garbage", reason=reason, detail=detail,
-                          peer=conn.name if conn.established else None)
+        # The name is the proven one once linked, else whatever the other end claimed (or the
+        # peer we dialled); the address is always known.
+        self._log.warning("link_refused", reason=reason, detail=detail,
+                          peer=conn.name or conn.claimed, addr=conn.addr,
+                          proven=conn.established, outgoing=conn.outgoing,
+                          hint=_HINTS.get(reason, ""))
         self._close(conn, reason)
 
     def _frame(self, conn: _Conn, frame: Frame) -> None:
-        if not conn.established:
-            self._handshake(conn, frame)
-            return
-        if frame.type == FrameType.F_HELLO:
-            self._garbage(conn, "hello", "a second hello")
-            return
         if frame.type == FrameType.F_PING:
+            return
+        if frame.type == FrameType.F_VOTERS:
+            self._garbage(conn, "hello", "voters on a member link")
             return
         assert conn.name is not None
         with self._lock:
@@ -521,26 +574,28 @@ class Links:
                 peer.received += 1
         self._on_frame(conn.name, frame)
 
-    def _handshake(self, conn: _Conn, frame: Frame) -> None:
-        body = frame.body
-        if frame.type != FrameType.F_HELLO:
-            self._garbage(conn, "hello", f"first frame is {frame.type.name}")
-            return
+    def _hello(self, conn: _Conn, body: dict[str, Any]) -> None:
+        """The other end's hello (we accepted) or challenge (we dialled), its MAC good."""
         name, boot, peer_addr, to = (body.get(k) for k in ("name", "boot", "peer", "to"))
         if not (isinstance(name, str) and name and isinstance(boot, str)
                 and isinstance(peer_addr, str) and isinstance(to, str)):
             self._garbage(conn, "hello", "missing or mistyped fields")
             return
-        if to == DISCOVER and not conn.outgoing and self._discovery is not None:
-            self._discover_reply(conn, name)
+        conn.claimed = name
+        if conn.outgoing:
+            if name != conn.name or to != self.self_name:
+                self._garbage(conn, "hello", f"dialled {conn.name!r}, {name!r} answered to {to!r}")
+                return
+            conn.hello = dict(body)
+            conn.out += conn.session.proof()
+            self._establish(conn)
             return
-        if to != self.self_name or name == self.self_name:
+        if to == DISCOVER and self._discovery is not None:
+            conn.discover = True
+        elif to != self.self_name or name == self.self_name:
             self._garbage(conn, "hello", f"hello from {name!r} to {to!r}")
             return
-        if conn.outgoing and name != conn.name:
-            self._garbage(conn, "hello", f"dialled {conn.name!r}, {name!r} answered")
-            return
-        if not conn.outgoing and self.self_name < name:
+        elif self.self_name < name:
             with self._lock:
                 peer = self._peers.get(name)
                 dialing = peer is not None and peer.dialing is not None
@@ -550,13 +605,38 @@ class Links:
                 # down again. Should our dial fail, the peer's next dial is accepted.
                 self._close(conn, "duplicate")
                 return
-        conn.name = name
         conn.hello = dict(body)
+        # The acceptor answers only a good hello meant for it, so a stranger learns nothing,
+        # and one that replays a recorded hello gets a challenge it cannot answer.
+        conn.out += conn.session.challenge(self._hello_body(name), os.urandom(NONCE_BYTES),
+                                           os.urandom(KX_BYTES))
+
+    def _proven(self, conn: _Conn) -> None:
+        """The dialler proved it holds the secret: the connection is the claimed member's."""
+        if conn.discover:
+            self._discover_reply(conn)
+        else:
+            self._establish(conn)
+
+    def _skew(self, name: str, hello: dict[str, Any]) -> int | None:
+        """The peer's wall clock minus ours, logged when large; never a reason to refuse."""
+        theirs = hello.get("wall_ms")
+        if not isinstance(theirs, int) or isinstance(theirs, bool):
+            return None
+        skew = theirs - self._clock_ms()
+        if abs(skew) > limits.link_clock_skew_warn_ms:
+            self._log.warning("link_clock_skew", peer=name, skew_ms=skew,
+                              hint="the links do not depend on it, but logs and job times "
+                                   "will disagree: check NTP on both members")
+        return skew
+
+    def _establish(self, conn: _Conn) -> None:
+        assert conn.hello is not None
+        name, boot = conn.hello["name"], conn.hello["boot"]
+        conn.name = name
         conn.established = True
         conn.dialler = self.self_name if conn.outgoing else name
-        if not conn.outgoing:
-            # The acceptor answers only a good hello, so a stranger learns nothing.
-            conn.out += self._hello(name)
+        skew = self._skew(name, conn.hello)
         events: list[tuple[bool, dict[str, Any]]] = []
         loser: _Conn | None = None
         with self._lock:
@@ -579,32 +659,34 @@ class Links:
                     old = None
                 peer.conn = conn
                 peer.hello = conn.hello
+                peer.skew_ms = skew
                 peer.backoff_ms = float(limits.link_connect_backoff_ms_base)
                 if old is None:
                     peer.since_ms = self._clock_ms()
                     events.append((True, conn.hello))
-        self._log.info("link_up", peer=name, outgoing=conn.outgoing, replaces=loser is not None)
+        self._log.info("link_up", peer=name, addr=conn.addr, outgoing=conn.outgoing,
+                       replaces=loser is not None)
         if loser is not None:
             self._close(loser, "duplicate")
         self._set_events(conn)
         self._report(name, events)
 
-    def _discover_reply(self, conn: _Conn, name: str) -> None:
+    def _discover_reply(self, conn: _Conn) -> None:
         """A member that knows only our address asked who we are and who the voters are (a
-        worker joining with `join = "host:port"`): answer with our hello and the voters, then
-        close. The answer is a few hundred bytes on a fresh socket, so the send does not wait."""
+        worker joining with `join = "host:port"`) and proved it holds the secret: answer with
+        the voters, then close. The answer is a few hundred bytes on a fresh socket, so the send
+        does not wait."""
         assert self._discovery is not None
-        host, port = self.address
-        reply = self._encode(FrameType.F_HELLO, {
-            "name": self.self_name, "boot": self.boot, "peer": f"{host}:{port}", "to": name,
-            "voters": self._discovery()})
+        conn.out += conn.session.seal(FrameType.F_VOTERS, {"voters": self._discovery()})
         try:
             conn.sock.setblocking(True)
             conn.sock.settimeout(1.0)
-            conn.sock.sendall(reply)
+            conn.sock.sendall(conn.out)
         except OSError:
             pass
+        conn.out.clear()
         self._count("discovery")
+        self._log.info("link_discovery", peer=conn.claimed, addr=conn.addr)
         self._close(conn, "discovery")
 
     def _choose(self, old: _Conn, new: _Conn) -> _Conn:
@@ -690,16 +772,16 @@ class Links:
         # Called with the lock held: move waiting table frames into the queue as room appears;
         # a frame that waited too long drops the rest of its batch.
         while peer.waiting:
-            data, batch, since = peer.waiting[0]
-            if self._has_room(peer, len(data)):
+            item, batch, since = peer.waiting[0]
+            if self._has_room(peer, item[2]):
                 peer.waiting.popleft()
-                peer.waiting_bytes -= len(data)
-                peer.queue.append(data)
-                peer.queue_bytes += len(data)
+                peer.waiting_bytes -= item[2]
+                peer.queue.append(item)
+                peer.queue_bytes += item[2]
             elif now - since >= self._table_wait_ms:
                 dropped = 0
                 while peer.waiting and peer.waiting[0][1] == batch:
-                    peer.waiting_bytes -= len(peer.waiting.popleft()[0])
+                    peer.waiting_bytes -= peer.waiting.popleft()[0][2]
                     dropped += 1
                 self._drop_send(peer, "table_wait", dropped)
                 self._log.info("link_table_frames_dropped", peer=peer.name, frames=dropped)
@@ -712,17 +794,24 @@ class Links:
             if conn.closed or conn.connecting:
                 continue
             if conn.established and len(conn.out) < limits.link_io_bytes:
+                taken: list[_Item] = []
+                room = limits.link_io_bytes - len(conn.out)
                 with self._lock:
                     peer = self._peers.get(conn.name) if conn.name is not None else None
                     if peer is not None and peer.conn is conn:
-                        while peer.queue and len(conn.out) < limits.link_io_bytes:
-                            data = peer.queue.popleft()
-                            peer.queue_bytes -= len(data)
-                            conn.out += data
+                        while peer.queue and room > 0:
+                            item = peer.queue.popleft()
+                            peer.queue_bytes -= item[2]
+                            room -= item[2]
+                            taken.append(item)
                             peer.sent += 1
                         self._drain_waiting(peer, now)
+                # Sealed here, outside the lock and in the order written: the AEAD nonce is
+                # the count of frames sealed before on this connection.
+                for ftype, packed, _ in taken:
+                    conn.out += conn.session.seal_packed(ftype, packed)
                 if not conn.out and now - conn.last_sent_ms >= self._idle_ms:
-                    conn.out += self._encode(FrameType.F_PING, {})
+                    conn.out += conn.session.seal(FrameType.F_PING, {})
             if conn.out:
                 self._write(conn)
             if not conn.closed:

@@ -431,6 +431,27 @@ def close_all(socks: list[socket.socket]) -> None:
         s.close()
 
 
+_CLOCK_SHIFT = """\
+# Written by tests/fleet.py's shift_clock: this process's wall clock runs {seconds} s off.
+import time as _time
+
+_time_f, _time_ns_f = _time.time, _time.time_ns
+_time.time = lambda: _time_f() + {seconds}
+_time.time_ns = lambda: _time_ns_f() + {ns}
+"""
+
+
+def shift_clock(m: Meshd, seconds: float) -> None:
+    """Start `m` with its wall clock (time.time, time.time_ns) `seconds` off the others', as a
+    member whose clock is wrong would be: a sitecustomize in a folder of its own, first on its
+    PYTHONPATH. Monotonic clocks stay as they are, as they would."""
+    folder = os.path.join(os.path.dirname(m.data.rstrip("/")), f"{m.name}-clock")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "sitecustomize.py"), "w") as f:
+        f.write(_CLOCK_SHIFT.format(seconds=float(seconds), ns=int(seconds * 1_000_000_000)))
+    m.extra_env["PYTHONPATH"] = folder + os.pathsep + ROOT
+
+
 def make_fleet(top: str, voters: int = 3, workers: int = 0, slots: int = 2,
                dead_ms: int = 1500, worker_slots: int | None = None,
                extra: str = "") -> list[Meshd]:

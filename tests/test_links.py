@@ -1,5 +1,5 @@
-"""Member links over real TCP on 127.0.0.1: handshake, one connection per peer, bounded queues,
-and hostile input on the port."""
+"""Member links over real TCP on 127.0.0.1: handshake, sealed frames, one connection per peer,
+bounded queues, and hostile input on the port."""
 
 from __future__ import annotations
 
@@ -13,7 +13,17 @@ from typing import Any
 import pytest
 
 from meshjobs import limits
-from meshjobs.frames import HEADER, MAGIC, NONCE_BYTES, Frame, FrameError, FrameType, encode
+from meshjobs.frames import (
+    HEADER,
+    MAGIC,
+    NONCE_BYTES,
+    Frame,
+    FrameError,
+    FrameType,
+    Hello,
+    Role,
+    Session,
+)
 from meshjobs.links import Links, wall_ms
 
 SECRET = bytes(range(32))
@@ -111,10 +121,127 @@ def exchange(a: Member, b: Member, tag: str) -> None:
 
 # --- raw sockets speaking (or mangling) the protocol ------------------------------------------
 
-def hello(name: str, to: str, secret: bytes = SECRET, now: int | None = None) -> bytes:
-    return encode(FrameType.F_HELLO, {"name": name, "boot": "raw", "peer": "127.0.0.1:1",
-                                      "to": to},
-                  secret, wall_ms() if now is None else now, os.urandom(NONCE_BYTES))
+def hello_body(name: str, to: str) -> dict[str, Any]:
+    return {"name": name, "boot": "raw", "peer": "127.0.0.1:1", "to": to, "wall_ms": wall_ms()}
+
+
+def hello(name: str, to: str, secret: bytes = SECRET) -> bytes:
+    """A dialler's first frame, from a fresh session."""
+    return Session(secret, Role.DIALLER).hello(hello_body(name, to), os.urandom(NONCE_BYTES),
+                                               os.urandom(32))
+
+
+class RawPeer:
+    """A raw socket that speaks the handshake itself and keeps every byte it sent."""
+
+    def __init__(self, addr: tuple[str, int], name: str, to: str, secret: bytes = SECRET,
+                 rcvbuf: int | None = None) -> None:
+        self.sock = raw(addr, rcvbuf)
+        self.session = Session(secret, Role.DIALLER)
+        self.name, self.to = name, to
+        self.sent: list[bytes] = []
+
+    def send(self, data: bytes) -> None:
+        self.sent.append(data)
+        self.sock.sendall(data)
+
+    def event(self) -> Any:
+        """The next event from the other end (blocking)."""
+        while (ev := self.session.next_event()) is None:
+            data = self.sock.recv(min(self.session.room(), 1 << 20))
+            assert data, "the member closed the connection"
+            self.session.receive_data(data)
+        return ev
+
+    def handshake(self) -> dict[str, Any]:
+        self.send(self.session.hello(hello_body(self.name, self.to), os.urandom(NONCE_BYTES),
+                                     os.urandom(32)))
+        ev = self.event()
+        assert isinstance(ev, Hello)
+        self.send(self.session.proof())
+        return ev.body
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class LogRecorder:
+    """Collects what Links logs (event name and fields), as a structlog logger would get it."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, str, dict[str, Any]]] = []
+        self._mu = threading.Lock()
+
+    def __getattr__(self, level: str) -> Callable[..., None]:
+        def record(event: str, **kw: Any) -> None:
+            with self._mu:
+                self.records.append((level, event, kw))
+        return record
+
+    def find(self, event: str, **match: Any) -> list[dict[str, Any]]:
+        with self._mu:
+            return [kw for _, e, kw in self.records
+                    if e == event and all(kw.get(k) == v for k, v in match.items())]
+
+
+class Proxy:
+    """A TCP proxy in front of a member that records every byte both ways and can flip one bit
+    of the next chunk going up (towards the member)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address: tuple[str, int] = self.listener.getsockname()[:2]
+        self.seen = {"up": bytearray(), "down": bytearray()}
+        self.flip_up = threading.Event()
+        self._mu = threading.Lock()
+        self._socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                c, _ = self.listener.accept()
+                s = socket.create_connection(self.target)
+            except OSError:
+                return
+            with self._mu:
+                self._socks += [c, s]
+            threading.Thread(target=self._pump, args=(c, s, "up"), daemon=True).start()
+            threading.Thread(target=self._pump, args=(s, c, "down"), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, way: str) -> None:
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                for x in (src, dst):
+                    try:
+                        x.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                return
+            if way == "up" and self.flip_up.is_set():
+                self.flip_up.clear()
+                data = data[:-1] + bytes([data[-1] ^ 0x01])
+            with self._mu:
+                self.seen[way] += data
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
+
+    def captured(self) -> bytes:
+        with self._mu:
+            return bytes(self.seen["up"] + self.seen["down"])
+
+    def close(self) -> None:
+        self.listener.close()
+        with self._mu:
+            for s in self._socks:
+                s.close()
 
 
 def raw(addr: tuple[str, int], rcvbuf: int | None = None) -> socket.socket:
@@ -126,17 +253,23 @@ def raw(addr: tuple[str, int], rcvbuf: int | None = None) -> socket.socket:
     return s
 
 
-def closed_by_peer(s: socket.socket, timeout: float = WAIT_S) -> bool:
-    """True once the other end closed the connection (reading whatever it sent first)."""
+def answer_then_close(s: socket.socket, timeout: float = WAIT_S) -> bytes | None:
+    """What the other end sent before it closed the connection; None if it did not close."""
     s.settimeout(timeout)
+    got = b""
     try:
-        while s.recv(65536):
-            pass
+        while chunk := s.recv(65536):
+            got += chunk
     except (ConnectionResetError, BrokenPipeError):
         pass
     except TimeoutError:
-        return False
-    return True
+        return None
+    return got
+
+
+def closed_by_peer(s: socket.socket, timeout: float = WAIT_S) -> bool:
+    """True once the other end closed the connection (reading whatever it sent first)."""
+    return answer_then_close(s, timeout) is not None
 
 
 # --- exchanging frames -------------------------------------------------------------------------
@@ -235,8 +368,8 @@ def test_a_peer_that_stops_reading(members):
     """Non-table frames drop when the queue is full; a table batch waits, then its rest drops;
     send() never blocks the caller."""
     a = members("a")
-    slow = raw(a.address, rcvbuf=4096)
-    slow.sendall(hello("slow", "a"))
+    slow = RawPeer(a.address, "slow", "a", rcvbuf=4096)
+    slow.handshake()
     wait_for(lambda: a.up("slow"))
     big = {"b": b"x" * (256 * 1024)}
     sent = 0
@@ -285,8 +418,8 @@ def test_a_peer_that_stops_reading(members):
 def test_table_frames_wait_for_room_and_go_when_it_appears(members):
     """A table frame that finds the queue full waits, and is sent once room appears."""
     a = members("a", queue_frames_max=4)
-    slow = raw(a.address, rcvbuf=4096)
-    slow.sendall(hello("slow", "a"))
+    slow = RawPeer(a.address, "slow", "a", rcvbuf=4096)
+    slow.handshake()
     wait_for(lambda: a.up("slow"))
     pad = {"p": b"z" * (128 * 1024)}
     for _ in range(400):
@@ -298,13 +431,11 @@ def test_table_frames_wait_for_room_and_go_when_it_appears(members):
     assert a.links.send_batch("slow", [(FrameType.F_JOB_STATE, {"last": True})]) == 1
     assert a.links.peers()["slow"]["waiting"] == 1
     # Start reading: room appears, the waiting frame is sent rather than dropped.
-    got = bytearray()
-    slow.settimeout(WAIT_S)
-    deadline = time.monotonic() + WAIT_S
-    while b"last" not in got and time.monotonic() < deadline:
-        got += slow.recv(1 << 20)
-        del got[: max(0, len(got) - 64)]
-    assert b"last" in got
+    while True:
+        ev = slow.event()
+        assert isinstance(ev, Frame)
+        if ev.body.get("last"):
+            break
     assert "table_wait" not in a.links.stats()["send_dropped"]
     slow.close()
 
@@ -312,9 +443,11 @@ def test_table_frames_wait_for_room_and_go_when_it_appears(members):
 # --- hostile input -----------------------------------------------------------------------------
 
 def test_hostile_input_is_dropped_and_counted(members):
-    """Garbage, a huge length, a replay, a foreign secret, a wrong first frame and a silent
-    connection each close that connection and are counted; good peers are not disturbed."""
-    a = members("a", hello_ms_max=1000)
+    """Garbage, a huge length, an old member's MJF1, a foreign secret, a wrong first frame, a
+    replayed handshake, a tampered sealed frame and a silent connection each close that
+    connection and are counted; good peers are not disturbed."""
+    log = LogRecorder()
+    a = members("a", hello_ms_max=1000, log=log)
     b = members("b")
     mesh(a, b)
     exchange(a, b, "before")
@@ -328,46 +461,67 @@ def test_hostile_input_is_dropped_and_counted(members):
     assert dropped("magic") == 1
 
     s = raw(a.address)
-    s.sendall(HEADER.pack(MAGIC, int(FrameType.F_HELLO), 0, 2**32 - 1, wall_ms(),
-                          os.urandom(NONCE_BYTES)))
+    s.sendall(b"MJF1" + bytes(30))  # a member of the old protocol
+    assert closed_by_peer(s)
+    assert dropped("magic") == 2
+
+    s = raw(a.address)
+    s.sendall(HEADER.pack(MAGIC, int(FrameType.F_HELLO), 0, 2**32 - 1))
     assert closed_by_peer(s)
     assert dropped("length") == 1
 
     s = raw(a.address)
     s.sendall(hello("mallory", "a", secret=OTHER))
-    assert closed_by_peer(s)
+    assert answer_then_close(s) == b"", "a stranger learns nothing"
     assert dropped("mac") == 1
+    assert log.find("link_refused", reason="mac", peer="mallory"), "the log names the peer"
 
     s = raw(a.address)
-    s.sendall(hello("m-old", "a", now=wall_ms() - limits.frame_clock_skew_ms_max - 5000))
+    s.sendall(HEADER.pack(MAGIC, int(FrameType.F_LEASE), 0, 17) + bytes(17))
     assert closed_by_peer(s)
-    assert dropped("clock") == 1
-
-    s = raw(a.address)
-    s.sendall(encode(FrameType.F_LEASE, {}, SECRET, wall_ms(), os.urandom(NONCE_BYTES)))
-    assert closed_by_peer(s)
-    assert dropped("hello") == 1
+    assert dropped("handshake") == 1
 
     s = raw(a.address)
     s.sendall(hello("b", "someone-else"))
     assert closed_by_peer(s)
-    assert dropped("hello") == 2
+    assert dropped("hello") == 1
 
-    # A good hello, then the very same bytes again on a second connection.
-    h = hello("replayer", "a")
-    first = raw(a.address)
-    first.sendall(h)
+    # A whole handshake recorded, then replayed on a new connection: a challenge, and no more.
+    first = RawPeer(a.address, "replayer", "a")
+    first.handshake()
     wait_for(lambda: a.up("replayer"))
+    first.send(first.session.seal(FrameType.F_RESULT, {"once": True}))
+    wait_for(lambda: a.got("replayer", FrameType.F_RESULT) == [{"once": True}])
     s = raw(a.address)
-    s.sendall(h)
+    s.sendall(first.sent[0])
+    s.sendall(b"".join(first.sent[1:]))
     assert closed_by_peer(s)
-    assert dropped("replay") == 1
+    assert dropped("proof") == 1
+    assert log.find("link_refused", reason="proof", peer="replayer")
+    assert a.got("replayer", FrameType.F_RESULT) == [{"once": True}]
+
+    # A sealed frame with one bit changed.
+    t = RawPeer(a.address, "tamperer", "a")
+    t.handshake()
+    wait_for(lambda: a.up("tamperer"))
+    bad = bytearray(t.session.seal(FrameType.F_RESULT, {"x": 1}))
+    bad[-3] ^= 0x40
+    t.send(bytes(bad))
+    assert closed_by_peer(t.sock)
+    assert dropped("aead") == 1
+    assert log.find("link_refused", reason="aead", peer="tamperer", proven=True)
+    assert not a.got("tamperer", FrameType.F_RESULT)
 
     s = raw(a.address)
     t0 = time.monotonic()
-    assert closed_by_peer(s), "a connection without hello was kept"
+    assert closed_by_peer(s), "a connection without a handshake was kept"
     assert time.monotonic() - t0 >= 0.9
     assert dropped("hello_timeout") == 1
+
+    # Every refusal was logged with the reason and the address of the other end.
+    refused = log.find("link_refused")
+    assert len(refused) == sum(a.links.stats()["dropped"].values())
+    assert all(r["addr"].startswith("127.0.0.1:") and r["reason"] for r in refused)
 
     # None of it disturbed the link to b.
     wait_for(lambda: a.links.stats()["pending"] == 0)
@@ -377,13 +531,93 @@ def test_hostile_input_is_dropped_and_counted(members):
     first.close()
 
 
-def test_a_silent_connection_is_closed(members):
-    """A peer that completed its hello but sends nothing (no pings) is closed."""
-    a = members("a", silent_ms_max=500, idle_ms=100)
-    s = raw(a.address)
-    s.sendall(hello("quiet", "a"))
-    wait_for(lambda: a.up("quiet"))
+def test_a_replayed_handshake_to_a_restarted_member_is_not_answered(members):
+    """Rule: a handshake recorded on the wire and replayed to the member after it restarted
+    (its memory gone) gets a challenge and nothing more: no link, no frame delivered."""
+    log = LogRecorder()
+    a = members("a", log=log)
+    port = a.address
+    rec = RawPeer(a.address, "d", "a")
+    rec.handshake()
+    rec.send(rec.session.seal(FrameType.F_LEASE, {"run": "recorded"}))
+    wait_for(lambda: a.got("d", FrameType.F_LEASE) == [{"run": "recorded"}])
+    rec.close()
+    a.stop()
+
+    a2 = members("a", listen=port, log=log)
+    s = raw(a2.address)
+    s.sendall(rec.sent[0])  # the recorded hello
+    got = b""
+    while len(got) < 10 or len(got) < 10 + int.from_bytes(got[6:10], "big"):
+        got += s.recv(4096)
+    assert got[4] == int(FrameType.F_CHALLENGE), "the answer is a challenge"
+    s.sendall(b"".join(rec.sent[1:]))  # the recorded proof and sealed frame
     assert closed_by_peer(s)
+    wait_for(lambda: a2.links.stats()["dropped"].get("proof") == 1)
+    assert a2.frames == [] and not a2.up("d")
+    wait_for(lambda: a2.links.stats()["pending"] == 0)
+    assert log.find("link_refused", reason="proof", peer="d")
+
+
+def test_members_whose_clocks_differ_by_two_minutes_link_and_exchange(members):
+    """Rule: no clock is compared. A member whose wall clock is 120 s ahead links to the
+    others and exchanges frames both ways; the skew is only logged and shown."""
+    log = LogRecorder()
+    ahead = members("ahead", clock_ms=lambda: wall_ms() + 120_000)
+    b = members("b", log=log)
+    c = members("c")
+    mesh(ahead, b, c)
+    for x, y in ((ahead, b), (b, ahead), (ahead, c), (c, ahead)):
+        exchange(x, y, "skewed")
+    for m in (ahead, b, c):
+        assert m.links.stats()["dropped"] == {}, m.name
+    skew = b.links.peers()["ahead"]["clock_skew_ms"]
+    assert 110_000 <= skew <= 130_000
+    assert abs(b.links.peers()["c"]["clock_skew_ms"]) < 10_000
+    assert log.find("link_clock_skew", peer="ahead")
+    assert not log.find("link_clock_skew", peer="c")
+
+
+def test_bytes_on_the_wire_are_sealed(members):
+    """Rule: what crosses the network is sealed: a proxy between two members sees none of a
+    frame's plaintext, both ways; one bit changed on the way is refused and named in the log."""
+    log = LogRecorder()
+    a = members("a")
+    b = members("b", log=log)
+    proxy = Proxy(b.address)
+    try:
+        a.links.connect("b", proxy.address)
+        wait_for(lambda: a.up("b") and b.up("a"))
+        marker = b"PLAINTEXT-MARKER-" * 64
+        body = {"stdout": marker, "argv": ["echo", "confidential-arg"]}
+        wait_for(lambda: a.links.send("b", FrameType.F_BLOB_PUT, body))
+        wait_for(lambda: body in b.got("a", FrameType.F_BLOB_PUT))
+        wait_for(lambda: b.links.send("a", FrameType.F_RESULT, {"out": marker}))
+        wait_for(lambda: {"out": marker} in a.got("b", FrameType.F_RESULT))
+        wire = proxy.captured()
+        assert len(wire) > len(marker) * 2
+        for plain in (b"PLAINTEXT-MARKER", b"confidential-arg", b"stdout"):
+            assert plain not in wire
+        # One bit flipped on its way to b: b refuses the frame and says who sent it.
+        proxy.flip_up.set()
+        a.links.send("b", FrameType.F_RESULT, {"x": "flipped"})
+        wait_for(lambda: b.links.stats()["dropped"].get("aead") == 1, what="aead refusal")
+        assert {"x": "flipped"} not in b.got("a", FrameType.F_RESULT)
+        assert log.find("link_refused", reason="aead", peer="a", proven=True)
+        # The link comes back on its own, with new keys.
+        wait_for(lambda: a.up("b") and b.up("a"))
+        exchange(a, b, "after the flip")
+    finally:
+        proxy.close()
+
+
+def test_a_silent_connection_is_closed(members):
+    """A peer that completed its handshake but sends nothing (no pings) is closed."""
+    a = members("a", silent_ms_max=500, idle_ms=100)
+    s = RawPeer(a.address, "quiet", "a")
+    s.handshake()
+    wait_for(lambda: a.up("quiet"))
+    assert closed_by_peer(s.sock)
     assert a.links.stats()["dropped"].get("silent") == 1
     wait_for(lambda: not a.up("quiet"))
 
@@ -412,8 +646,8 @@ def test_stop_before_run_closes_the_port():
 
 def test_discover_answers_with_voters(tmp_path):
     """A worker that knows only an address asks who is there and who the voters are (hello to
-    "*"): the member answers with its name and the voters, then closes; a wrong secret gets
-    nothing."""
+    "*"): after the whole handshake the member answers with its name and the voters, then
+    closes; a wrong secret gets nothing; a replayed discovery hello gets only a challenge."""
     import threading as _threading
 
     from meshjobs.links import Links, discover
@@ -428,7 +662,16 @@ def test_discover_answers_with_voters(tmp_path):
         assert body["name"] == "v1" and body["voters"] == {"v1": "127.0.0.1:1", "v2": "127.0.0.1:2"}
         with pytest.raises((OSError, FrameError)):
             discover(links.address, "w1", "bootw", b"x" * 32, timeout_s=1.5)
+        rp = RawPeer(links.address, "w2", "*", secret=secret)
+        rp.send(rp.session.hello(hello_body("w2", "*"), os.urandom(NONCE_BYTES), os.urandom(32)))
+        assert isinstance(rp.event(), Hello)
+        rp.send(b"MJF2" + bytes([int(FrameType.F_PROOF), 0]) + (40).to_bytes(4, "big")
+                + bytes(40))
+        assert closed_by_peer(rp.sock)
+        assert links.stats()["dropped"].get("proof") == 1
+        assert links.stats()["dropped"].get("discovery") == 1
         assert links.stats()["dropped"].get("mac", 0) >= 1
+        assert links.stats()["dropped"].get("discovery") == 1
     finally:
         links.stop()
         t.join(5)

@@ -1,5 +1,6 @@
-"""The pure core stays pure: a static check of meshjobs.table, meshjobs.node, meshjobs.control and
-meshjobs.auth (who may ask a member what).
+"""The pure core stays pure: a static check of meshjobs.table, meshjobs.node, meshjobs.control,
+meshjobs.auth (who may ask a member what), meshjobs.connbook (HTTP connection bookkeeping) and
+meshjobs.frames (the member links' handshake and sealing).
 
 Rule (STYLE.md): the job node, the job table and control parsing import no `os`, `socket`,
 `threading`, `time`, `random`, `lmdb`, `pysyncobj` or `subprocess`. The node may import `random`
@@ -17,7 +18,7 @@ import pytest
 
 import meshjobs
 
-PURE = ("table", "node", "control", "auth", "connbook")
+PURE = ("table", "node", "control", "auth", "connbook", "frames")
 FORBIDDEN = frozenset({
     "os", "socket", "threading", "time", "random", "lmdb", "pysyncobj", "subprocess",
     # Other ways to reach the world, the clock or entropy from a module that must not.
@@ -26,6 +27,7 @@ FORBIDDEN = frozenset({
 })
 # The pure modules may lean on each other and on the limits, and on nothing else of meshjobs.
 PURE_SIBLINGS = frozenset({"meshjobs", "meshjobs.limits", "meshjobs.table", "meshjobs.control",
+                           "meshjobs.frames",
                            "meshjobs.node", "meshjobs.node.events", "meshjobs.node.core",
                            "meshjobs.node.leader", "meshjobs.node.follow"})
 # What a module may use of `random`: the type name, never a call.
