@@ -120,6 +120,8 @@ def test_items_spread_over_voters_and_workers_outputs_everywhere(fleet):
     ran_on = {i["member"] for i in done["items"]}
     assert "w1" in ran_on and len(ran_on) >= 3, ran_on
     for m in members:
+        # A member's table may lag the leader's by a round: read once it shows the job done.
+        assert m.wait_job(rec["id"])["state"] == "done"
         status, out = m.request("GET", f"/jobs/{rec['id']}/results")
         assert status == 200, (m.name, out)
         assert out == b"".join(f"item-{i}\n".encode() for i in range(24))
@@ -293,6 +295,7 @@ def test_frame_routing_of_every_frame_type(fleet):
     done = worker.wait_job(rec["id"], timeout_s=120)
     assert done["state"] == "done"
     for m in members:  # every member serves every output (fetching what it lacks)
+        assert m.wait_job("routing")["state"] == "done"  # its table may lag by a round
         status, out = m.request("GET", "/jobs/routing/results")
         assert status == 200 and out == b"".join(f"routed-{i}\n".encode() for i in range(12))
     lm, wm = metrics(leader), metrics(worker)
