@@ -1,4 +1,4 @@
-"""The pure core stays pure: a static check of meshjobs.table, meshjobs.node and meshjobs.control.
+"""The pure core stays pure: a static check of meshjobs.table, .node, .control and .raftseam.
 
 Rule (STYLE.md): the job node, the job table and control parsing import no `os`, `socket`,
 `threading`, `time`, `random`, `lmdb`, `pysyncobj` or `subprocess`. The node may import `random`
@@ -16,7 +16,7 @@ import pytest
 
 import meshjobs
 
-PURE = ("table", "node", "control")
+PURE = ("table", "node", "control", "raftseam")
 FORBIDDEN = frozenset({
     "os", "socket", "threading", "time", "random", "lmdb", "pysyncobj", "subprocess",
     # Other ways to reach the world, the clock or entropy from a module that must not.
