@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -240,3 +241,28 @@ def make_fleet(top: str, voters: int = 3, workers: int = 0, slots: int = 2,
             m.raft_port, m.peer_port = ports[name][0], ports[name][1]
         members.append(m)
     return members
+
+
+def iptables() -> str | None:
+    """The iptables binary, when this process may use it (root); None otherwise."""
+    path = shutil.which("iptables")
+    return path if path and os.geteuid() == 0 else None
+
+
+def raft_address(m: Meshd) -> str:
+    return f"127.0.0.1:{m.raft_port}"
+
+
+@contextlib.contextmanager
+def raft_deaf(m: Meshd):
+    """A one-way cut: nothing reaches `m`'s Raft port while it can still send from it. It must
+    hold the lowest Raft address of its fleet: pysyncobj dials from the greater address, so
+    every Raft connection of that member is one the others made to its port."""
+    binary = iptables()
+    assert binary is not None, "raft_deaf needs root and iptables"
+    rule = ["INPUT", "-p", "tcp", "-d", "127.0.0.1", "--dport", str(m.raft_port), "-j", "DROP"]
+    subprocess.run([binary, "-A", *rule], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run([binary, "-D", *rule], check=False, capture_output=True)
