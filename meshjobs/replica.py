@@ -14,6 +14,10 @@ this module makes up for it:
 - A replicated method that raises wedges every member: `apply_entry` hands the table a decoded
   entry and the table's `apply` is total. A bug of our own still raises, out of `doTick`, on the
   jobs thread, which stops the member (we tick ourselves: `autoTick=False`).
+- Its AppendEntries handler deletes everything after `prevLogIdx` (committed entries too) and it
+  has no pre-vote: every Raft message passes `_SyncObj__onMessageReceived` here first, and the
+  rules of `raftseam.py` (log matching, pre-vote, leader stickiness, check-quorum) decide what
+  pysyncobj gets; its election is hooked in `_onTick`.
 - Batching adds ~100 ms per change: `appendEntriesUseBatch=False`; leadership is advisory for
   `leaderFallbackTimeout`: it is short, and the node decides only through committed entries.
 
