@@ -83,7 +83,7 @@ def leader_log(r: Replica, n: int, term: int = 1) -> list:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_reordered_duplicated_appends_never_cut_a_committed_entry(follower, seed):
+def test_reordered_duplicated_appends_never_cut_a_committed_entry(follower, seed, caplog):
     """Raft §5.3 at the seam: messages a leader sent as its commit index grew, delivered in a
     shuffled order with duplicates, leave every committed entry in the journal as it was first
     written: no TRUNC record at or below the commit index, each index applied once, and the
@@ -124,6 +124,7 @@ def test_reordered_duplicated_appends_never_cut_a_committed_entry(follower, seed
     assert applied == list(range(2, n + 1))
     assert r.raft_stats["truncations_refused"] == 0
     assert r.raft_stats["entries_skipped_duplicate"] > 0
+    assert not [x for x in caplog.records if "already-applied" in x.getMessage()]
 
 
 def test_conflicting_uncommitted_suffix_is_cut_from_the_first_conflict_only(follower):
