@@ -132,3 +132,26 @@ def test_leader_that_hears_no_majority_steps_down(voters):
     new = leader_of(members)
     status, rec = new.request("POST", "/jobs", {"argv": ["true"], "id": "after"})
     assert status in (200, 201), (status, rec)
+
+
+def test_restarted_follower_raises_no_term(voters):
+    """PreVote and stickiness keep a restart quiet and do not keep it out: a follower killed
+    and restarted catches up and follows the same leader at the same term."""
+    members = voters
+    for m in members:
+        m.start(wait_ready=False)
+    for m in members:
+        m.wait_ready()
+    lead = leader_of(members)
+    term0 = health(lead)["term"]
+    for m in [m for m in members if m is not lead]:
+        status, rec = lead.request("POST", "/jobs", {"argv": ["true"], "id": f"before-{m.name}"})
+        assert status in (200, 201), (status, rec)
+        m.kill9()
+        m.start()
+        wait_for(lambda m=m: health(m).get("leader") == lead.name, what=f"{m.name} follows")
+        wait_for(lambda m=m: m.request("GET", f"/jobs/before-{m.name}")[0] == 200,
+                 what=f"{m.name} catches up")
+    for m in members:
+        assert health(m)["term"] == term0, (m.name, seam_report(members))
+    assert health(lead)["is_leader"]
