@@ -369,6 +369,9 @@ class JobsThread:
         if raft_dropped is not None:
             for reason, n in raft_dropped().items():
                 m[f"raft_dropped_{reason}"] = n
+        # What the Raft seam decided (replica.RAFT_COUNTERS): refused truncations, pre-votes...
+        for name, n in getattr(self.replica, "raft_stats", {}).items():
+            m[f"raft_{name}"] = n
         if self.links is not None:
             st = self.links.stats()
             for reason, n in st.get("dropped", {}).items():

@@ -16,6 +16,10 @@ this module makes up for it:
 - A replicated method that raises wedges every member: `apply_entry` hands the table a decoded
   entry and the table's `apply` is total. A bug of our own still raises, out of `doTick`, on the
   jobs thread, which stops the member (we tick ourselves: `autoTick=False`).
+- Its AppendEntries handler deletes everything after `prevLogIdx` (committed entries too) and it
+  has no pre-vote: every Raft message passes `_SyncObj__onMessageReceived` here first, and the
+  rules of `raftseam.py` (log matching, pre-vote, leader stickiness, check-quorum) decide what
+  pysyncobj gets; its election is hooked in `_onTick`.
 - Batching adds ~100 ms per change: `appendEntriesUseBatch=False`; leadership is advisory for
   `leaderFallbackTimeout`: it is short, and the node decides only through committed entries.
 
@@ -36,17 +40,29 @@ from typing import Any
 
 import msgpack
 import pysyncobj.syncobj as _pso
+import structlog
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.pipe_notifier import PipeNotifier
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
-from meshjobs import limits
+from meshjobs import limits, raftseam
 from meshjobs.dumpfile import DumpCorrupt, check_dump, make_dump_pair
 from meshjobs.failpoints import Failpoints
 from meshjobs.journal import DurableJournal
 from meshjobs.node import Applied, View
 from meshjobs.table import JobTable
+
+_log = structlog.get_logger(__name__)
+
+_FOLLOWER = _pso._RAFT_STATE.FOLLOWER
+# What the Raft seam counts (`Replica.raft_stats`), each shown in /metrics as `raft_<name>`.
+RAFT_COUNTERS = (
+    "appends_stale_ignored", "entries_skipped_duplicate", "truncations", "truncations_refused",
+    "messages_garbage", "pre_votes_started", "pre_votes_won", "pre_votes_granted",
+    "pre_votes_refused", "votes_ignored_in_lease", "check_quorum_step_downs",
+    "stale_term_notices",
+)
 
 _construct_lock = threading.Lock()
 
@@ -126,6 +142,12 @@ class Replica(SyncObj):
         self._names = names or {}
         self._journal: DurableJournal | None = None
         self.dump_damage: DumpCorrupt | None = None
+        self.raft_stats: dict[str, int] = dict.fromkeys(RAFT_COUNTERS, 0)
+        self._election_s = election_s
+        self._leader_contact_s: float | None = None  # when the leader was last heard from
+        self._pre_vote: tuple[int, set] | None = None  # (term asked for, peers that said yes)
+        self._pre_vote_won: int | None = None  # the term a won pre-vote lets us stand for
+        self._delete_allowed: int | None = None  # the one index pysyncobj may cut the log from
 
         def on_corrupt(exc: DumpCorrupt) -> None:
             # pysyncobj swallows errors of a dump load; the jobs thread checks this after every
@@ -209,6 +231,201 @@ class Replica(SyncObj):
     def _SyncObj__sendAppendEntries(self) -> None:
         self._notice_due = False
         SyncObj._SyncObj__sendAppendEntries(self)  # type: ignore[attr-defined]
+
+    # --- the Raft seam (raftseam.py): log matching, pre-vote, stickiness, check-quorum ----------
+
+    def _count(self, name: str, n: int = 1) -> None:
+        self.raft_stats[name] += n
+
+    def _log_view(self) -> raftseam.LogView:
+        log = self._SyncObj__raftLog  # type: ignore[attr-defined]
+        first = log[0][1]
+
+        def term_at(i: int) -> int:
+            return log[i - first][2]
+
+        return raftseam.LogView(first=first, last=log[-1][1], commit=self.raftCommitIndex,
+                                term_at=term_at)
+
+    def _lease(self) -> bool:
+        return raftseam.in_lease(_pso.monotonicTime(), self._leader_contact_s, self._isLeader(),
+                                 self._election_s[0])
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
+        """Every Raft message comes in here first (pysyncobj registers this name with its
+        transport). Our rules decide; pysyncobj gets what they let through."""
+        handle = SyncObj._SyncObj__onMessageReceived  # type: ignore[attr-defined]
+        kind = message.get("type") if isinstance(message, dict) else None
+        try:
+            if kind == "append_entries":
+                message = self._on_append(node, message)
+            elif kind == "request_vote":
+                if raftseam.ignore_vote_request(message, self.raftCurrentTerm, self._lease()):
+                    self._count("votes_ignored_in_lease")
+                    return
+            elif kind == "pre_vote":
+                self._on_pre_vote(node, message)
+                return
+            elif kind == "pre_vote_response":
+                self._on_pre_vote_response(node, message)
+                return
+            elif kind == "stale_term":
+                self._on_stale_term(message)
+                return
+        except raftseam.RaftGarbage:
+            self._count("messages_garbage")
+            return
+        if message is None:
+            return
+        self._delete_allowed = None
+        try:
+            handle(self, node, message)
+        finally:
+            self._delete_allowed = None
+
+    def _on_append(self, node: Any, message: dict) -> dict | None:
+        plan = raftseam.plan_append(message, self.raftCurrentTerm, self._log_view())
+        if plan.action == raftseam.STALE:
+            self._count("appends_stale_ignored")
+            # The sender leads at an older term and would never learn ours otherwise: a member
+            # whose term got ahead (a lost election) would ignore its leader forever.
+            if not self._isLeader():
+                self._count("stale_term_notices")
+                self._SyncObj__transport.send(  # type: ignore[attr-defined]
+                    node, {"type": "stale_term", "term": self.raftCurrentTerm})
+            return None
+        self._leader_contact_s = _pso.monotonicTime()
+        self._pre_vote = None
+        self._pre_vote_won = None
+        if plan.action == raftseam.REFUSE:
+            self._count("truncations_refused")
+            _log.error("raft.append_refused", why=plan.why, commit=self.raftCommitIndex)
+            return None
+        if plan.action == raftseam.PASS:
+            return message
+        self._count("entries_skipped_duplicate", plan.skipped)
+        if plan.stale_suffix:
+            self._count("appends_stale_ignored")
+        if plan.truncate_from is not None:
+            self._count("truncations")
+        # The one deletion pysyncobj may make while handling this message.
+        assert plan.message is not None
+        handle = SyncObj._SyncObj__onMessageReceived  # type: ignore[attr-defined]
+        self._delete_allowed = plan.truncate_from
+        self._reply_next = plan.reply_next
+        try:
+            handle(self, node, plan.message)
+        finally:
+            self._delete_allowed = None
+            self._reply_next = None
+        return None
+
+    def _SyncObj__deleteEntriesFrom(self, fromIDx: int) -> None:
+        if not raftseam.may_delete_from(fromIDx, self._delete_allowed, self.raftCommitIndex):
+            raise AssertionError(
+                f"the Raft log would be cut from {fromIDx} (commit index {self.raftCommitIndex}, "
+                f"the plan allowed {self._delete_allowed}): the append seam let a bad plan through")
+        SyncObj._SyncObj__deleteEntriesFrom(self, fromIDx)  # type: ignore[attr-defined]
+
+    _reply_next: int | None = None  # while handling a rewritten append: what to answer
+
+    def _SyncObj__sendNextNodeIdx(self, node: Any, reset: bool = False,
+                                  nextNodeIdx: int | None = None, success: bool = False) -> None:
+        if self._reply_next is not None and success:
+            nextNodeIdx = self._reply_next
+        SyncObj._SyncObj__sendNextNodeIdx(  # type: ignore[attr-defined]
+            self, node, reset=reset, nextNodeIdx=nextNodeIdx, success=success)
+
+    def _on_pre_vote(self, node: Any, message: dict) -> None:
+        log = self._SyncObj__raftLog  # type: ignore[attr-defined]
+        granted = raftseam.grant_pre_vote(message, self.raftCurrentTerm, log[-1][1], log[-1][2],
+                                          self._lease())
+        self._count("pre_votes_granted" if granted else "pre_votes_refused")
+        self._SyncObj__transport.send(node, {  # type: ignore[attr-defined]
+            "type": "pre_vote_response", "term": message["term"], "granted": granted})
+
+    def _on_pre_vote_response(self, node: Any, message: dict) -> None:
+        term = message.get("term")
+        if type(term) is not int or type(message.get("granted")) is not bool:
+            raise raftseam.RaftGarbage("a pre-vote response without term and answer")
+        round_ = self._pre_vote
+        if round_ is None or term != round_[0] or not message["granted"] or self._isLeader():
+            return
+        round_[1].add(node)
+        voters = len(self._SyncObj__otherNodes) + 1  # type: ignore[attr-defined]
+        if raftseam.majority(len(round_[1]) + 1, voters):
+            self._count("pre_votes_won")
+            self._pre_vote = None
+            self._pre_vote_won = term
+            # pysyncobj stands for election in its next tick (due_s() is 0 now).
+            self._SyncObj__raftElectionDeadline = 0  # type: ignore[attr-defined]
+
+    def _on_stale_term(self, message: dict) -> None:
+        term = message.get("term")
+        if type(term) is not int:
+            raise raftseam.RaftGarbage("a stale-term notice without a term")
+        if term > self.raftCurrentTerm:
+            # Raft: a higher term seen anywhere makes a leader a follower of that term.
+            self._SyncObj__setCurrentTerm(term, None)  # type: ignore[attr-defined]
+            self._SyncObj__setState(_FOLLOWER)  # type: ignore[attr-defined]
+            self._SyncObj__raftLeader = None
+            self._leader_contact_s = None
+
+    def _pre_vote_step(self) -> None:
+        """Before pysyncobj's tick: when its election timer has fired, ask for pre-votes
+        instead, and let it stand for election only once a majority said yes."""
+        if self._isLeader() or self.selfNode is None:
+            return
+        others = self._SyncObj__otherNodes  # type: ignore[attr-defined]
+        now = _pso.monotonicTime()
+        if not others or self._SyncObj__raftElectionDeadline >= now:  # type: ignore[attr-defined]
+            return
+        if not self._SyncObj__connectedToAnyone():  # type: ignore[attr-defined]
+            return
+        if self._SyncObj__transferInProgress:  # type: ignore[attr-defined]
+            return  # asked to by the leader (not used by meshjobs): no pre-vote, as in etcd
+        term = self.raftCurrentTerm + 1
+        if self._pre_vote_won == term:
+            self._pre_vote_won = None
+            return  # pysyncobj stands for election in this tick
+        self._pre_vote_won = None
+        self._SyncObj__raftElectionDeadline = (  # type: ignore[attr-defined]
+            now + self._SyncObj__generateRaftTimeout())  # type: ignore[attr-defined]
+        self._pre_vote = (term, set())
+        self._count("pre_votes_started")
+        if self._SyncObj__raftLeader is not None:  # type: ignore[has-type]
+            self._SyncObj__raftLeader = None  # not heard from for an election timeout
+            self._SyncObj__onLeaderChanged()  # type: ignore[attr-defined]
+        log = self._SyncObj__raftLog  # type: ignore[attr-defined]
+        ask = {"type": "pre_vote", "term": term, "last_log_index": log[-1][1],
+               "last_log_term": log[-1][2]}
+        for node in others:
+            self._SyncObj__transport.send(node, ask)  # type: ignore[attr-defined]
+
+    def _check_quorum_step(self) -> None:
+        """After pysyncobj's tick: a leader that has not heard from a majority within the
+        maximum election timeout steps down (stickiness would otherwise keep it in place)."""
+        if not self._isLeader():
+            return
+        heard = self._SyncObj__lastResponseTime  # type: ignore[attr-defined]
+        others = self._SyncObj__otherNodes  # type: ignore[attr-defined]
+        if not others:
+            return
+        if raftseam.quorum_recent(_pso.monotonicTime(), [heard.get(n, 0.0) for n in others],
+                                  self._election_s[1]):
+            return
+        self._count("check_quorum_step_downs")
+        _log.warning("raft.check_quorum_step_down", term=self.raftCurrentTerm)
+        self._SyncObj__setState(_FOLLOWER)  # type: ignore[attr-defined]
+        self._SyncObj__raftLeader = None
+        self._leader_contact_s = None
+        self._SyncObj__raftElectionDeadline = (  # type: ignore[attr-defined]
+            _pso.monotonicTime() + self._SyncObj__generateRaftTimeout())  # type: ignore[attr-defined]
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        self._pre_vote_step()
+        SyncObj._onTick(self, timeToWait)
+        self._check_quorum_step()
 
     _compaction_asked: int | None = None  # the journal's compaction count when last asked
     _compaction_asked_s = 0.0

@@ -526,3 +526,28 @@ def holds_bytes(data: str, needle: bytes) -> bool:
     """Whether a member's LMDB file holds `needle` (so: the blob it belongs to)."""
     with open(os.path.join(data, "blobs", "data.mdb"), "rb") as f:
         return f.read().find(needle) >= 0
+
+
+def iptables() -> str | None:
+    """The iptables binary, when this process may use it (root); None otherwise."""
+    path = shutil.which("iptables")
+    return path if path and os.geteuid() == 0 else None
+
+
+def raft_address(m: Meshd) -> str:
+    return f"127.0.0.1:{m.raft_port}"
+
+
+@contextlib.contextmanager
+def raft_deaf(m: Meshd):
+    """A one-way cut: nothing reaches `m`'s Raft port while it can still send from it. It must
+    hold the lowest Raft address of its fleet: pysyncobj dials from the greater address, so
+    every Raft connection of that member is one the others made to its port."""
+    binary = iptables()
+    assert binary is not None, "raft_deaf needs root and iptables"
+    rule = ["INPUT", "-p", "tcp", "-d", "127.0.0.1", "--dport", str(m.raft_port), "-j", "DROP"]
+    subprocess.run([binary, "-A", *rule], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run([binary, "-D", *rule], check=False, capture_output=True)
