@@ -6,9 +6,12 @@ reads, takes no leases and no submits, and says so (`DiskFull` to the node, whic
 is back above the minimum by the reserve's size, the member takes work again by itself.
 
 The reserve is a file of `disk_reserve_bytes` in the data folder, made while there is room. When
-the member turns read-only the reserve is deleted, so that the journal still has room for what a
-read-only member writes (a new term at start, revokes of its old leases, the leader's no-op) and a
-member on a disk that filled up completely can start. It is made again when space is back.
+the disk is all but full (less than `disk_full_bytes_max` free, or a write refused for want of
+space) the reserve is deleted, so that the journal still has room for what a read-only member
+writes (a new term at start, revokes of its old leases, the leader's no-op) and a member on a disk
+that filled up completely can start. It is made again when space is back. A member whose reserve
+was spent already (something else filled the room it gave back) cannot write its term: it stops
+at start with ENOSPC named and `EXIT_DISK`.
 
 LMDB reports some short writes on a full disk as EIO ("Input/output error"), and so may the kernel
 for some file systems: an EIO is taken for ENOSPC when the disk has less than
@@ -111,8 +114,9 @@ def describe(exc: BaseException | None, path: str | None) -> str:
 def fix_hint(exc: BaseException | None, path: str | None) -> str:
     """What an operator does next, for a member that stopped on this error."""
     if is_full(exc, path):
-        return ("free space on the disk of the data folder; the member starts read-only on a full "
-                "disk and takes work again once space is back")
+        return ("free space on the disk of the data folder: with a little room the member starts "
+                "read-only, and takes work again by itself once more than [blobs] disk_free_min "
+                "is free")
     return ("check the disk (dmesg, SMART); the member refuses to run on a disk that lost "
             "writes: restart it once the disk is sound, or move its data folder to another disk")
 
@@ -201,6 +205,9 @@ class DiskWatch:
                 log.warning("disk_free_unknown", path=self.folder, error=repr(e))
                 return self.full
             self.free = free
+            if free < limits.disk_full_bytes_max and self.reserve.release():
+                with contextlib.suppress(OSError):
+                    self.free = free = free_bytes(self.folder, self._failpoints)
             if not self.full and free < self.free_min:
                 self._set(True)
             elif self.full and free >= self.free_min + self.reserve.size_bytes:
@@ -214,6 +221,7 @@ class DiskWatch:
     def write_failed(self, exc: BaseException) -> None:
         """A write the disk refused for want of space: read-only until space is back."""
         with self._lock:
+            self.reserve.release()
             if not self.full:
                 log.error("disk_write_refused", path=self.folder, error=describe(exc, self.folder))
                 self._set(True)
@@ -221,10 +229,6 @@ class DiskWatch:
     def _set(self, full: bool) -> None:
         self.full = full
         self.changes += 1
-        if full:
-            self.reserve.release()
-            with contextlib.suppress(OSError):
-                self.free = free_bytes(self.folder, self._failpoints)
         log.warning("disk_full" if full else "disk_space_back", path=self.folder,
                     free_bytes=self.free, free_min=self.free_min)
         if self._on_change is not None:

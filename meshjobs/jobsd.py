@@ -35,6 +35,7 @@ import structlog
 
 from meshjobs import limits
 from meshjobs.control import Answer
+from meshjobs.diskspace import is_disk_error
 from meshjobs.driver import RunItem
 from meshjobs.node import (
     BlobBytes,
@@ -261,7 +262,8 @@ class JobsThread:
         try:
             self._loop()
         except BaseException as exc:  # a bug of our own or a disk that failed: stop loudly
-            log.exception("jobs_thread_crashed")
+            if not is_disk_error(exc):  # (a disk's error is told by fail_stop, with no trace)
+                log.exception("jobs_thread_crashed")
             fail_stop(log, "the jobs thread stopped on an error", exc, path=self._data_dir(),
                       **({"exit_fn": self._exit_fn} if self._exit_fn else {}))
             return
