@@ -222,7 +222,10 @@ class Member:
             for name, addr in voter_peers.items():
                 if name != cfg.name:
                     links.connect(name, addr)
-            mover = BlobMover(cfg.name, blobs, links, os.path.join(cfg.data, "spool-copies"),
+            # Copies from peers are refused (not stored, so not acknowledged: the peer asks
+            # another member) while the disk is full, like submits.
+            mover_blobs = _HttpBlobs(blobs, None, fatal, watch)
+            mover = BlobMover(cfg.name, mover_blobs, links, os.path.join(cfg.data, "spool-copies"),
                               on_copied=lambda member, digests: jobs.event(
                                   BlobsCopied(member, tuple(digests))))
         jobs = JobsThread(node, replica, driver, blobs, links=links, mover=mover)
@@ -314,9 +317,11 @@ class Member:
 
 
 class _HttpBlobs:
-    """The blob store as HTTP sees it. A write the disk fails (an fsync error) stops the member
-    (fail-stop), as everywhere else; and on a member of a bigger fleet, a blob this member does
-    not hold is fetched from one that does before it is served."""
+    """The blob store as HTTP (and the blob mover) sees it. A write the disk fails (an fsync
+    error) stops the member (fail-stop), as everywhere else; a write while the disk is full, or
+    one the disk refuses for want of space, is StoreFull (the member turns read-only); and on a
+    member of a bigger fleet, a blob this member does not hold is fetched from one that does
+    before it is served."""
 
     def __init__(self, blobs, mover, fatal, watch=None) -> None:
         self._blobs = blobs
@@ -327,18 +332,18 @@ class _HttpBlobs:
     def __getattr__(self, name):
         return getattr(self._blobs, name)
 
-    def _durably(self, fn, *args):
+    def _durably(self, fn, *args, grows: bool = True):
         from blobstore import StoreFull
         from meshjobs.diskspace import is_disk_error, is_full
 
         watch = self._watch
-        if watch is not None and watch.full:
+        if grows and watch is not None and watch.full:
             raise StoreFull(watch.refusal())
         try:
             return fn(*args)
         except Exception as exc:
-            if not is_disk_error(exc) or isinstance(exc, StoreFull):
-                raise
+            if not is_disk_error(exc) or isinstance(exc, StoreFull | FileNotFoundError):
+                raise  # (a spool file that is gone is the caller's to handle, not the disk's)
             # A write refused for want of space left the store as it was (the transaction was
             # aborted): refuse it and turn read-only. Any other disk error stops the member.
             if watch is not None and is_full(exc, watch.folder) and not self._blobs.poisoned:
@@ -350,11 +355,14 @@ class _HttpBlobs:
     def put(self, data: bytes) -> str:
         return self._durably(self._blobs.put, data)
 
-    def write_batch(self, payloads):
-        return self._durably(self._blobs.write_batch, payloads)
+    def write_batch(self, payloads, owners=None):
+        return self._durably(self._blobs.write_batch, payloads, owners)
+
+    def put_file(self, path: str) -> str:
+        return self._durably(self._blobs.put_file, path)
 
     def sync(self) -> bool:
-        return self._durably(self._blobs.sync)
+        return self._durably(self._blobs.sync, grows=False)
 
     def open(self, digest: str):
         it = self._blobs.open(digest)

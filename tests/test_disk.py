@@ -350,3 +350,45 @@ def test_watch_turns_full_below_the_minimum_and_back_above_it_plus_the_reserve(t
     watch.write_failed(OSError(errno.ENOSPC, "x"))
     assert watch.full and changes == [True, False, True] and not reserve.held()
     assert "disk_free_min" in watch.refusal()
+
+
+def test_fleet_shows_a_member_with_a_full_disk_and_leases_it_nothing(tmp_path):
+    """In a fleet of three, a voter whose disk reads full is shown with disk_full in the
+    leader's /fleet (learnt from the member's reports, or its own row), is given no items, and
+    refuses submits asked of it; the other two run the work."""
+    from tests.fleet import make_fleet
+
+    members = make_fleet(str(tmp_path), voters=3)
+    full = members[2]
+    full.extra_env = {"MESHJOBS_FAILPOINTS": "disk.full=1"}
+    try:
+        for m in members:
+            m.start(wait_ready=False)
+        for m in members:
+            m.wait_ready()
+
+        def fleet_says_full() -> bool:
+            # The leader's /fleet has every member's report (a follower knows only its own).
+            for m in members:
+                status, health = m.request("GET", "/healthz")
+                if health.get("is_leader"):
+                    rows = {r["name"]: r for r in m.request("GET", "/fleet")[1]["members"]}
+                    return rows[full.name].get("disk_full") is True
+            return False
+
+        _wait(fleet_says_full, "the leader's /fleet to show the full disk", timeout_s=60)
+        status, body = full.request("POST", "/jobs", {"argv": ["true"]})
+        assert status == 507 and full.name in body["error"], body
+        status, rec = members[0].request("POST", "/jobs", {
+            "argv": ["sh", "-c", "echo $MESH_MEMBER"], "items": [""] * 6})
+        assert status == 201, rec
+        done = members[0].wait_job(rec["id"])
+        assert done["state"] == "done"
+        ran_on = {it.get("member") for it in done.get("items", [])}
+        assert ran_on and ran_on <= {m.name for m in members[:2]}, ran_on
+        # The member with the full disk serves reads of that job.
+        status, seen = full.request("GET", f"/jobs/{rec['id']}")
+        assert status == 200 and seen["state"] == "done"
+    finally:
+        for m in members:
+            m.stop()
