@@ -18,10 +18,11 @@ breaks them:
   copies land after a delay when the target is reachable.
 - Members crash and restart with a new boot id: a voter keeps its journal (it replays its applied
   prefix, sometimes from a snapshot), a worker starts empty and relearns from the leader. A
-  member's blob store may run over (`Pressure`) for a while; some seeds keep only 20 finished
-  jobs (retention).
+  member's blob store may run over (`Pressure`) for a while, and with `disk_full` set its disk
+  may fill up (`DiskFull`: read-only, no leases to it, its submits answered 507); some seeds keep
+  only 20 finished jobs (retention).
 - Clients submit jobs (some held then released, some cancelled, some forgotten once finished)
-  and retry with the same request id after a 503 or a timeout.
+  and retry with the same request id after a 503, a 507 or a timeout.
 
 Rule 1: pure and replayable. No IO, clock or threads; every choice comes from one
         `random.Random(seed)`, and nothing iterates a set whose order could change between runs.
@@ -117,7 +118,9 @@ class SimConfig:
     partition: float = 0.003  # per step
     partition_ms: tuple[int, int] = (500, 12_000)
     pressure: float = 0.001  # per step: a member's blob store runs over for a while
-    disk_full: float = 0.001  # per step: a member's disk is full (read-only) for a while
+    # per step: a member's disk is full (read-only) for a while. Off by default, and then not
+    # drawn at all, so that the seeds recorded before it replay as they did.
+    disk_full: float = 0.0
     election_ms: tuple[int, int] = (150, 1_500)
     fallback_ms: tuple[int, int] = (200, 4_000)  # a deposed leader believes it leads this long
     apply_all: float = 0.7  # a voter that can apply applies everything committed (else a part)
@@ -690,7 +693,7 @@ class Sim:
                 m.inbox.append(Pressure(True))
                 self._at(self.now + rng.randint(200, 5_000), "pressure_off", (m.name, m.inc))
                 self.count("pressure")
-        if rng.random() < cfg.disk_full:
+        if cfg.disk_full and rng.random() < cfg.disk_full:
             m = self.members[rng.choice(MEMBERS)]
             if m.alive and not m.disk_full:
                 m.disk_full = True
