@@ -392,3 +392,32 @@ def test_fleet_shows_a_member_with_a_full_disk_and_leases_it_nothing(tmp_path):
     finally:
         for m in members:
             m.stop()
+
+
+def test_items_of_a_crashed_run_are_not_rerun_on_a_full_disk(meshd_factory):
+    """A member killed with an item running restarts on a full disk: the item's lease (of the
+    last run) is revoked, and the read-only member does not lease it again to run it (its outputs
+    could not be stored); once space is back it runs."""
+    m = meshd_factory()
+    status, rec = m.request("POST", "/jobs", {"argv": ["sh", "-c", "sleep 1; echo ran"]})
+    assert status == 201
+
+    def job() -> dict:
+        return m.request("GET", f"/jobs/{rec['id']}")[1]
+
+    _wait(lambda: job()["items_running"] == 1, "the item to run")
+    m.kill9()
+    m.extra_env = {"MESHJOBS_FAILPOINTS": "disk.full=1..20"}
+    m.start()
+    assert m.request("GET", "/healthz")[1]["disk_full"] is True
+    # The revoke of the last run's lease is committed (the item is pending again) ...
+    _wait(lambda: job()["items_pending"] == 1, "the old lease to be revoked")
+    # ... and a change committed after it shows the leader went round without leasing it.
+    status, _toned = m.request("POST", f"/jobs/{rec['id']}/tone", {"priority": 1})
+    assert status == 200
+    runs = m.metrics().get("meshjobs_node_runs_started", 0)
+    assert m.request("GET", "/healthz")[1]["disk_full"] is True, "the disk came back too soon"
+    assert runs == 0
+    done = m.wait_job(rec["id"])  # space is back after twenty looks: it runs
+    assert done["state"] == "done"
+    assert m.request("GET", f"/jobs/{rec['id']}/results")[1] == b"ran\n"
