@@ -123,7 +123,7 @@ class Member:
             cfg.disk_free_min_bytes if cfg.disk_free_min_bytes is not None
             else default_free_min(cfg.data),
             failpoints,
-            on_change=lambda full, free: jobs.event(DiskFull(full, free)) if jobs else None)
+            on_report=lambda full, free: jobs.event(DiskFull(full, free)) if jobs else None)
         watch.check()
         boot = uuid.uuid4().hex[:12]
         voters = {v.name: v for v in cfg.voters}

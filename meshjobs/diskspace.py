@@ -179,18 +179,18 @@ class DiskWatch:
 
     Full below `free_min` bytes free, or after `write_failed` (a write the disk refused for
     space); not full again once free space is at least `free_min` plus the reserve's size (the
-    reserve is made again then). `on_change(full, free)` is called on every change, in order, from
-    the thread that calls `check`.
+    reserve is made again then). `on_report(full, free)` is called after every check and every
+    change, in order (under the watch's lock), from the thread that made it: it must be quick.
     """
 
     def __init__(self, folder: str, free_min: int, failpoints: Failpoints | None = None,
-                 on_change: Callable[[bool, int], None] | None = None,
+                 on_report: Callable[[bool, int], None] | None = None,
                  reserve: Reserve | None = None) -> None:
         self.folder = folder
         self.free_min = free_min
         self.reserve = reserve if reserve is not None else Reserve(folder)
         self._failpoints = failpoints
-        self._on_change = on_change
+        self._on_report = on_report
         self._lock = threading.Lock()
         self.full = False
         self.free = 0
@@ -216,6 +216,7 @@ class DiskWatch:
             elif not self.full and not self.reserve.held() and (
                     free >= self.free_min + self.reserve.size_bytes):
                 self.reserve.keep()
+            self._report()
             return self.full
 
     def write_failed(self, exc: BaseException) -> None:
@@ -225,14 +226,17 @@ class DiskWatch:
             if not self.full:
                 log.error("disk_write_refused", path=self.folder, error=describe(exc, self.folder))
                 self._set(True)
+                self._report()
 
     def _set(self, full: bool) -> None:
         self.full = full
         self.changes += 1
         log.warning("disk_full" if full else "disk_space_back", path=self.folder,
                     free_bytes=self.free, free_min=self.free_min)
-        if self._on_change is not None:
-            self._on_change(full, self.free)
+
+    def _report(self) -> None:
+        if self._on_report is not None:
+            self._on_report(self.full, self.free)
 
     def refusal(self) -> str:
         """What a refused submit is told."""

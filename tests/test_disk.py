@@ -194,6 +194,7 @@ def test_member_starts_on_a_full_disk_read_only_and_resumes(small_disk, tmp_path
         assert "Traceback" not in m.log_tail(50000)
         os.unlink(filler)
         _wait(lambda: not m.request("GET", "/healthz")[1]["disk_full"], "the member to resume")
+        assert m.request("GET", "/healthz")[1]["disk_free_bytes"] >= 8 * MIB
         status, after = m.request("POST", "/jobs", {"argv": ["sh", "-c", "echo after"]})
         assert status == 201, after
         assert m.wait_job(after["id"])["state"] == "done"
@@ -331,24 +332,29 @@ def test_eio_on_a_full_disk_is_named_enospc(small_disk):
 
 def test_watch_turns_full_below_the_minimum_and_back_above_it_plus_the_reserve(tmp_path):
     """DiskWatch: full below free_min; not full again only with free_min plus the reserve free
-    (no flapping: making the reserve again must not take it under the minimum); every change
-    reported once, in order."""
+    (no flapping: making the reserve again must not take it under the minimum); every check and
+    change reported, in order."""
     from meshjobs.diskspace import DiskWatch, Reserve
     from meshjobs.failpoints import Failpoints
 
     changes: list[bool] = []
+
+    def report(full: bool, _free: int) -> None:
+        if not changes or changes[-1] != full:
+            changes.append(full)
+
     folder = str(tmp_path)
     free = os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize
     reserve = Reserve(folder, size_bytes=MIB)
     watch = DiskWatch(folder, free_min=free // 2, failpoints=Failpoints("disk.full=2..3"),
-                      on_change=lambda full, _free: changes.append(full), reserve=reserve)
+                      on_report=report, reserve=reserve)
     assert watch.check() is False and reserve.held()  # room: the reserve is made
     assert watch.check() is True  # reads 0 free, and again after giving the reserve back
     assert not reserve.held()  # all but full: the reserve was given back
     assert watch.check() is False and reserve.held()
-    assert changes == [True, False]
+    assert changes == [False, True, False]
     watch.write_failed(OSError(errno.ENOSPC, "x"))
-    assert watch.full and changes == [True, False, True] and not reserve.held()
+    assert watch.full and changes == [False, True, False, True] and not reserve.held()
     assert "disk_free_min" in watch.refusal()
 
 

@@ -797,4 +797,5 @@ class JobNode(LeaderDuties, Following):
         m["members_known"] = len(self.members)
         m["blob_pressure"] = 1 if self._pressure else 0
         m["disk_full"] = 1 if self._disk_full else 0
+        m["disk_free_bytes"] = self._disk_free
         return m
