@@ -247,7 +247,10 @@ class Member:
             def target():
                 try:
                     body()
-                except BaseException:
+                except BaseException as exc:
+                    if is_disk_error(exc):  # the disk's code and message, as everywhere
+                        fail_stop(log, f"the {name} thread stopped on an error", exc,
+                                  path=cfg.data)
                     log.exception("thread_crashed", thread=name)
                     os._exit(70)
                 if not stop.is_set():
