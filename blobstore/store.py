@@ -1007,6 +1007,18 @@ class LmdbBlobStore:
         key, _ = _key(digest)
         return self._read(lambda txn: self._is_pinned(txn, key))
 
+    def has_pin(self, digest: str, owner: str) -> bool:
+        """True when `owner` pins the digest (a read: a member on a full disk asks before it
+        would write a pin it already has)."""
+        key, _ = _key(digest)
+        who = check_owner(owner)
+        return self._read(lambda txn: txn.get(key + who, db=self._pins) is not None)
+
+    @property
+    def poisoned(self) -> bool:
+        """True once an fsync failed: every later call raises until the store is reopened."""
+        return self._poisoned is not None
+
     def _is_pinned(self, txn: lmdb.Transaction, key: bytes) -> bool:
         cur = txn.cursor(db=self._pins)
         try:

@@ -93,6 +93,9 @@ class Config:
     blob_mem_max_bytes: int = DEFAULT_BLOB_MEM_MAX
     blob_gc_grace_s: float = DEFAULT_GC_GRACE_S
     blob_gc_every_s: float = DEFAULT_GC_EVERY_S
+    # [blobs] disk_free_min: below this many bytes free on the data folder's disk the member is
+    # read-only. None: 1 GiB, or 5 % of the disk when that is smaller (diskspace.py).
+    disk_free_min_bytes: int | None = None
     keep_s: float | None = DEFAULT_KEEP_S
     keep_jobs: int | None = DEFAULT_KEEP_JOBS
     auth: Auth = field(default_factory=Auth)
@@ -393,7 +396,7 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         raise ConfigError("[fleet] dead_ms must be at least 100 and blob_copies 1..7")
     pools = _pools(raw["pools"]) if "pools" in raw else {
         "default": Pool(name="default", kind="command", slots=os.cpu_count() or 1)}
-    blobs = _section(raw, "blobs", {"mem_max", "gc_grace_s", "gc_every_s"})
+    blobs = _section(raw, "blobs", {"mem_max", "gc_grace_s", "gc_every_s", "disk_free_min"})
     retention = _section(raw, "retention", {"keep_s", "keep_jobs"})
     keep_s = _number(retention, "keep_s", "retention", DEFAULT_KEEP_S)
     keep_jobs = _number(retention, "keep_jobs", "retention", DEFAULT_KEEP_JOBS, integer=True)
@@ -436,6 +439,8 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         blob_mem_max_bytes=_number(blobs, "mem_max", "blobs", DEFAULT_BLOB_MEM_MAX, integer=True),
         blob_gc_grace_s=float(_number(blobs, "gc_grace_s", "blobs", DEFAULT_GC_GRACE_S)),
         blob_gc_every_s=max(0.5, float(_number(blobs, "gc_every_s", "blobs", DEFAULT_GC_EVERY_S))),
+        disk_free_min_bytes=_number(blobs, "disk_free_min", "blobs", None, integer=True,
+                                    allow_none=True),
         keep_s=float(keep_s) if keep_s else None,
         keep_jobs=keep_jobs if keep_jobs else None,
         name=name,

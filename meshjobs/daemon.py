@@ -25,7 +25,7 @@ from meshjobs.config import Config, ConfigError, load_config, parse_addr, python
 from meshjobs.dumpfile import DumpCorrupt
 from meshjobs.failpoints import Failpoints
 from meshjobs.journal import JournalCorrupt
-from meshjobs.node import BlobsCopied, JobNode, NodeConfig, Pressure
+from meshjobs.node import BlobsCopied, DiskFull, JobNode, NodeConfig, Pressure
 from meshjobs.node.events import MEMBER_OWNER
 from meshjobs.table import JobTable
 
@@ -83,6 +83,13 @@ class Member:
         # Imports that pull in the heavy parts stay here so `meshd --help` is quick.
         from blobstore.digest import EMPTY_DIGEST
         from blobstore.store import LmdbBlobStore
+        from meshjobs.diskspace import (
+            DiskWatch,
+            default_free_min,
+            describe,
+            is_disk_error,
+            is_full,
+        )
         from meshjobs.driver import Driver
         from meshjobs.http import HttpApi, TlsError, tls_context
         from meshjobs.jobsd import JobsThread, WorkerReplica
@@ -99,11 +106,32 @@ class Member:
         os.makedirs(cfg.data, exist_ok=True)
         failpoints = Failpoints.from_env()
         role = cfg.role
+
+        def start_failed(why: str, exc: BaseException) -> int:
+            # A disk that fails at start stops the member as it would later: the fail-stop
+            # message (ENOSPC named when that is what it is) and its exit code, no traceback.
+            codes: list[int] = []
+            fail_stop(log, why, exc, exit_fn=codes.append, path=cfg.data)
+            print(f"meshd: {why}: {describe(exc, cfg.data)}", file=sys.stderr)
+            return codes[0]
+
         try:
-            secret = open_secret(cfg.secret_path, create=cfg.fleet_of_one)
+            secret = open_secret(cfg.secret_path, create=cfg.fleet_of_one, failpoints=failpoints)
         except SystemExit as e:
             print(e, file=sys.stderr)
             return 2
+        except OSError as e:
+            return start_failed("the fleet secret could not be written", e)
+        # Free space is looked at before anything is written: on a full disk the reserve file is
+        # deleted first, so that the journal has room, and the member starts read-only.
+        jobs: JobsThread | None = None
+        watch = DiskWatch(
+            cfg.data,
+            cfg.disk_free_min_bytes if cfg.disk_free_min_bytes is not None
+            else default_free_min(cfg.data),
+            failpoints,
+            on_report=lambda full, free: jobs.event(DiskFull(full, free)) if jobs else None)
+        watch.check()
         boot = uuid.uuid4().hex[:12]
         voters = {v.name: v for v in cfg.voters}
         voter_peers = {v.name: v.peer for v in cfg.voters}
@@ -127,10 +155,26 @@ class Member:
             for name, addr in found["voters"].items():
                 voter_peers[name] = parse_addr(addr, "voter")
             log.info("joined", via=f"{cfg.join[0]}:{cfg.join[1]}", voters=sorted(voter_peers))
-        blobs = LmdbBlobStore(os.path.join(cfg.data, "blobs"), failpoints=failpoints)
+        try:
+            blobs = LmdbBlobStore(os.path.join(cfg.data, "blobs"), failpoints=failpoints)
+        except Exception as e:
+            if not is_disk_error(e):
+                raise
+            return start_failed("the blob store could not be opened", e)
         # The empty payload, pinned for good: empty outputs and stdins need no write or copy.
-        blobs.put(b"")
-        blobs.pin(EMPTY_DIGEST, MEMBER_OWNER)
+        # Written only when missing: on a full disk any write may fail.
+        try:
+            if not blobs.has(EMPTY_DIGEST):
+                blobs.put(b"")
+            if not blobs.has_pin(EMPTY_DIGEST, MEMBER_OWNER):
+                blobs.pin(EMPTY_DIGEST, MEMBER_OWNER)
+        except Exception as e:
+            if not is_disk_error(e):
+                raise
+            if not is_full(e, cfg.data) or blobs.poisoned:
+                blobs.close()
+                return start_failed("the blob store could not be written", e)
+            watch.write_failed(e)  # the disk is full: start read-only
         table = JobTable()
         node = JobNode(table, NodeConfig(
             member=cfg.name, boot=boot, pools=cfg.pools, keep_s=cfg.keep_s,
@@ -147,8 +191,12 @@ class Member:
             except (JournalCorrupt, DumpCorrupt) as e:
                 log.critical("journal_damaged", error=str(e))
                 print(f"meshd: {e}", file=sys.stderr)
+                blobs.close()
                 return 70
             except Exception as e:  # pysyncobj says BindError when the Raft port is taken
+                if is_disk_error(e):
+                    blobs.close()
+                    return start_failed("the journal could not be opened or written", e)
                 if "BindError" in repr(e):
                     print(f"meshd: cannot listen on Raft address {cfg.raft_addr}: is another "
                           "meshd running, or is that host not an address of this machine? "
@@ -158,13 +206,15 @@ class Member:
                 raise
         else:
             replica = WorkerReplica()
-        jobs: JobsThread
+        # The node knows before its first step whether the disk is full (then it takes no
+        # leases: with outputs pending, items re-leased at start would only fail-stop).
+        node.step(DiskFull(watch.full, watch.free))
         from blobstore import BlobWriters
         writers = BlobWriters(blobs, cfg.blob_mem_max_bytes,
                               on_pressure=lambda on: jobs.event(Pressure(on)))
 
         def fatal(exc: BaseException) -> None:
-            fail_stop(log, "the blob store could not store outputs", exc)
+            fail_stop(log, "the blob store could not store outputs", exc, path=cfg.data)
 
         driver = Driver(blobs, os.path.join(cfg.data, "spool"),
                         on_end=lambda end: jobs.item_ended(end), writers=writers, on_fatal=fatal,
@@ -180,12 +230,15 @@ class Member:
             for name, addr in voter_peers.items():
                 if name != cfg.name:
                     links.connect(name, addr)
-            mover = BlobMover(cfg.name, blobs, links, os.path.join(cfg.data, "spool-copies"),
+            # Copies from peers are refused (not stored, so not acknowledged: the peer asks
+            # another member) while the disk is full, like submits.
+            mover_blobs = _HttpBlobs(blobs, None, fatal, watch)
+            mover = BlobMover(cfg.name, mover_blobs, links, os.path.join(cfg.data, "spool-copies"),
                               on_copied=lambda member, digests: jobs.event(
                                   BlobsCopied(member, tuple(digests))))
         jobs = JobsThread(node, replica, driver, blobs, links=links, mover=mover)
         jobs.writers = writers
-        http_blobs = _HttpBlobs(blobs, mover, fatal)
+        http_blobs = _HttpBlobs(blobs, mover, fatal, watch)
         http = HttpApi(cfg.http[0], cfg.http[1], jobs, http_blobs, cfg.name, tls=tls,
                        names=(*cfg.http_names, *(v.http[0] for v in cfg.voters if v.http)),
                        auth=cfg.auth, conns_max=cfg.http_conns_max,
@@ -207,7 +260,10 @@ class Member:
             def target():
                 try:
                     body()
-                except BaseException:
+                except BaseException as exc:
+                    if is_disk_error(exc):  # the disk's code and message, as everywhere
+                        fail_stop(log, f"the {name} thread stopped on an error", exc,
+                                  path=cfg.data)
                     log.exception("thread_crashed", thread=name)
                     os._exit(70)
                 if not stop.is_set():
@@ -241,11 +297,20 @@ class Member:
 
         # The main thread's own work while it waits for a signal: collecting blobs whose pins are
         # all gone (forgotten jobs), once the grace period has passed.
+        # And polling free space: below disk_free_min the member turns read-only, and back.
         next_gc = time.monotonic() + cfg.blob_gc_every_s
-        while not stop.wait(1.0):
+        while not stop.wait(limits.disk_poll_s):
+            watch.check()
             if time.monotonic() >= next_gc:
                 next_gc = time.monotonic() + cfg.blob_gc_every_s
-                removed = blobs.collect(cfg.blob_gc_grace_s, time.time())
+                try:
+                    removed = blobs.collect(cfg.blob_gc_grace_s, time.time())
+                except Exception as e:
+                    if not is_disk_error(e) or not is_full(e, cfg.data) or blobs.poisoned:
+                        fatal(e)
+                        raise
+                    watch.write_failed(e)  # collecting needs a little room too: later
+                    removed = 0
                 if removed:
                     log.info("blobs_collected", blobs=removed)
         log.info("meshd_stopping")
@@ -270,33 +335,52 @@ class Member:
 
 
 class _HttpBlobs:
-    """The blob store as HTTP sees it. A write the disk fails (an fsync error) stops the member
-    (fail-stop), as everywhere else; and on a member of a bigger fleet, a blob this member does
-    not hold is fetched from one that does before it is served."""
+    """The blob store as HTTP (and the blob mover) sees it. A write the disk fails (an fsync
+    error) stops the member (fail-stop), as everywhere else; a write while the disk is full, or
+    one the disk refuses for want of space, is StoreFull (the member turns read-only); and on a
+    member of a bigger fleet, a blob this member does not hold is fetched from one that does
+    before it is served."""
 
-    def __init__(self, blobs, mover, fatal) -> None:
+    def __init__(self, blobs, mover, fatal, watch=None) -> None:
         self._blobs = blobs
         self._mover = mover
         self._fatal = fatal
+        self._watch = watch
 
     def __getattr__(self, name):
         return getattr(self._blobs, name)
 
-    def _durably(self, fn, *args):
+    def _durably(self, fn, *args, grows: bool = True):
+        from blobstore import StoreFull
+        from meshjobs.diskspace import is_disk_error, is_full
+
+        watch = self._watch
+        if grows and watch is not None and watch.full:
+            raise StoreFull(watch.refusal())
         try:
             return fn(*args)
-        except OSError as exc:
+        except Exception as exc:
+            if not is_disk_error(exc) or isinstance(exc, StoreFull | FileNotFoundError):
+                raise  # (a spool file that is gone is the caller's to handle, not the disk's)
+            # A write refused for want of space left the store as it was (the transaction was
+            # aborted): refuse it and turn read-only. Any other disk error stops the member.
+            if watch is not None and is_full(exc, watch.folder) and not self._blobs.poisoned:
+                watch.write_failed(exc)
+                raise StoreFull(watch.refusal()) from exc
             self._fatal(exc)
             raise
 
     def put(self, data: bytes) -> str:
         return self._durably(self._blobs.put, data)
 
-    def write_batch(self, payloads):
-        return self._durably(self._blobs.write_batch, payloads)
+    def write_batch(self, payloads, owners=None):
+        return self._durably(self._blobs.write_batch, payloads, owners)
+
+    def put_file(self, path: str) -> str:
+        return self._durably(self._blobs.put_file, path)
 
     def sync(self) -> bool:
-        return self._durably(self._blobs.sync)
+        return self._durably(self._blobs.sync, grows=False)
 
     def open(self, digest: str):
         it = self._blobs.open(digest)

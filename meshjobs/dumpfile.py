@@ -12,7 +12,12 @@ Rules:
 - Rule 1: msgpack only, never pickle: a dump may come from a peer.
 - Rule 2: the serializer fsyncs the file before returning (failpoint `dump.fsync`); the folder is
   fsynced by the journal before it drops the entries the dump replaces (see journal.py).
-- Rule 3: a damaged dump is `DumpCorrupt`, never ignored. pysyncobj swallows every exception of a
+- Rule 3: a dump that cannot be written (a failed fsync, a full disk) is not fatal: a dump is not
+  the log. The tmp file is deleted, the journal keeps every entry (it is trimmed only after a
+  dump was written and fsynced), and `DumpHealth` counts the failure and says when to try again
+  (backoff from `dump_retry_ms_min` doubling to `dump_retry_ms_max`). A retry writes a new file,
+  so a failed fsync's lost pages are never taken for written.
+- Rule 4: a damaged dump is `DumpCorrupt`, never ignored. pysyncobj swallows every exception of a
   dump load and goes on with empty state, so the caller must also check the dump before starting
   (`check_dump`) and pass `on_corrupt` to learn of a damaged dump received from a peer.
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
+import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +53,37 @@ Deserializer = Callable[[str], tuple[Entry, Entry, list[str]]]
 
 class DumpCorrupt(Exception):
     """A dump file is damaged or is not a meshjobs dump."""
+
+
+class DumpHealth:
+    """Dumps written and failed, and when the next try is due after a failure (backoff)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.written = 0
+        self.failures = 0
+        self.consecutive = 0
+        self.retry_at = 0.0
+        self.last_error: str | None = None
+
+    def ok(self) -> None:
+        self.written += 1
+        self.consecutive = 0
+        self.retry_at = 0.0
+
+    def failed(self, error: BaseException) -> float:
+        """Count a failure; the seconds until the next try."""
+        self.failures += 1
+        self.consecutive += 1
+        self.last_error = repr(error)
+        wait_ms = min(limits.dump_retry_ms_max,
+                      limits.dump_retry_ms_min * 2 ** min(self.consecutive - 1, 30))
+        self.retry_at = self._clock() + wait_ms / 1000
+        return wait_ms / 1000
+
+    def due(self) -> bool:
+        """May a dump be tried now?"""
+        return self._clock() >= self.retry_at
 
 
 @dataclass(frozen=True)
@@ -141,11 +178,13 @@ def make_dump_pair(
     failpoints: Failpoints | None = None,
     *,
     on_corrupt: Callable[[DumpCorrupt], None] | None = None,
+    health: DumpHealth | None = None,
 ) -> tuple[Serializer, Deserializer]:
     """pysyncobj's serializer and deserializer, writing and reading meshjobs dump files.
 
     `on_corrupt` is called with the error before the deserializer raises it, because pysyncobj
-    swallows that exception; the caller uses it to stop the member.
+    swallows that exception; the caller uses it to stop the member. `health` counts the dumps
+    written and failed (rule 3).
     """
 
     def serializer(tmp_path: str, data: Any) -> None:
@@ -161,10 +200,15 @@ def make_dump_pair(
             )
         except Exception as e:
             # pysyncobj keeps only "Failed to store full dump" and drops the reason.
-            log.error("dump.write_failed", path=tmp_path, error=repr(e))
+            retry_s = health.failed(e) if health is not None else None
+            log.error("dump.write_failed", path=tmp_path, error=repr(e), retry_in_s=retry_s,
+                      failures=health.failures if health is not None else None,
+                      note="the journal keeps every entry until a dump is written")
             with contextlib.suppress(OSError):
                 os.unlink(tmp_path)
             raise
+        if health is not None:
+            health.ok()
 
     def deserializer(path: str) -> tuple[Entry, Entry, list[str]]:
         try:

@@ -2,8 +2,9 @@
 
 A spec is a comma-separated list of `name=N` pairs, such as `journal.fsync=3,blob.fsync=10`: the
 point `name` fails on its Nth hit and on every hit after it, raising `OSError(EIO)` as a dying disk
-would. A pair `name=sleep:MS` instead makes every hit of `name` sleep MS milliseconds, as a slow
-disk would. An empty spec (the default) turns every point off, and then `hit` costs one dict lookup.
+would. A pair `name=N..M` fails on hits N to M only, as a disk whose trouble passes (an fsync that
+fails a few times and then works, a disk that is full for a while). A pair `name=sleep:MS` instead
+makes every hit of `name` sleep MS milliseconds, as a slow disk would. An empty spec (the default) turns every point off, and then `hit` costs one dict lookup.
 
 Rules:
 - Rule 1: the spec is checked whole when it is read; a malformed one is a `ValueError`, never a
@@ -25,17 +26,21 @@ ENV_VAR = "MESHJOBS_FAILPOINTS"
 # Every point that some module passes through. A spec naming any other point is refused, so a
 # misspelt name fails the test that uses it instead of injecting nothing. A module that adds a
 # point adds its name here.
-KNOWN_POINTS = frozenset({"journal.fsync", "dump.fsync", "blob.fsync", "blob.write"})
+# `disk.full` is passed by every check of free space (meshjobs/diskspace.py): when it fails, the
+# disk reads as full. `secret.fsync` is the fsync of a new fleet secret at first start.
+KNOWN_POINTS = frozenset({"journal.fsync", "dump.fsync", "blob.fsync", "blob.write", "disk.full",
+                          "secret.fsync"})
 
 # A point name is dotted words, as the places that call `hit` name them.
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
 
 
 class Failpoints:
-    """Named fault points, each failing from its Nth hit on, or slowed on every hit."""
+    """Named fault points, each failing from its Nth hit on (or on hits N to M), or slowed on
+    every hit."""
 
     def __init__(self, spec: str = "") -> None:
-        self._due, self._sleep_s = _parse(spec)
+        self._due, self._until, self._sleep_s = _parse(spec)
         self._hits: dict[str, int] = {}
         self._lock = threading.Lock()
         self.spec = spec
@@ -64,7 +69,7 @@ class Failpoints:
         with self._lock:
             count = self._hits.get(name, 0) + 1
             self._hits[name] = count
-        if count >= due:
+        if count >= due and count <= self._until.get(name, count):
             raise OSError(errno.EIO, f"injected failure at {name}")
 
     def hits(self, name: str) -> int:
@@ -76,8 +81,9 @@ class Failpoints:
         return f"Failpoints({self.spec!r})"
 
 
-def _parse(spec: str) -> tuple[dict[str, int], dict[str, float]]:
+def _parse(spec: str) -> tuple[dict[str, int], dict[str, int], dict[str, float]]:
     due: dict[str, int] = {}
+    until: dict[str, int] = {}
     sleep_s: dict[str, float] = {}
     for part in spec.split(","):
         part = part.strip()
@@ -88,12 +94,14 @@ def _parse(spec: str) -> tuple[dict[str, int], dict[str, float]]:
         kind, colon, ms = value.partition(":")
         ms = ms.strip()
         sleeps = bool(colon) and kind.strip() == "sleep" and ms.isdigit()
-        counts = value.isdigit() and int(value) >= 1
+        first, dots, last = value.partition("..")
+        counts = first.isdigit() and int(first) >= 1 and (
+            not dots or (last.isdigit() and int(last) >= int(first)))
         if not sep or not _NAME_RE.match(name) or not (sleeps or counts):
             raise ValueError(
                 f"bad failpoint {part!r} in {spec!r}: expected name=N with a dotted lowercase "
-                f"name and N >= 1, for example 'journal.fsync=3', or name=sleep:MS, for example "
-                f"'blob.write=sleep:200'"
+                f"name and N >= 1, for example 'journal.fsync=3', name=N..M with M >= N, for "
+                f"example 'dump.fsync=1..3', or name=sleep:MS, for example 'blob.write=sleep:200'"
             )
         if name not in KNOWN_POINTS:
             raise ValueError(
@@ -104,5 +112,7 @@ def _parse(spec: str) -> tuple[dict[str, int], dict[str, float]]:
         if sleeps:
             sleep_s[name] = int(ms) / 1000
         else:
-            due[name] = int(value)
-    return due, sleep_s
+            due[name] = int(first)
+            if dots:
+                until[name] = int(last)
+    return due, until, sleep_s

@@ -601,10 +601,11 @@ class HttpApi:
             payloads = _decode_items(raw_items)
             try:
                 items = await self._blob_call(self._store_items, payloads)
-            except StoreFull:
-                self._log.error("http_blob_store_full", items=len(payloads))
-                raise HttpError(503, "the blob store of this member is full; "
-                                     "try another member, or free space") from None
+            except StoreFull as e:
+                self._log.error("http_blob_store_full", items=len(payloads), error=str(e))
+                # The store's own words when it has them (a full disk names its free bytes).
+                why = str(e) or "the blob store of this member is full"
+                raise HttpError(503, f"{why}; try another member, or free space") from None
         return await self._relay({"op": "submit", **rid, "spec": spec, "items": items})
 
     def _store_items(self, payloads: list[bytes | tuple[str, int]]) -> list[str | None]:

@@ -35,6 +35,7 @@ import structlog
 
 from meshjobs import limits
 from meshjobs.control import Answer
+from meshjobs.diskspace import is_disk_error
 from meshjobs.driver import RunItem
 from meshjobs.node import (
     BlobBytes,
@@ -201,6 +202,11 @@ class JobsThread:
         self._next_publish_ms = 0
         self.writers: Any = None  # the blob writer threads, for their counters
 
+    def _data_dir(self) -> str | None:
+        """The folder of the journal (where a full disk is looked for), if there is one."""
+        path = getattr(self.replica.journal, "path", None)
+        return os.path.dirname(path) if isinstance(path, str) else None
+
     # --- called from other threads ---------------------------------------------------------------
 
     def call(self, request: dict) -> Future:
@@ -256,8 +262,9 @@ class JobsThread:
         try:
             self._loop()
         except BaseException as exc:  # a bug of our own or a disk that failed: stop loudly
-            log.exception("jobs_thread_crashed")
-            fail_stop(log, "the jobs thread stopped on an error", exc,
+            if not is_disk_error(exc):  # (a disk's error is told by fail_stop, with no trace)
+                log.exception("jobs_thread_crashed")
+            fail_stop(log, "the jobs thread stopped on an error", exc, path=self._data_dir(),
                       **({"exit_fn": self._exit_fn} if self._exit_fn else {}))
             return
         for fut in self._futures.values():
@@ -337,7 +344,7 @@ class JobsThread:
             try:
                 replica.journal_sync()
             except OSError as exc:
-                fail_stop(log, "the journal could not be made durable", exc,
+                fail_stop(log, "the journal could not be made durable", exc, path=self._data_dir(),
                           **({"exit_fn": self._exit_fn} if self._exit_fn else {}))
                 raise
             self.syncs += 1
@@ -365,6 +372,9 @@ class JobsThread:
     def edge_metrics(self) -> dict[str, float]:
         """Counters of the edges (journal, Raft port, links, blob store and writers, mover)."""
         m: dict[str, float] = {"journal_syncs": self.syncs, "frames_inbox_dropped": self.frames_dropped}
+        dump_stats = getattr(self.replica, "dump_stats", None)
+        if dump_stats is not None:
+            m.update(dump_stats())
         raft_dropped = getattr(self.replica, "raft_dropped", None)
         if raft_dropped is not None:
             for reason, n in raft_dropped().items():

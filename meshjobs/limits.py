@@ -92,6 +92,15 @@ log_compaction_entries_min = 20_000  # compact the log past this many entries
 log_compaction_s_min = 600  # or past this age
 log_compaction_bytes_min = 4 * 1024 * 1024  # or past this many bytes of entries (all held in memory)
 log_compaction_force_s_min = 1  # compactions asked for by size come at most this often
+dump_retry_ms_min = 500  # a dump that failed is tried again after this, doubling each failure
+dump_retry_ms_max = 60_000  # and no retry of a dump waits longer than this
+
+# --- The disk (diskspace.py) -------------------------------------------------------------------
+disk_free_min_bytes_default = 1 << 30  # [blobs] disk_free_min when unset: 1 GiB,
+disk_free_min_pct_default = 5  # or this percentage of the disk when that is smaller
+disk_reserve_bytes = 4 << 20  # the reserve file freed when the disk runs low (journal room)
+disk_full_bytes_max = 1 << 20  # an EIO with less free than this is taken for ENOSPC
+disk_poll_s = 1.0  # free space is checked this often
 
 # --- Frames and links between members (frames.py, links.py) -----------------------------------
 frame_bytes_max = 4 * 1024 * 1024  # one frame, header and tag included (a 1 MiB blob chunk fits)

@@ -30,7 +30,6 @@ thread needs no lock to read it.
 
 from __future__ import annotations
 
-import errno
 import os
 import struct
 import threading
@@ -47,7 +46,8 @@ from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
 from meshjobs import limits, raftseam
-from meshjobs.dumpfile import DumpCorrupt, check_dump, make_dump_pair
+from meshjobs.diskspace import EXIT_BUG, EXIT_DISK, describe, fix_hint, is_disk_error
+from meshjobs.dumpfile import DumpCorrupt, DumpHealth, check_dump, make_dump_pair
 from meshjobs.failpoints import Failpoints
 from meshjobs.journal import DurableJournal
 from meshjobs.node import Applied, View
@@ -148,6 +148,7 @@ class Replica(SyncObj):
         self._pre_vote: tuple[int, set] | None = None  # (term asked for, peers that said yes)
         self._pre_vote_won: int | None = None  # the term a won pre-vote lets us stand for
         self._delete_allowed: int | None = None  # the one index pysyncobj may cut the log from
+        self.dumps = DumpHealth()
 
         def on_corrupt(exc: DumpCorrupt) -> None:
             # pysyncobj swallows errors of a dump load; the jobs thread checks this after every
@@ -156,7 +157,7 @@ class Replica(SyncObj):
 
         serializer, deserializer = make_dump_pair(
             table.to_state, lambda s: table.load(JobTable.from_state(s)), failpoints,
-            on_corrupt=on_corrupt)
+            on_corrupt=on_corrupt, health=self.dumps)
         dump_path = os.path.join(data_dir, "raft.dump")
         conf = SyncObjConf(
             autoTick=False,
@@ -428,25 +429,43 @@ class Replica(SyncObj):
         self._check_quorum_step()
 
     _compaction_asked: int | None = None  # the journal's compaction count when last asked
+    # The journal's compaction count and the failed dumps when a compaction was last asked for.
+    _compaction_asked: tuple[int, int] | None = None
     _compaction_asked_s = 0.0
 
     def compact_when_large(self) -> None:
         """pysyncobj compacts by entries and by age; entries vary from one row to thousands, so
         compact by size too: the log is held in memory until it is compacted. Asked once, then
         again only after that compaction is done (it keeps the last applied entry, so at least
-        two more are needed) and `log_compaction_force_s_min` later."""
+        two more are needed) or its dump failed and the retry is due, and at least
+        `log_compaction_force_s_min` later."""
         journal = self.journal
         if journal.size_bytes < limits.log_compaction_bytes_min:
             self._compaction_asked = None
             return
         now = time.monotonic()
+        asked = (journal.compactions, self.dumps.failures)
         if self._compaction_asked is not None and (
-                journal.compactions == self._compaction_asked or len(journal) < 3
+                asked == self._compaction_asked or len(journal) < 3
                 or now - self._compaction_asked_s < limits.log_compaction_force_s_min):
             return
-        self._compaction_asked = journal.compactions
+        if not self.dumps.due():
+            return
+        self._compaction_asked = asked
         self._compaction_asked_s = now
         self.forceLogCompaction()
+
+    def _SyncObj__tryLogCompaction(self) -> None:
+        # After a failed dump pysyncobj would try again at every tick (by age) or never (by
+        # size): the retry waits for its backoff instead (dumpfile.py, rule 3).
+        if not self.dumps.due():
+            return
+        SyncObj._SyncObj__tryLogCompaction(self)  # type: ignore[attr-defined]
+
+    def dump_stats(self) -> dict[str, int]:
+        """Dumps written and failed since start, and the journal's compactions."""
+        return {"dumps_written": self.dumps.written, "dump_failures": self.dumps.failures,
+                "journal_compactions": self.journal.compactions}
 
     def send_commit_notice(self) -> None:
         """Send the commit index to followers now, if it was held back."""
@@ -546,8 +565,9 @@ class Replica(SyncObj):
         self._destroy()
 
 
-def open_secret(path: str, create: bool) -> bytes:
-    """The fleet secret: 32 random bytes, mode 0600, made on first start of a fleet of one."""
+def open_secret(path: str, create: bool, failpoints: Failpoints | None = None) -> bytes:
+    """The fleet secret: 32 random bytes, mode 0600, made on first start of a fleet of one.
+    An OSError of the disk propagates (the caller fail-stops)."""
     try:
         with open(path, "rb") as f:
             secret = f.read()
@@ -559,6 +579,8 @@ def open_secret(path: str, create: bool) -> bytes:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.write(fd, secret)
+            if failpoints is not None:
+                failpoints.hit("secret.fsync")
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -578,12 +600,14 @@ def open_secret(path: str, create: bool) -> bytes:
 
 
 def fail_stop(log: Any, why: str, exc: BaseException | None = None,
-              exit_fn: Callable[[int], None] = os._exit) -> None:
-    """Stop the member at once: it must not run on with state it could not keep."""
-    code = 70
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        code = 71
+              exit_fn: Callable[[int], None] = os._exit, path: str | None = None) -> None:
+    """Stop the member at once: it must not run on with state it could not keep. The exit code
+    is `EXIT_DISK` (71) when the disk failed or is full, `EXIT_BUG` (70) otherwise; `path` (the
+    data folder) lets the message name a full disk that said EIO."""
+    code = EXIT_DISK if is_disk_error(exc) else EXIT_BUG
     try:
-        log.critical("fail_stop", why=why, error=repr(exc) if exc else None)
+        error = describe(exc, path) if exc is not None else None
+        log.critical("fail_stop", why=why, error=error, exit_code=code,
+                     what_to_do=fix_hint(exc, path) if code == EXIT_DISK else None)
     finally:
         exit_fn(code)

@@ -18,10 +18,11 @@ breaks them:
   copies land after a delay when the target is reachable.
 - Members crash and restart with a new boot id: a voter keeps its journal (it replays its applied
   prefix, sometimes from a snapshot), a worker starts empty and relearns from the leader. A
-  member's blob store may run over (`Pressure`) for a while; some seeds keep only 20 finished
-  jobs (retention).
+  member's blob store may run over (`Pressure`) for a while, and with `disk_full` set its disk
+  may fill up (`DiskFull`: read-only, no leases to it, its submits answered 507); some seeds keep
+  only 20 finished jobs (retention).
 - Clients submit jobs (some held then released, some cancelled, some forgotten once finished)
-  and retry with the same request id after a 503 or a timeout.
+  and retry with the same request id after a 503, a 507 or a timeout.
 
 Rule 1: pure and replayable. No IO, clock or threads; every choice comes from one
         `random.Random(seed)`, and nothing iterates a set whose order could change between runs.
@@ -57,6 +58,7 @@ from meshjobs.node import (
     CopyBlobs,
     Ctl,
     Cut,
+    DiskFull,
     FrameIn,
     ItemEnded,
     JobNode,
@@ -116,6 +118,9 @@ class SimConfig:
     partition: float = 0.003  # per step
     partition_ms: tuple[int, int] = (500, 12_000)
     pressure: float = 0.001  # per step: a member's blob store runs over for a while
+    # per step: a member's disk is full (read-only) for a while. Off by default, and then not
+    # drawn at all, so that the seeds recorded before it replay as they did.
+    disk_full: float = 0.0
     election_ms: tuple[int, int] = (150, 1_500)
     fallback_ms: tuple[int, int] = (200, 4_000)  # a deposed leader believes it leads this long
     apply_all: float = 0.7  # a voter that can apply applies everything committed (else a part)
@@ -158,6 +163,8 @@ class _Member:
     running: dict[tuple, int] = field(default_factory=dict)  # run -> seq of its end event
     checked_index: int = -1
     pressure: bool = False
+    disk_full: bool = False  # as the sim's disk is; `disk_known` once the node was told
+    disk_known: bool = False
 
 
 @dataclass
@@ -300,7 +307,7 @@ class Sim:
         m.alive = False
         m.node = m.table = m.view_sent = None
         m.inbox, m.applied, m.running, m.links = [], [], {}, {}
-        m.pressure = False
+        m.pressure = m.disk_full = m.disk_known = False
         self.believes.pop(m.name, None)
         self._at(self.now + self._between(self.cfg.restart_ms), "restart", m.name)
 
@@ -318,11 +325,19 @@ class Sim:
         inbox, m.inbox = m.inbox, []
         for ev in inbox:
             node.step(ev)
+            if isinstance(ev, DiskFull):
+                m.disk_known = ev.on
         for eff in node.take():
             self._effect(m, eff)
 
     def _effect(self, m: _Member, eff: Any) -> None:
         if isinstance(eff, Propose):
+            if m.disk_known:
+                # A member whose disk is full takes no work: as leader it leases nothing to
+                # itself (it learned of its disk before this round).
+                for sub in eff.entry.get("es", ()):
+                    if sub.get("k") == "lease" and any(g[2] == m.name for g in sub["g"]):
+                        self.fail(f"{m.name} leased items to itself while its disk is full")
             self._propose(m, eff.entry)
         elif isinstance(eff, Reply):
             self._reply(m, eff.token, eff.answer)
@@ -628,6 +643,11 @@ class Sim:
                     self._start(self.members[p])
             elif kind == "heal":
                 self.cuts.pop(p, None)
+            elif kind == "disk_off":
+                m = self.members[p[0]]
+                if m.inc == p[1] and m.disk_full:
+                    m.disk_full = False
+                    m.inbox.append(DiskFull(False, 1 << 40))
             elif kind == "pressure_off":
                 m = self.members[p[0]]
                 if m.inc == p[1] and m.pressure:
@@ -673,6 +693,13 @@ class Sim:
                 m.inbox.append(Pressure(True))
                 self._at(self.now + rng.randint(200, 5_000), "pressure_off", (m.name, m.inc))
                 self.count("pressure")
+        if cfg.disk_full and rng.random() < cfg.disk_full:
+            m = self.members[rng.choice(MEMBERS)]
+            if m.alive and not m.disk_full:
+                m.disk_full = True
+                m.inbox.append(DiskFull(True, 0))
+                self._at(self.now + rng.randint(200, 5_000), "disk_off", (m.name, m.inc))
+                self.count("disk_full")
 
     def heal(self) -> None:
         """End every fault: no more drops, partitions, crashes or lost proposals."""
@@ -685,6 +712,9 @@ class Sim:
             elif m.pressure:
                 m.pressure = False
                 m.inbox.append(Pressure(False))
+            if m.alive and m.disk_full:
+                m.disk_full = False
+                m.inbox.append(DiskFull(False, 1 << 40))
 
     # --- clients ------------------------------------------------------------------------------
 
@@ -778,6 +808,8 @@ class Sim:
         if req is None:
             self.fail(f"{m.name} answered token {token}, which nobody asked")
         status, body = answer
+        if status == 507 and not (req["op"] == "submit" and m.disk_known):
+            self.fail(f"{m.name} answered {req['op']} 507 (disk full) but its disk is not full")
         if key in self.probes:
             self.probes.discard(key)
             if status not in (422, 503):
@@ -815,7 +847,7 @@ class Sim:
 
     def _answered(self, c: _Client, status: int, body: Any) -> None:
         later = self.now + self.rng.randint(20, 1_000)
-        if status == 503:
+        if status in (503, 507):  # 507: that member's disk is full; ask again (elsewhere)
             c.next_ms = later
             return
         if status == 400 or status == 413:

@@ -140,3 +140,24 @@ def test_items_env_pass(tmp_path):
     f.write_text('name = "a"\n[items]\nenv_pass = []\n')
     assert load_config(str(f)).item_env_pass == ()
     assert load_config(None).item_env_pass == DEFAULT_PASS
+
+
+@pytest.mark.parametrize("value", ['"1G"', "-1", "1.5", "true", '"5%"', "[1]"])
+def test_disk_free_min_must_be_bytes(tmp_path, value):
+    """[blobs] disk_free_min is a whole number of bytes; anything else is refused, naming it."""
+    f = tmp_path / "bad.toml"
+    f.write_text(f'name = "a"\n[blobs]\ndisk_free_min = {value}\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(str(f))
+    assert "disk_free_min" in str(e.value)
+
+
+def test_disk_free_min_default_and_set(tmp_path):
+    """Unset, disk_free_min is None (meshd takes 1 GiB, or 5 % of a smaller disk); set, it is
+    the bytes given (0 turns the check off)."""
+    assert load_config(None).disk_free_min_bytes is None
+    f = tmp_path / "a.toml"
+    f.write_text('name = "a"\n[blobs]\ndisk_free_min = 0\n')
+    assert load_config(str(f)).disk_free_min_bytes == 0
+    f.write_text('name = "a"\n[blobs]\ndisk_free_min = 2147483648\n')
+    assert load_config(str(f)).disk_free_min_bytes == 2 << 30

@@ -133,3 +133,34 @@ def test_unpackable_state_propagates(tmp_path: Path) -> None:
     with pytest.raises(TypeError):
         _write(path, state={"x": object()})
     assert not path.exists()
+
+
+def test_failed_dump_is_counted_and_retried_with_backoff(tmp_path: Path) -> None:
+    """A dump whose fsync fails raises (pysyncobj keeps its journal), leaves no tmp file, is
+    counted, and the next try is due only after a backoff that doubles; a dump written resets
+    it (dumpfile rule 3)."""
+    from meshjobs import limits
+    from meshjobs.dumpfile import DumpHealth
+
+    now = [100.0]
+    health = DumpHealth(clock=lambda: now[0])
+    serializer, _ = make_dump_pair(lambda: STATE, lambda s: None, Failpoints("dump.fsync=1..2"),
+                                   health=health)
+    path = tmp_path / "raft.dump.tmp"
+    waits = []
+    for _ in range(2):
+        assert health.due()
+        with pytest.raises(OSError):
+            serializer(str(path), (LAST, PREV, CLUSTER))
+        assert not path.exists()
+        assert not health.due()
+        waits.append(health.retry_at - now[0])
+        now[0] = health.retry_at
+    assert waits == [limits.dump_retry_ms_min / 1000, 2 * limits.dump_retry_ms_min / 1000]
+    assert health.failures == 2 and health.written == 0
+    serializer(str(path), (LAST, PREV, CLUSTER))
+    assert read_dump(str(path)).last == LAST
+    assert (health.written, health.failures, health.consecutive) == (1, 2, 0) and health.due()
+    for _ in range(40):  # the backoff is bounded
+        health.failed(OSError(5, "x"))
+    assert health.retry_at - now[0] == limits.dump_retry_ms_max / 1000

@@ -146,3 +146,76 @@ def test_log_compacted_by_size(meshd):
     meshd.start()
     status, job = meshd.request("GET", f"/jobs/{rec['id']}")
     assert status == 200 and job["items_total"] == n and job["state"] == "held"
+
+
+def _big_entry(m) -> dict:
+    """Submit a held array job whose entry is over log_compaction_bytes_min, and two small jobs
+    after it (a compaction keeps the last applied entry)."""
+    from meshjobs import limits
+
+    n = limits.log_compaction_bytes_min // 30
+    status, rec = m.request("POST", "/jobs", {"argv": ["true"], "hold": True,
+                                              "items": [str(k % 7) for k in range(n)]})
+    assert status == 201, rec
+    for _ in range(2):
+        status, _small = m.request("POST", "/jobs", {"argv": ["true"], "hold": True})
+        assert status == 201
+    return rec
+
+
+def _wait_metric(m, name: str, at_least: float, timeout_s: float = 60.0) -> float:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = m.metrics().get(f"meshjobs_{name}", 0.0)
+        if value >= at_least:
+            return value
+        assert time.monotonic() < deadline, f"{name} stayed at {value}, below {at_least}"
+        time.sleep(0.1)
+
+
+def test_failed_dump_fsync_is_retried_and_compaction_resumes(meshd_factory):
+    """A dump is not the log: a failed fsync of raft.dump.tmp is counted and tried again with
+    backoff, the member keeps serving (the journal is still the durable record), the journal is
+    compacted once a dump succeeds, and nothing acknowledged is lost across a restart."""
+    from meshjobs import limits
+
+    m = meshd_factory(env={"MESHJOBS_FAILPOINTS": "dump.fsync=1..3"})
+    big = _big_entry(m)
+    # The three failures happen (each retried after its backoff) ...
+    _wait_metric(m, "dump_failures", 3)
+    # ... the member still takes and runs work meanwhile and after ...
+    status, rec = m.request("POST", "/jobs", {"argv": ["sh", "-c", "echo after"]})
+    assert status == 201, rec
+    assert m.wait_job(rec["id"])["state"] == "done"
+    # ... and the fourth try writes the dump: the journal is cut.
+    _wait_metric(m, "dumps_written", 1)
+    deadline = time.monotonic() + 30
+    while os.path.getsize(_journal(m)) >= limits.log_compaction_bytes_min:
+        assert time.monotonic() < deadline, "the journal was not compacted after the dump"
+        time.sleep(0.05)
+    assert m.metrics()["meshjobs_dump_failures"] == 3
+    assert not os.path.exists(os.path.join(m.data, "raft.dump.tmp"))
+    assert m.terminate() == 0
+    m.extra_env = {}
+    m.start()
+    status, job = m.request("GET", f"/jobs/{big['id']}")
+    assert status == 200 and job["state"] == "held"
+    status, job = m.request("GET", f"/jobs/{rec['id']}")
+    assert status == 200 and job["state"] == "done"
+
+
+def test_failed_dump_never_stops_the_member_and_the_journal_keeps_everything(meshd_factory):
+    """While every dump fails, the member goes on serving from its journal; after a restart
+    (with the disk healthy) every acknowledged job is there."""
+    m = meshd_factory(env={"MESHJOBS_FAILPOINTS": "dump.fsync=1"})
+    big = _big_entry(m)
+    _wait_metric(m, "dump_failures", 2)
+    ids = _fill(m, 5)
+    assert m.proc.poll() is None
+    assert m.metrics().get("meshjobs_dumps_written", 0) == 0
+    assert m.terminate() == 0
+    m.extra_env = {}
+    m.start()
+    status, jobs = m.request("GET", "/jobs")
+    assert status == 200
+    assert set(ids) | {big["id"]} <= {j["id"] for j in jobs}

@@ -21,6 +21,7 @@ from meshjobs.node import (
     CopyBlobs,
     Ctl,
     Cut,
+    DiskFull,
     FrameIn,
     ItemEnded,
     JobNode,
@@ -746,3 +747,73 @@ def test_leader_duties_wait_for_the_entry_in_flight_changes_do_not() -> None:
     f.commit_pending()
     f.take()
     assert [e["k"] for e in f.batches[-1]["es"]] == ["lease", "result"]
+
+
+# --- a full disk --------------------------------------------------------------------------------
+
+
+def test_full_disk_is_read_only_until_space_is_back() -> None:
+    """A full disk (DiskFull on): the member takes no new leases and refuses submits with 507
+    naming the disk; reads are answered; health says read_only and not ok, /fleet says
+    disk_full. Once space is back (DiskFull off) it leases and takes submits again."""
+    f = Fleet1(slots=2)
+    submitted(f, token=1, n=3, job_id="j1", rid="r1")
+    f.pending.clear()  # the leases proposed with the submit are lost
+    f.node.step(DiskFull(True, 1234))
+    n0 = len(f.proposed)
+    for _ in range(5):  # long past the time a lost lease is proposed again
+        f.tick(limits.proposal_wait_ms)
+        f.settle()
+    assert not [e for e in f.proposed[n0:] if e["k"] == "lease"]
+    f.ctl(2, submit_req(rid="r2", job_id="j2"))
+    f.take()
+    refused = f.answer(2)
+    assert refused.status == 507 and "disk" in refused.body["error"]
+    assert "1234 bytes free" in refused.body["error"] and "free space" in refused.body["error"]
+    assert "j2" not in f.table.jobs and not f.pending_of("submit")
+    f.ctl(3, {"op": "get", "id": "j1"})
+    f.ctl(4, {"op": "health"})
+    f.ctl(5, {"op": "fleet"})
+    f.take()
+    assert f.answer(3).status == 200
+    health = f.answer(4).body
+    assert (health["ok"], health["state"], health["disk_full"], health["disk_free_bytes"]) == (
+        False, "read_only", True, 1234)
+    assert f.answer(5).body["members"][0]["disk_full"] is True
+    assert f.node.metrics()["disk_full"] == 1
+    f.node.step(DiskFull(False, 10 << 30))
+    f.tick(1)
+    f.settle()
+    assert len([g for e in f.proposed[n0:] if e["k"] == "lease" for g in e["g"]]) == 2
+    f.ctl(6, submit_req(rid="r6", job_id="j6"))
+    f.settle()
+    assert f.answer(6).status == 201
+    f.ctl(7, {"op": "health"})
+    f.take()
+    assert (f.answer(7).body["ok"], f.answer(7).body["state"]) == (True, "ok")
+
+
+def test_leader_leases_nothing_to_a_member_whose_disk_is_full() -> None:
+    """A member that reports a full disk (F_JOB_HAVE disk_full) is given no leases, though it
+    reports free slots; /fleet shows its disk_full."""
+    f = Fleet1(slots=0)
+    have = {"boot": "wb", "role": "worker", "pos": 0, "pools": {"default": 4}, "disk_full": True}
+    f.node.step(FrameIn("w1", "F_JOB_HAVE", have))
+    submitted(f, token=1, n=2)
+    f.settle()
+    assert not [e for e in f.proposed if e["k"] == "lease"]
+    [w1] = [m for m in f.node.fleet()["members"] if m["name"] == "w1"]
+    assert w1["disk_full"] is True
+    f.node.step(FrameIn("w1", "F_JOB_HAVE", {**have, "disk_full": False}))
+    f.settle()
+    assert {g[2] for e in f.proposed if e["k"] == "lease" for g in e["g"]} == {"w1"}
+
+
+def test_follower_with_a_full_disk_reports_it_and_offers_no_slots() -> None:
+    """A member that does not lead reports disk_full and no pools to the leader."""
+    f = Fleet1(slots=2)
+    f.node.step(View(term=2, leader="m2", is_leader=False, ready=False))
+    f.node.step(DiskFull(True, 0))
+    f.tick(1_000)
+    haves = [e for e in f.take() if isinstance(e, Send) and e.ftype == "F_JOB_HAVE"]
+    assert haves and haves[-1].body["disk_full"] is True and haves[-1].body["pools"] == {}

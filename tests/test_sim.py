@@ -216,3 +216,44 @@ def test_reused_keys_are_refused_everywhere() -> None:
     assert report.counts.get("key_reuses_422", 0) > 0, report.counts
     assert report.counts.get("table_refused_rid_reused", 0) + report.counts.get(
         "key_reuses_422", 0) > 0
+
+
+DISKY = SimConfig(disk_full=0.02, steps=3000)
+
+
+class DiskBlindNode(JobNode):
+    """A planted bug: a node that leases to itself whatever its disk says."""
+
+    def _takes_no_work(self) -> bool:
+        return self._pressure
+
+
+@pytest.mark.parametrize("seed", (1, 2, 3))
+def test_full_disks_safe_and_live(seed: int) -> None:
+    """Members whose disk fills up for a while (read-only: no leases to themselves, submits
+    answered 507 and retried elsewhere) keep the fleet safe, and once space is back every
+    acknowledged job ends."""
+    report = run(seed, DISKY)
+    c = report.counts
+    assert c.get("disk_full", 0) > 0 and c.get("jobs_acked", 0) > 0, c
+    assert c.get("results_accepted", 0) > 0, c
+
+
+def test_full_disk_submits_are_refused_with_507() -> None:
+    """A submit reaching a member whose disk is full is answered 507 (checked in every run: only
+    a member that knows its disk is full may say so), and clients retry it."""
+    seen = 0
+    for seed in range(1, 6):
+        seen += run(seed, DISKY).counts.get("answers_507", 0)
+    assert seen > 0
+
+
+def test_planted_lease_on_a_full_disk_is_caught() -> None:
+    """Safety check: a leader that leases items to itself while its disk is full is caught."""
+    for seed in range(1, 12):
+        try:
+            run(seed, SimConfig(disk_full=0.05, liveness_ms_max=1_000), node_cls=DiskBlindNode)
+        except SimFailure as e:
+            if "while its disk is full" in str(e):
+                return
+    raise AssertionError("no seed caught a leader that leases to itself on a full disk")

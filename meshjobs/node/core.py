@@ -40,6 +40,7 @@ from meshjobs.node.events import (
     CopyBlobs,
     Ctl,
     Cut,
+    DiskFull,
     FrameIn,
     ItemEnded,
     NodeConfig,
@@ -134,6 +135,8 @@ class JobNode(LeaderDuties, Following):
         self._leader_since_ms = 0
         self._leader_seen_ms = 0
         self._pressure = False
+        self._disk_full = False  # read-only: no leases, no submits (DiskFull)
+        self._disk_free = 0
         self._blob_bytes = 0
         self._expiring: dict[str, int] = {}
         self._next_expiry_ms = 0
@@ -182,6 +185,10 @@ class JobNode(LeaderDuties, Following):
         elif isinstance(ev, Pressure):
             self._pressure = ev.on
             self._count("pressure_on" if ev.on else "pressure_off")
+        elif isinstance(ev, DiskFull):
+            if ev.on != self._disk_full:
+                self._count("disk_full_on" if ev.on else "disk_full_off")
+            self._disk_full, self._disk_free = ev.on, ev.free_bytes
         elif isinstance(ev, BlobBytes):
             self._blob_bytes = ev.n
         else:
@@ -298,6 +305,9 @@ class JobNode(LeaderDuties, Following):
             self._reply(token, 200, self.health())
         elif op == "metrics":
             self._reply(token, 200, self.metrics())
+        elif op == "submit" and self._disk_full and not forwarded:
+            self._count("ctl_refused_disk_full")
+            self._reply(token, 507, {"error": self._disk_full_error()})
         elif op in CHANGE_OPS and self._rid_reused(req):
             self._count("ctl_rid_reused")
             self._reply(token, 422, {"error": RID_REUSED})
@@ -307,6 +317,15 @@ class JobNode(LeaderDuties, Following):
             self._change(token, req)
         else:
             self._forward(token, req)
+
+    def _takes_no_work(self) -> bool:
+        """Blob memory pressure or a full disk: this member takes no new leases."""
+        return self._pressure or self._disk_full
+
+    def _disk_full_error(self) -> str:
+        return (f"the disk of member {self.cfg.member} is full ({self._disk_free} bytes free, "
+                "under [blobs] disk_free_min): it is read-only and takes no submits until space "
+                "is freed on it; submit through another member, or free space")
 
     def _copy_inputs_first(self, token: int, req: dict) -> bool:
         """A submit's stdin blobs are on this member only (the HTTP edge stored them here): they
@@ -706,6 +725,7 @@ class JobNode(LeaderDuties, Following):
             "slots": sum(p.slots for p in self.cfg.pools.values()),
             "running": running,
             "blob_pressure": self._pressure,
+            "disk_full": self._disk_full,
             "blob_bytes": self._blob_bytes,
             "last_seen": self.now_ms / 1000.0,
         }
@@ -725,6 +745,7 @@ class JobNode(LeaderDuties, Following):
                 "slots": sum(m.pools.values()),
                 "running": m.running,
                 "blob_pressure": m.pressure,
+                "disk_full": m.disk_full,
                 "blob_bytes": m.blob_bytes,
                 "last_seen": m.last_ms / 1000.0 if m.last_ms else None,
             }
@@ -733,7 +754,11 @@ class JobNode(LeaderDuties, Following):
 
     def health(self) -> dict:
         return {
-            "ok": True,
+            # Not ok while read-only: reads are served, but no work is taken.
+            "ok": not self._disk_full,
+            "state": "read_only" if self._disk_full else "ok",
+            "disk_full": self._disk_full,
+            "disk_free_bytes": self._disk_free,
             "member": self.cfg.member,
             "role": self.cfg.role,
             "leader": self.view.leader,
@@ -771,4 +796,6 @@ class JobNode(LeaderDuties, Following):
         m["applied_index"] = self.table.applied_index
         m["members_known"] = len(self.members)
         m["blob_pressure"] = 1 if self._pressure else 0
+        m["disk_full"] = 1 if self._disk_full else 0
+        m["disk_free_bytes"] = self._disk_free
         return m

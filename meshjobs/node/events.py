@@ -54,6 +54,16 @@ class Pressure:
 
 
 @dataclass(frozen=True)
+class DiskFull:
+    """The data folder's disk is below `[blobs] disk_free_min` bytes free, or refused a write for
+    want of space (on), or has room again (off). While it is on the member is read-only: it takes
+    no leases and no submits, and says so in its health and its reports."""
+
+    on: bool
+    free_bytes: int = 0
+
+
+@dataclass(frozen=True)
 class BlobBytes:
     """How many payload bytes this member's blob store holds (reported to the leader)."""
 

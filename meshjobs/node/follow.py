@@ -160,8 +160,10 @@ class Following:
             self._next_have_ms = now + limits.have_ms
             body = {
                 "boot": self.cfg.boot, "role": self.cfg.role, "pos": self.table.applied_index,
-                "pools": {} if self._pressure else {p.name: p.slots for p in self.cfg.pools.values()},
+                "pools": {} if self._takes_no_work() else {
+                    p.name: p.slots for p in self.cfg.pools.values()},
                 "pressure": self._pressure,
+                "disk_full": self._disk_full,
                 "blob_bytes": self._blob_bytes,
                 "running": sum(1 for ended in self._running.values() if not ended),
             }

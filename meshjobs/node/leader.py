@@ -29,6 +29,7 @@ class Member:
     role: str = "worker"
     pools: dict[str, int] = field(default_factory=dict)
     pressure: bool = False
+    disk_full: bool = False
     pos: int = 0
     running: int = 0
     blob_bytes: int = 0
@@ -54,6 +55,7 @@ def parse_have(body: Any) -> dict | None:
     return {
         "boot": boot, "role": role, "pos": pos, "pools": dict(pools),
         "pressure": body.get("pressure") is True,
+        "disk_full": body.get("disk_full") is True,
         "running": running if type(running) is int else 0,
         "blob_bytes": blob_bytes if type(blob_bytes) is int else 0,
     }
@@ -79,6 +81,7 @@ class LeaderDuties:
         m.boot, m.role, m.pools = have["boot"], have["role"], have["pools"]
         m.pressure, m.pos, m.running = have["pressure"], have["pos"], have["running"]
         m.blob_bytes = have["blob_bytes"]
+        m.disk_full = have["disk_full"]
         m.last_ms = self.now_ms
         if m.role == "worker" and (m.pos > m.sent_upto or (
                 m.pos < m.sent_upto and self.now_ms - m.pos_ms >= limits.state_resend_ms)):
@@ -123,10 +126,11 @@ class LeaderDuties:
         def cap(pools: dict[str, int]) -> dict[str, int]:
             return {p: n * (1 + self._ahead(p)) for p, n in pools.items()}
 
-        if not self._pressure:
+        if not self._takes_no_work():
             room[self.cfg.member] = cap({p.name: p.slots for p in self.cfg.pools.values()})
         for name, m in self.members.items():
-            if name != self.cfg.member and not m.pressure and self._alive(name, m.boot):
+            if (name != self.cfg.member and not m.pressure and not m.disk_full
+                    and self._alive(name, m.boot)):
                 room[name] = cap(m.pools)
         jobs, results = self.table.jobs, self._results
         for (jid, i), (member, _boot) in self.table.leased.items():
