@@ -117,6 +117,10 @@ _SCHEMAS: dict[str, Any] = {
             "rc": {"type": ["integer", "null"]},
             "stdout": {"oneOf": [{"$ref": "#/components/schemas/Digest"}, {"type": "null"}]},
             "stderr": {"oneOf": [{"$ref": "#/components/schemas/Digest"}, {"type": "null"}]},
+            "error": {"type": ["string", "null"], "maxLength": limits.item_error_chars_max,
+                      "description": "Why the item's last try failed without running (its "
+                                     "program could not start, its input was missing); null "
+                                     "otherwise."},
         },
     },
     "Job": {

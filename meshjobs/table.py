@@ -80,7 +80,7 @@ class Job:
         "hold", "max_leases", "digest", "submitted_ms", "finished_ms", "cancelled", "n",
         "st", "attempts", "fails", "epoch", "member", "rc", "sig", "stdin", "out", "err",
         "started_ms", "ended_ms", "not_before", "queue", "n_pending", "n_leased", "n_done",
-        "n_failed", "n_cancelled", "started",
+        "n_failed", "n_cancelled", "started", "errors",
     )
 
     def __init__(self, job_id: str, seq: int, spec: dict, digest: bytes, stdin: list, t: int) -> None:
@@ -122,6 +122,9 @@ class Job:
         self.n_failed = 0
         self.n_cancelled = 0
         self.started = False  # any item ever leased: "running" rather than "queued"
+        # Why an item's last try failed without running (item index -> a short text), when it
+        # did: most items never have one, so the dict is made only for the first.
+        self.errors: dict[int, str] | None = None
 
     @property
     def finished(self) -> bool:
@@ -373,7 +376,7 @@ class JobTable:
             if not _result_ok(r):
                 refused += 1
                 continue
-            job_id, i, epoch, state, rc, sig, out, err, started, ended = r
+            job_id, i, epoch, state, rc, sig, out, err, started, ended = r[:10]
             job = self.jobs.get(job_id)
             if job is None or not 0 <= i < job.n or job.st[i] != LEASED or job.epoch[i] != epoch:
                 # A late result of a revoked lease, or a duplicate: never a second result.
@@ -386,6 +389,13 @@ class JobTable:
             job.err[i] = _EMPTY if err == _EMPTY else err
             job.started_ms[i] = started
             job.ended_ms[i] = ended
+            error = r[10] if len(r) > 10 else None
+            if error is not None:
+                if job.errors is None:
+                    job.errors = {}
+                job.errors[i] = error
+            elif job.errors is not None and job.errors.pop(i, None) is not None and not job.errors:
+                job.errors = None
             if state == DONE:
                 self._move("result", job, i, DONE)
             else:
@@ -577,6 +587,7 @@ class JobTable:
             "stdin": _hex(job.stdin[i]),
             "stdout": _hex(job.out[i]),
             "stderr": _hex(job.err[i]),
+            "error": job.errors.get(i) if job.errors is not None else None,
             "started_at": job.started_ms[i] / 1000.0 if job.started_ms[i] else None,
             "ended_at": job.ended_ms[i] / 1000.0 if job.ended_ms[i] else None,
         }
@@ -587,13 +598,16 @@ class JobTable:
         """Everything the table is, as msgpack-able plain data (for the full dump)."""
         jobs = []
         for j in self.jobs.values():
-            jobs.append([
+            row = [
                 j.id, j.seq, j.spec_fields(), j.digest, j.submitted_ms, j.finished_ms,
                 j.cancelled, j.n, bytes(j.st), j.attempts.tobytes(), j.fails.tobytes(),
                 j.epoch.tobytes(), j.member, j.rc.tobytes(), bytes(j.sig), j.stdin, j.out, j.err,
                 j.started_ms.tobytes(), j.ended_ms.tobytes(), list(j.not_before.items()),
                 list(j.queue), j.started,
-            ])
+            ]
+            if j.errors:
+                row.append(sorted(j.errors.items()))  # only jobs that have some: rows stay small
+            jobs.append(row)
         return {
             "v": 1,
             "jobs": jobs,
@@ -612,7 +626,7 @@ class JobTable:
         t = cls()
         for row in s["jobs"]:
             (jid, seq, spec, digest, sub, fin, canc, n, st, att, fails, ep, member, rc, sig,
-             stdin, out, err, started, ended, nb, queue, ever) = row
+             stdin, out, err, started, ended, nb, queue, ever) = row[:23]
             shared: dict[bytes, bytes] = {}
             j = Job(jid, seq, spec, digest,
                     [None if d is None else shared.setdefault(d, d) for d in stdin], sub)
@@ -632,6 +646,8 @@ class JobTable:
             j.not_before = {int(k): v for k, v in nb}
             j.queue = deque(queue)
             j.started = ever
+            if len(row) > 23 and row[23]:
+                j.errors = {int(i): e for i, e in row[23]}
             j.n_pending = st.count(PENDING)
             j.n_leased = st.count(LEASED)
             j.n_done = st.count(DONE)
@@ -679,6 +695,10 @@ class JobTable:
                 if j.st[i] == LEASED:
                     assert (jid, i) in self.leased, f"{jid}[{i}] leased but not in the lease map"
                     leased_seen.add((jid, i))
+            if j.errors is not None:
+                assert j.errors, f"{jid}: an empty error dict is kept as None"
+                assert all(0 <= i < j.n and isinstance(e, str) for i, e in j.errors.items()), \
+                    f"{jid}: an item error of no item"
             done = j.n_done + j.n_failed + j.n_cancelled == j.n
             assert bool(j.finished_ms) == (done or j.cancelled), f"{jid}: finished mark"
         assert leased_seen == set(self.leased), "lease map and item states disagree"
@@ -708,8 +728,11 @@ def _is_int(x: Any) -> bool:
 
 
 def _result_ok(r: Any) -> bool:
+    """A result row: job, index, epoch, state, rc, signal, stdout, stderr, started, ended and,
+    when the item could not run (or the driver says why it failed), an eleventh field: why."""
     return (
-        isinstance(r, list) and len(r) == 10
+        isinstance(r, list) and (len(r) == 10 or (
+            len(r) == 11 and isinstance(r[10], str) and 0 < len(r[10]) <= limits.item_error_chars_max))
         and isinstance(r[0], str) and _is_int(r[1]) and _is_int(r[2])
         and _is_int(r[3]) and r[3] in (DONE, FAILED, TIMEOUT)
         and (r[4] is None or (_is_int(r[4]) and -(2**31) < r[4] < 2**31))

@@ -509,6 +509,54 @@ def test_result_malformed_row_refused(bad: Any) -> None:
     assert log.job().st[0] == LEASED
 
 
+def test_result_with_error_kept_and_shown() -> None:
+    """result: a row's eleventh field says why the item failed without running; the table keeps
+    it (only for items that have one), shows it as the item's `error`, keeps it through a
+    snapshot, and drops it when a later try of the item ends without one."""
+    log = Log()
+    log.submit(n=3, retries=1)
+    _, e = log.lease(("j1", 0), ("j1", 1))
+    why = "no such program '/no/such/prog' on member: install it or fix the job's argv"
+    out = log.result([*row("j1", 0, e, FAILED, rc=None), why], row("j1", 1, e, DONE))
+    assert out == {"ok": True, "accepted": 2, "refused": 0}
+    job = log.job()
+    assert job.errors == {0: why}
+    items = log.table.record(job, items=True)["items"]
+    assert [it["error"] for it in items] == [why, None, None]
+    assert items[0]["rc"] is None and items[0]["stdout"] is None
+    raw = msgpack.packb(log.table.to_state(), use_bin_type=True)
+    t2 = JobTable.from_state(msgpack.unpackb(raw, raw=False, strict_map_key=False))
+    assert t2.jobs["j1"].errors == {0: why}
+    assert msgpack.packb(t2.to_state(), use_bin_type=True) == raw
+    # The retry runs and fails with an exit code: the old reason goes.
+    _, e2 = log.lease(("j1", 0), t=T0 + 60_000)
+    log.result(row("j1", 0, e2, FAILED, rc=3), t=T0 + 60_000)
+    assert log.job().errors is None and log.job().st[0] == FAILED
+    log.table.check()
+
+
+def test_jobs_without_errors_cost_nothing_more() -> None:
+    """Snapshot: a job none of whose items has an error keeps the 23-field row (no error list,
+    no dict in memory)."""
+    log = Log()
+    log.submit(n=2)
+    _, e = log.lease(("j1", 0), ("j1", 1))
+    log.result(row("j1", 0, e), row("j1", 1, e, FAILED, rc=1))
+    assert log.job().errors is None
+    assert [len(r) for r in log.table.to_state()["jobs"]] == [23]
+
+
+@pytest.mark.parametrize("error", ["", 5, None, b"bytes", "x" * (limits.item_error_chars_max + 1)])
+def test_result_malformed_error_refused(error: Any) -> None:
+    """result: an error field that is not a short non-empty string is a malformed row."""
+    log = Log()
+    log.submit()
+    _, e = log.lease(("j1", 0))
+    out = log.result([*row("j1", 0, e, FAILED, rc=None), error])
+    assert out == {"ok": True, "accepted": 0, "refused": 1}
+    assert log.job().st[0] == LEASED and log.job().errors is None
+
+
 def test_result_float_state_refused() -> None:
     """result: a state given as a float (msgpack can carry one) is refused, not raised."""
     log = Log()

@@ -36,6 +36,7 @@ class MItem:
     epoch: int = 0
     attempts: int = 0
     fails: int = 0
+    error: str | None = None  # why its last try failed without running
 
 
 @dataclass
@@ -156,6 +157,7 @@ class Model:
             assert (jid, i, epoch) not in self.accepted, "model: two results under one epoch"
             self.accepted.add((jid, i, epoch))
             it = job.items[i]
+            it.error = r[10] if len(r) > 10 else None
             state = ITEM_STATE_NAMES[code]
             if state == "done":
                 it.state = "done"
@@ -368,8 +370,13 @@ class TableMachine(RuleBasedStateMachine):
                                                max_size=3)):
             if stale:
                 epoch = data.draw(st.integers(0, self.index + 2).filter(lambda x, e=epoch: x != e))
-            rows.append([jid, i, epoch, CODES[state], 0 if state == "done" else 1, None, None,
-                         None, self.now, self.now])
+            row = [jid, i, epoch, CODES[state], 0 if state == "done" else 1, None, None,
+                   None, self.now, self.now]
+            # Some failures could not start at all, and say why.
+            why = data.draw(st.sampled_from([None, None, "could not start 'x'", "no input"]))
+            if why is not None and state != "done":
+                row.append(why)
+            rows.append(row)
         self.apply({"k": "result", "t": self.now, "r": rows})
 
     @rule(job_id=st.sampled_from(JOB_IDS), i=st.integers(-1, 4), back=st.integers(0, 30),
@@ -462,6 +469,8 @@ class TableMachine(RuleBasedStateMachine):
             assert list(j.attempts) == [it.attempts for it in mj.items], jid
             assert j.state == mj.state, jid
             assert j.finished_ms == mj.finished_ms, jid
+            assert (j.errors or {}) == {i: it.error for i, it in enumerate(mj.items) if it.error}
+            assert j.errors != {}, "an empty error dict is kept as None"
             for i, it in enumerate(mj.items):
                 if it.state == "leased":
                     assert j.epoch[i] == it.epoch and (jid, i) in t.leased
