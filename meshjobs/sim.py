@@ -536,9 +536,15 @@ class Sim:
             if self.accepted[k3] > 1:
                 self.fail(f"two accepted results for {k3}")
             row = next(r for r in rows if (r[0], r[1], r[2]) == k3)
-            if len(row) == 10:
+            if len(row) >= 10:
                 self._check_copies(index, [d.hex() for d in (row[6], row[7])
                                            if isinstance(d, bytes)])
+            if len(row) == 11:
+                job = self.oracle.jobs.get(key[0])
+                if job is None or job.errors is None or job.errors.get(key[1]) != row[10]:
+                    self.fail(f"result entry {index} accepted {k3} with error {row[10]!r}, "
+                              "but the table does not keep it")
+                self.count("results_with_error")
             accepted += 1
         if outcome is not None and outcome.get("accepted") != accepted:
             self.fail(f"result entry {index}: table says {outcome.get('accepted')} accepted, "
@@ -585,12 +591,17 @@ class Sim:
         r = self.rng.random()
         state = "done" if r < 0.7 else "failed" if r < 0.92 else "timeout"
         rc = {"done": 0, "failed": self.rng.randint(1, 3), "timeout": None}[state]
-        out = self.rng.randbytes(32).hex()
+        out: str | None = self.rng.randbytes(32).hex()
         err = self.rng.randbytes(32).hex() if self.rng.random() < 0.3 else None
+        error = None
+        if state == "failed" and self.rng.random() < 0.25:
+            # The program could not start: no exit code, no outputs, and the driver's reason.
+            rc, out, err = None, None, None
+            error = f"no such program 'sim{self.rng.randint(0, 9)}' on member: fix the job's argv"
         start = self.now
         end = start + self._between(self.cfg.run_ms)
         ev = ItemEnded(eff.job_id, eff.index, eff.epoch, state, rc,
-                       9 if state == "timeout" else None, out, err, start, end)
+                       9 if state == "timeout" else None, out, err, start, end, error)
         m.running[key] = self._at(end, "end", (m.name, m.inc, ev))
 
     def _due(self) -> None:

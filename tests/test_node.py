@@ -458,6 +458,29 @@ def test_item_end_to_job_done_answers_waiter() -> None:
     assert f.answer(3).body["state"] == "done", "a finished job is answered at once"
 
 
+def test_item_that_could_not_start_says_why() -> None:
+    """An item whose program could not start ends failed with no rc, signal or outputs; the
+    driver's reason goes with its result into the table (cut to item_error_chars_max) and the
+    item record shows it as `error`."""
+    f = Fleet1()
+    submitted(f, n=2)
+    f.settle()
+    run0, run1 = f.runs
+    why = "no such program '/no/such/prog' on member: install it or fix the job's argv"
+    f.node.step(ItemEnded(run0.job_id, run0.index, run0.epoch, "failed", None, None, None, None,
+                          f.now, f.now, why))
+    f.node.step(ItemEnded(run1.job_id, run1.index, run1.epoch, "failed", None, None, None, None,
+                          f.now, f.now, "x" * (limits.item_error_chars_max + 50)))
+    f.settle()
+    f.ctl(9, {"op": "get", "id": "j1", "items": True})
+    f.take()
+    body = f.answer(9).body
+    assert body["state"] == "failed"
+    it0, it1 = body["items"]
+    assert it0["error"] == why and it0["rc"] is None and it0["stdout"] is None
+    assert it1["error"] == "x" * limits.item_error_chars_max
+
+
 def test_failed_item_retried_after_backoff() -> None:
     """A failed item with retries left is leased and run again once its backoff is over."""
     f = Fleet1(slots=1)
@@ -746,3 +769,103 @@ def test_leader_duties_wait_for_the_entry_in_flight_changes_do_not() -> None:
     f.commit_pending()
     f.take()
     assert [e["k"] for e in f.batches[-1]["es"]] == ["lease", "result"]
+
+
+# --- blob copies ------------------------------------------------------------------------------
+
+
+def test_inputs_copies_asked_of_every_linked_member_at_once() -> None:
+    """A submit's inputs are asked of every linked member in the same round, and the first
+    confirmation (blob_copies - 1 = 1) lets the submit go on: a member that never answers (its
+    link still looks up) does not hold it back."""
+    f = Fleet1(voters=("m1", "m2", "m3"), blob_copies=2)
+    for peer in ("m2", "m3"):
+        f.node.step(PeerLink(peer, True))
+    req = submit_req(rid="in1")
+    req["items"] = ["cd" * 32]
+    f.ctl(1, req)
+    effects = f.take()
+    asked = sorted(e.to for e in effects if isinstance(e, CopyBlobs))
+    assert asked == ["m2", "m3"], "both candidates asked at once"
+    assert not f.pending_of("submit")
+    f.tick(30)
+    f.node.step(BlobsCopied("m3", ("cd" * 32,)))  # m2 (first by name) stays silent
+    f.take()
+    assert len(f.pending_of("submit")) == 1, "the first confirmation is enough"
+    f.commit_pending()
+    f.take()
+    assert f.answer(1).status == 201
+
+
+def test_output_copies_asked_of_every_linked_member_and_reasked_later() -> None:
+    """A result's outputs: every linked member is asked at once; a member that stays silent is
+    asked again after proposal_retry_ms, never sooner; the first confirmation releases the
+    result."""
+    f = Fleet1(slots=1, voters=("m1", "m2", "m3"), blob_copies=2)
+    for peer in ("m2", "m3"):
+        f.node.step(PeerLink(peer, True))
+    submitted(f, n=1)
+    f.settle()
+    [run] = f.runs
+    f.end(run)
+    assert sorted(e.to for e in f.take() if isinstance(e, CopyBlobs)) == ["m2", "m3"]
+    f.tick(limits.proposal_retry_ms - 1)
+    assert not [e for e in f.take() if isinstance(e, CopyBlobs)]
+    f.tick(1)
+    assert sorted(e.to for e in f.take() if isinstance(e, CopyBlobs)) == ["m2", "m3"]
+    f.node.step(BlobsCopied("m2", (DIGEST_OUT,)))
+    f.take()
+    assert [e["k"] for e in f.pending] == ["result"]
+
+
+# --- a worker's freshness ---------------------------------------------------------------------
+
+
+def _worker(now: int) -> JobNode:
+    cfg = NodeConfig(member="w1", boot="wb", pools={"default": Pool("default", slots=1)},
+                     role="worker", voters=("v1", "v2", "v3"))
+    node = JobNode(JobTable(), cfg, random.Random(3))
+    node.step(Tick(now))
+    node.step(View())
+    node.take()
+    return node
+
+
+def test_worker_fresh_only_from_the_leader_itself() -> None:
+    """A worker's table is fresh only while frames from the member it believes leads (at the
+    current term) arrive: a follower's hint of who leads, however often it comes, does not make
+    it fresh, nor keep it fresh once the leader has gone quiet."""
+    now = 1_700_000_000_000
+    node = _worker(now)
+    # A follower's hint names the leader: the worker reports there, but is not fresh.
+    node.step(FrameIn("v2", "F_JOB_STATE", {"term": 3, "leader": "v1", "voters": ["v1", "v2", "v3"]}))
+    node.take()
+    h = node.health()
+    assert h["leader"] == "v1" and not h["fresh"] and not h["ready"]
+    assert any(isinstance(e, Send) and e.to == "v1" and e.ftype == "F_JOB_HAVE"
+               for e in (node.step(Tick(now + limits.have_ms)) or node.take()))
+    # The leader's own frame: fresh.
+    node.step(FrameIn("v1", "F_JOB_STATE", {"term": 3, "leader": "v1", "prev": 0, "entries": []}))
+    node.take()
+    assert node.health()["fresh"] and node.health()["ready"]
+    # Cut off from the leader alone: only the follower's hints come. Not fresh after dead_ms.
+    t = now + limits.have_ms
+    while t < now + 2 * limits.member_dead_ms:
+        t += limits.have_ms
+        node.step(Tick(t))
+        node.step(FrameIn("v2", "F_JOB_STATE", {"term": 3, "leader": "v1"}))
+        node.take()
+    h = node.health()
+    assert not h["fresh"], h
+    assert node.counts.get("state_hints", 0) > 0
+
+
+def test_worker_ignores_a_hint_that_contradicts_its_leader() -> None:
+    """A hint at the worker's own term never replaces the leader it hears from itself."""
+    now = 1_700_000_000_000
+    node = _worker(now)
+    node.step(FrameIn("v1", "F_JOB_STATE", {"term": 4, "leader": "v1", "prev": 0, "entries": []}))
+    node.step(FrameIn("v2", "F_JOB_STATE", {"term": 4, "leader": "v3"}))
+    node.take()
+    h = node.health()
+    assert h["leader"] == "v1" and h["fresh"]

@@ -145,7 +145,7 @@ class StaleResultTable(JobTable):
         return super()._apply_one(entry, index, nested)
 
     def _as_current(self, r: object) -> object:
-        if not (isinstance(r, list) and len(r) == 10 and isinstance(r[0], str)):
+        if not (isinstance(r, list) and len(r) in (10, 11) and isinstance(r[0], str)):
             return r
         job = self.jobs.get(r[0])
         if job is None or type(r[1]) is not int or not 0 <= r[1] < job.n or job.st[r[1]] != LEASED:
@@ -216,3 +216,10 @@ def test_reused_keys_are_refused_everywhere() -> None:
     assert report.counts.get("key_reuses_422", 0) > 0, report.counts
     assert report.counts.get("table_refused_rid_reused", 0) + report.counts.get(
         "key_reuses_422", 0) > 0
+
+
+def test_results_with_errors_are_kept() -> None:
+    """Items that could not start end with the driver's reason: the run checks that each such
+    result's reason is in the table, and here that some were committed."""
+    report = run(1)
+    assert report.counts.get("results_with_error", 0) > 0, report.counts

@@ -132,7 +132,8 @@ class JobNode(LeaderDuties, Following):
         self._revoking: dict[tuple[str, int, int], int] = {}
         self._was_ready = False
         self._leader_since_ms = 0
-        self._leader_seen_ms = 0
+        self._leader_seen_ms = 0  # a worker: when a frame from the leader itself last came
+        self._leader_hint_ms = 0  # and when a voter last said who leads
         self._pressure = False
         self._blob_bytes = 0
         self._expiring: dict[str, int] = {}
@@ -176,7 +177,7 @@ class JobNode(LeaderDuties, Following):
             self._links[ev.peer] = ev.up
             if not ev.up:
                 for copies in self._awaiting_copies.values():
-                    copies.asked.pop(ev.peer, None)  # ask someone else at once
+                    copies.asked.pop(ev.peer, None)  # asked again as soon as it is back
         elif isinstance(ev, BlobsCopied):
             self._copied(ev.member, ev.digests)
         elif isinstance(ev, Pressure):
@@ -535,6 +536,10 @@ class JobNode(LeaderDuties, Following):
             None if ev.stderr is None else bytes.fromhex(ev.stderr),
             ev.started_ms, ev.ended_ms,
         ]
+        if ev.error:
+            # Why it failed without running (the program is missing, say): kept with the result,
+            # cut to a bounded length.
+            self._results[key].append(ev.error[:limits.item_error_chars_max])
         to_copy = tuple(sorted(set(outs) - {EMPTY_DIGEST}))
         if to_copy and self.cfg.blob_copies > 1 and self._others():
             self._awaiting_copies[key] = _Copies(ev.job_id, to_copy)
@@ -552,8 +557,11 @@ class JobNode(LeaderDuties, Following):
         return ({v for v in self.cfg.voters} | set(self.members)) - {self.cfg.member}
 
     def _ask_copies(self) -> None:
-        """A result's outputs must be on `blob_copies` members before it is proposed: ask
-        linked members for copies, and release the result once enough have confirmed."""
+        """A result's outputs (and a submit's inputs) must be on `blob_copies` members before
+        it is proposed: ask every linked member for a copy at once, and go on with the first
+        `blob_copies - 1` that confirm. (Asking one at a time made one silent member, whose link
+        still looks up until it times out, hold every copy back for seconds.) A member that
+        has not confirmed is asked again after `proposal_retry_ms`."""
         if not self._awaiting_copies:
             return
         now = self.now_ms
@@ -578,19 +586,13 @@ class JobNode(LeaderDuties, Following):
                         "error": "the job's inputs could not be copied to another member in time "
                                  "(members unreachable?); nothing was submitted: try again"})
                 continue
-            waiting = sum(1 for p, t in copies.asked.items()
-                          if p not in copies.have and now - t < limits.proposal_retry_ms)
-            want = need - len(copies.have) - waiting
             for to in linked:
-                if want <= 0:
-                    break
                 if to in copies.have:
                     continue
                 asked = copies.asked.get(to)
                 if asked is not None and now - asked < limits.proposal_retry_ms:
                     continue
                 copies.asked[to] = now
-                want -= 1
                 self._out.append(CopyBlobs(to, copies.owner, copies.digests))
 
     # --- reconciling --------------------------------------------------------------------------
@@ -755,7 +757,10 @@ class JobNode(LeaderDuties, Following):
         if self.view.leader is None:
             return False
         if self.cfg.role == "worker":
-            return self.now_ms - self._leader_seen_ms <= self.cfg.dead_ms
+            # Fresh only from the leader itself: a follower's hint of who leads says nothing of
+            # whether this member's table still hears the leader's entries.
+            return (self.view.ready and self._leader_seen_ms > 0
+                    and self.now_ms - self._leader_seen_ms <= self.cfg.dead_ms)
         return True
 
     def metrics(self) -> dict:

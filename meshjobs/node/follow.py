@@ -19,7 +19,7 @@ from meshjobs.table import JobTable
 
 def _rows_ok(rows: Any) -> bool:
     return isinstance(rows, list) and len(rows) <= limits.result_batch_max and all(
-        isinstance(r, list) and len(r) == 10 and isinstance(r[0], str) and type(r[1]) is int
+        isinstance(r, list) and len(r) in (10, 11) and isinstance(r[0], str) and type(r[1]) is int
         and type(r[2]) is int for r in rows)
 
 
@@ -118,6 +118,15 @@ class Following:
             return
         if term < self.view.term:
             return  # from a deposed leader
+        if leader != peer:
+            # A voter's hint of who leads (it answered our F_JOB_HAVE): worth reporting there,
+            # but it says nothing of whether we hear the leader, so it never makes our table
+            # fresh, and a hint carries no entries.
+            if leader is not None and (self.view.leader is None or term > self.view.term):
+                self.view = View(term=term, leader=leader, is_leader=False, ready=False)
+                self._leader_hint_ms = self.now_ms
+            self._count("state_hints")
+            return
         self.view = View(term=term, leader=leader, is_leader=False, ready=True)
         self._leader_seen_ms = self.now_ms
         if "snapshot" in body:
@@ -150,7 +159,7 @@ class Following:
     def _follow(self) -> None:
         now = self.now_ms
         if (self.cfg.role == "worker" and self.view.leader is not None
-                and now - self._leader_seen_ms > self.cfg.dead_ms):
+                and now - max(self._leader_seen_ms, self._leader_hint_ms) > self.cfg.dead_ms):
             # Not heard from the leader for too long: do not pretend to know who leads (changes
             # then fail fast with 503 instead of waiting on a leader that may be gone).
             self.view = View(term=self.view.term)
