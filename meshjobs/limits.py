@@ -34,6 +34,7 @@ ctl_pending_max = 100_000  # changes waiting for their commit at once; more are 
 ctl_queue_max = 10_000  # requests queued from HTTP to the jobs thread
 rid_chars_max = 128  # a request id (idempotency key)
 rids_remembered_max = 100_000  # request ids the table remembers to dedupe retried changes
+forgotten_ids_max = 100_000  # tombstones of forgotten job ids the table keeps (oldest dropped first)
 
 # --- The jobs thread ---------------------------------------------------------------------------
 events_batch_max = 1024  # events stepped between two gate syncs

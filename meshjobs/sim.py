@@ -469,7 +469,7 @@ class Sim:
             if jid in self.ever_forgotten:
                 self.fail(f"forgotten job {jid} came back at index {index}")
             self._check_copies(index, [d.hex() for d in t.jobs[jid].stdin if d is not None])
-        for jid in sorted(t.forgotten - self.ever_forgotten):
+        for jid in sorted(set(t.forgotten) - self.ever_forgotten):
             self.ever_forgotten.add(jid)
             self.count("jobs_forgotten")
         if any(jid in self.ever_forgotten for jid in t.jobs):

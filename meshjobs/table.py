@@ -16,8 +16,10 @@ Rule 3: a broken invariant of the table's own making does raise: that is a bug, 
         that runs on with a table it cannot trust is worse than one that stops.
 Rule 4: one transition table (`TRANSITIONS`) says which item state each entry kind may move an
         item from and to; every move goes through `_move`, which checks it.
-Rule 5: a forgotten job id never comes back: its tombstone is part of the state and of every
-        snapshot.
+Rule 5: a forgotten job id does not come back while its tombstone is kept: tombstones are part
+        of the state and of every snapshot, in the order the jobs were forgotten, and only the
+        newest `limits.forgotten_ids_max` are kept (the oldest is dropped first). An id whose
+        tombstone was dropped reads as unknown, and a submit may use it again.
 
 Items live in per-job parallel arrays (compact: a finished item costs a few dozen bytes) and a
 per-job queue of pending indexes: an item whose lease is revoked goes back to the head of that
@@ -155,7 +157,8 @@ class JobTable:
 
     def __init__(self) -> None:
         self.jobs: dict[str, Job] = {}
-        self.forgotten: set[str] = set()
+        # Tombstones of forgotten job ids, oldest first (a dict: ordered, and quick to test).
+        self.forgotten: dict[str, None] = {}
         self.seq = 0
         self.applied_index = 0
         # (job id, item index) -> (member, boot) of every item now leased.
@@ -460,8 +463,11 @@ class JobTable:
         del self.jobs[job.id]
         del self.finished[job.id]
         self.ready.pop(job.id, None)
-        self.forgotten.add(job.id)
+        self.forgotten[job.id] = None
         self._count("jobs_forgotten")
+        while len(self.forgotten) > limits.forgotten_ids_max:
+            del self.forgotten[next(iter(self.forgotten))]
+            self._count("tombstones_dropped")
 
     def _apply_expire(self, e: dict, index: int, t: int) -> dict:
         """Retention: forget finished jobs the leader found too old or too many. A job that is
@@ -611,7 +617,7 @@ class JobTable:
         return {
             "v": 1,
             "jobs": jobs,
-            "forgotten": sorted(self.forgotten),
+            "forgotten": list(self.forgotten),
             "seq": self.seq,
             "applied_index": self.applied_index,
             "leased": [[k[0], k[1], v[0], v[1]] for k, v in self.leased.items()],
@@ -656,7 +662,7 @@ class JobTable:
             if j.n != n:
                 raise ValueError(f"snapshot job {jid}: {j.n} items, header says {n}")
             t.jobs[jid] = j
-        t.forgotten = set(s["forgotten"])
+        t.forgotten = dict.fromkeys(s["forgotten"])
         t.seq = s["seq"]
         t.applied_index = s["applied_index"]
         t.leased = {(a, b): (c, d) for a, b, c, d in s["leased"]}

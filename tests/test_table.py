@@ -688,7 +688,7 @@ def test_forget_finished_job(how: str) -> None:
         log.result(row("j1", 0, e, DONE if how == "done" else FAILED))
     out = log.op("forget")
     assert out == {"ok": True, "id": "j1"}
-    assert "j1" not in log.table.jobs and log.table.forgotten == {"j1"}
+    assert "j1" not in log.table.jobs and list(log.table.forgotten) == ["j1"]
     assert log.table.counts["jobs_forgotten"] == 1
     assert refusal(log.op("forget")) == (False, 404, "forgotten")
     log.table.check()
@@ -957,7 +957,7 @@ def test_snapshot_msgpack_round_trip_and_carry_on() -> None:
     assert msgpack.packb(t2.to_state(), use_bin_type=True) == raw
     assert [t2.record(j, items=True) for j in t2.jobs.values()] == \
         [t.record(j, items=True) for j in t.jobs.values()]
-    assert t2.forgotten == {"gone"} and t2.next_due_ms(0) == t.next_due_ms(0)
+    assert list(t2.forgotten) == ["gone"] and t2.next_due_ms(0) == t.next_due_ms(0)
     # The same later entries give the same outcomes and the same table on both.
     later = [
         {"k": "lease", "t": T0 + 10_000, "g": [["retry", 0, "m1", "b1"], ["retry", 2, "m1", "b1"],
@@ -1041,3 +1041,26 @@ def test_rid_bound_to_its_fingerprint() -> None:
     assert log.apply({"k": "cancel", "t": T0, "id": "j2", "rid": "Z", "fp": 7})["reason"] == "malformed"
     # The binding is part of a snapshot.
     assert JobTable.from_state(log.table.to_state()).rids["K"]["fp"] == "a" * 32
+
+
+def test_tombstones_bounded_oldest_dropped_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """forget: at most forgotten_ids_max tombstones are kept, the oldest dropped first (and
+    counted); a dropped id reads as unknown and may be submitted again; the order of the
+    tombstones survives a snapshot, so every member drops the same one next."""
+    monkeypatch.setattr(limits, "forgotten_ids_max", 2)
+    log = Log()
+    for jid in ("a1", "b2", "c3"):
+        log.submit(jid)
+        _, e = log.lease((jid, 0))
+        log.result(row(jid, 0, e))
+        assert log.op("forget", jid)["ok"]
+    assert list(log.table.forgotten) == ["b2", "c3"]
+    assert log.counts()["tombstones_dropped"] == 1
+    assert refusal(log.op("cancel", "a1")) == (False, 404, "unknown_job")
+    assert refusal(log.op("cancel", "b2")) == (False, 404, "forgotten")
+    assert refusal(log.submit("b2")) == (False, 409, "forgotten")
+    raw = msgpack.packb(log.table.to_state(), use_bin_type=True)
+    t2 = JobTable.from_state(msgpack.unpackb(raw, raw=False, strict_map_key=False))
+    assert list(t2.forgotten) == ["b2", "c3"]
+    assert log.submit("a1", dg=b"new")["new"] is True
+    log.table.check()

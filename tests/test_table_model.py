@@ -28,6 +28,9 @@ POOLS = ["default", "gpu"]
 KINDS = ["submit", "lease", "result", "revoke", "cancel", "forget", "tone"]
 FINAL = {"done", "failed", "timeout", "cancelled"}
 CODES = {"done": 2, "failed": 3, "timeout": 4}
+# Tombstones kept while the machine runs (limits.forgotten_ids_max, made small so that the
+# oldest are dropped and their ids submitted again within a run).
+FORGOTTEN_MAX = 2
 
 
 @dataclass
@@ -74,7 +77,7 @@ class Model:
 
     def __init__(self) -> None:
         self.jobs: dict[str, MJob] = {}
-        self.forgotten: set[str] = set()
+        self.forgotten: list[str] = []  # oldest first, at most FORGOTTEN_MAX
         self.rids: dict[str, dict] = {}
         self.counts: dict[str, int] = {}
         self.seq = 0
@@ -213,8 +216,11 @@ class Model:
         if not job.finished_ms:
             return self.refuse(409, "not_finished")
         del self.jobs[e["id"]]
-        self.forgotten.add(e["id"])
+        self.forgotten.append(e["id"])
         self.count("jobs_forgotten")
+        if len(self.forgotten) > FORGOTTEN_MAX:
+            del self.forgotten[0]
+            self.count("tombstones_dropped")
         return {"ok": True, "id": e["id"]}
 
     def _tone(self, e: dict, index: int, t: int) -> dict:
@@ -300,6 +306,11 @@ class TableMachine(RuleBasedStateMachine):
         self.index = 0
         self.now = 1_000_000
         self.epochs: dict[tuple[str, int], int] = {}
+        self._forgotten_max = limits.forgotten_ids_max
+        limits.forgotten_ids_max = FORGOTTEN_MAX
+
+    def teardown(self) -> None:
+        limits.forgotten_ids_max = self._forgotten_max
 
     # --- plumbing ---------------------------------------------------------------------------
 
@@ -456,8 +467,8 @@ class TableMachine(RuleBasedStateMachine):
     def agrees_with_model(self) -> None:
         t, m = self.table, self.model
         assert set(t.jobs) == set(m.jobs)
-        assert t.forgotten == m.forgotten
-        assert not (set(t.jobs) & t.forgotten), "a forgotten id reappeared"
+        assert list(t.forgotten) == m.forgotten
+        assert not (set(t.jobs) & set(t.forgotten)), "a forgotten id reappeared"
         for jid, mj in m.jobs.items():
             j = t.jobs[jid]
             states = [ITEM_STATE_NAMES[s] for s in j.st]
@@ -478,6 +489,10 @@ class TableMachine(RuleBasedStateMachine):
 
     @invariant()
     def epochs_never_go_back(self) -> None:
+        # A job forgotten and gone: its id may come back (once its tombstone is dropped) as a
+        # new job, whose epochs start again.
+        for key in [k for k in self.epochs if k[0] not in self.table.jobs]:
+            del self.epochs[key]
         for jid, j in self.table.jobs.items():
             for i in range(j.n):
                 last = self.epochs.get((jid, i), 0)
