@@ -126,6 +126,10 @@ class SimConfig:
     # per step: a client reuses an acknowledged submit's idempotency key on another change
     key_reuse: float = 0.004
     client_timeout_ms: int = limits.ctl_commit_ms_max + 2_000
+    inputs: float = 0.15  # a job's items have inputs (blobs the submit must copy first)
+    # Members cut off from every other for the whole safety phase whose links still look up to
+    # all (a silent peer: the links notice only after link_silent_ms_max, if ever).
+    silent: tuple[str, ...] = ()
 
 
 @dataclass
@@ -225,6 +229,7 @@ class Sim:
         self.clients: list[_Client] = []
         self.waiting: dict[tuple, _Client] = {}
         self.asked: dict[tuple, dict] = {}  # (member, inc, token) -> request, until answered
+        self.sent_ms: dict[tuple, int] = {}  # (member, inc, token) -> when a client sent it
         self.answered: set[tuple] = set()
         self.acked: dict[str, int] = {}  # acknowledged job id -> its client
         self.probes: set[tuple] = set()  # requests that reuse a key: each must be refused
@@ -249,6 +254,8 @@ class Sim:
 
     def _reachable(self, a: str, b: str) -> bool:
         if not (self.members[a].alive and self.members[b].alive):
+            return False
+        if self.faulty and (a in self.cfg.silent or b in self.cfg.silent):
             return False
         pair = frozenset((a, b))
         return all(pair not in cut for cut in self.cuts.values())
@@ -652,7 +659,9 @@ class Sim:
             for peer in MEMBERS:
                 if peer == m.name:
                     continue
-                up = self._reachable(m.name, peer)
+                up = self._reachable(m.name, peer) or (
+                    self.faulty and self.members[peer].alive
+                    and (m.name in self.cfg.silent or peer in self.cfg.silent))
                 if m.links.get(peer) != up:
                     m.links[peer] = up
                     m.inbox.append(PeerLink(peer, up))
@@ -712,7 +721,7 @@ class Sim:
         if rng.random() < 0.15:
             spec["max_leases"] = rng.randint(1, 3)
         items: list[str | None] = [None] * n
-        if rng.random() < 0.15:
+        if rng.random() < self.cfg.inputs:
             items = [rng.randbytes(32).hex() if rng.random() < 0.7 else None for _ in range(n)]
         plan = (["release"] if hold else []) + (["cancel"] if rng.random() < 0.15 else [])
         plan += (["poll", "forget"] if rng.random() < 0.3 else []) + ["done"]
@@ -757,6 +766,7 @@ class Sim:
             c.inflight, c.deadline_ms = key, self.now + self.cfg.client_timeout_ms
             self.waiting[key] = c
             self.asked[key] = req
+            self.sent_ms[key] = self.now
             m.inbox.append(Ctl(m.tokens, req))
             self.count("ctl_" + req["op"])
         if self.faulty and self.acked and self.rng.random() < self.cfg.key_reuse:
@@ -796,6 +806,17 @@ class Sim:
                           f"{status} {body!r}: it must be refused (422)")
             self.count(f"key_reuses_{status}")
             return
+        sent = self.sent_ms.pop(key, None)
+        if (req["op"] == "submit" and sent is not None and m.name not in self.cfg.silent
+                and any(d is not None for d in req["items"])):
+            # How long a submit with inputs waited, from its member's answer: a silent member
+            # must not hold the copies of the others back.
+            if status in (200, 201):
+                self.counts["inputs_submit_ms_max"] = max(
+                    self.counts.get("inputs_submit_ms_max", 0), self.now - sent)
+                self.count("inputs_submits_acked")
+            else:
+                self.count(f"inputs_submits_{status}")
         if req["op"] == "submit" and status in (200, 201):
             jid = body["id"]
             if jid not in self.oracle.jobs and jid not in self.oracle.forgotten:

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
+from meshjobs import limits
 from meshjobs.control import Answer
 from meshjobs.node import Ctl, JobNode, NodeConfig, Pool, Propose, Reply, Tick, View
 from meshjobs.sim import SimConfig, SimFailure, run
@@ -223,3 +224,20 @@ def test_results_with_errors_are_kept() -> None:
     result's reason is in the table, and here that some were committed."""
     report = run(1)
     assert report.counts.get("results_with_error", 0) > 0, report.counts
+
+
+SILENT_V1 = SimConfig(steps=1500, frame_drop=0.0, frame_dup=0.0, frame_late=0.0,
+                      proposal_lost=0.0, crash=0.0, partition=0.0, pressure=0.0, key_reuse=0.0,
+                      inputs=0.7, silent=("v1",))
+
+
+@pytest.mark.parametrize("seed", (1, 2))
+def test_silent_member_does_not_delay_copies(seed: int) -> None:
+    """A member cut off from all the others whose links still look up (v1, first by name) must
+    not hold back the copies of submits with inputs made through the other members: each is
+    answered well before a copy asked of v1 alone would be asked again elsewhere, and none
+    fails for want of copies."""
+    c = run(seed, SILENT_V1).counts
+    assert c.get("inputs_submits_acked", 0) >= 5, c
+    assert c.get("inputs_submits_503", 0) == 0, c
+    assert c["inputs_submit_ms_max"] < limits.proposal_retry_ms, c
