@@ -365,6 +365,7 @@ class JobsThread:
     def edge_metrics(self) -> dict[str, float]:
         """Counters of the edges (journal, Raft port, links, blob store and writers, mover)."""
         m: dict[str, float] = {"journal_syncs": self.syncs, "frames_inbox_dropped": self.frames_dropped}
+        m["driver_orphans_reaped"] = getattr(self.driver, "orphans_reaped", 0)
         raft_dropped = getattr(self.replica, "raft_dropped", None)
         if raft_dropped is not None:
             for reason, n in raft_dropped().items():

@@ -59,6 +59,7 @@ retry_backoff_ms_max = 60_000  # and no retry waits longer than this
 driver_queue_max = 100_000  # commands queued to the driver
 driver_events_max = 100_000  # item ends queued back to the jobs thread
 cut_grace_ms = 2_000  # SIGTERM to a cut item's group, then SIGKILL after this
+orphan_reap_ms = 1_000  # a member that is PID 1 or a subreaper reaps orphans' zombies this often
 item_error_chars_max = 1_024  # why an item failed without running, kept with its result (longer: cut)
 
 # Blob store limits live in blobstore/limits.py: that package stands alone.
