@@ -38,9 +38,11 @@ from meshjobs.control import Answer
 from meshjobs.driver import RunItem
 from meshjobs.node import (
     BlobBytes,
+    BlobsCopied,
     CopyBlobs,
     Ctl,
     Cut,
+    FetchBlobs,
     FrameIn,
     ItemEnded,
     JobNode,
@@ -195,6 +197,9 @@ class JobsThread:
         # Items whose stdin blob is on another member: started once it is fetched, or at the
         # deadline (the driver then fails the item, saying the input is missing).
         self._awaiting_input: dict[tuple[str, int, int], tuple[RunItem, float]] = {}
+        # Blobs the node asked to have here (copies lost with a member): pinned for their owner
+        # and confirmed to the node once all are here, or dropped at the deadline.
+        self._awaiting_fetch: dict[tuple[str, tuple[str, ...]], float] = {}
         self.frames_dropped = 0
         self.syncs = 0
         self._metrics_tokens: set[int] = set()
@@ -353,6 +358,8 @@ class JobsThread:
             replica.send_commit_notice()
         if self._awaiting_input:
             self._start_ready_inputs()
+        if self._awaiting_fetch:
+            self._confirm_fetches()
         return proposed or bool(applied) or events >= limits.events_batch_max
 
     def _start_ready_inputs(self) -> None:
@@ -361,6 +368,17 @@ class JobsThread:
             if now >= deadline or self.blobs.has(item.stdin):
                 del self._awaiting_input[key]
                 self.driver.start(item)
+
+    def _confirm_fetches(self) -> None:
+        now = time.monotonic()
+        for key, deadline in list(self._awaiting_fetch.items()):
+            owner, digests = key
+            if all(self.blobs.has(d) for d in digests):
+                del self._awaiting_fetch[key]
+                self.blobs.pin_many(digests, owner)
+                self.event(BlobsCopied(self.node.cfg.member, digests))
+            elif now >= deadline:
+                del self._awaiting_fetch[key]  # the node gives up on it too, and may ask again
 
     def edge_metrics(self) -> dict[str, float]:
         """Counters of the edges (journal, Raft port, links, blob store and writers, mover)."""
@@ -437,6 +455,12 @@ class JobsThread:
         elif isinstance(eff, CopyBlobs):
             if self.mover is not None:
                 self.mover.copy(eff.to, eff.owner, eff.digests)
+        elif isinstance(eff, FetchBlobs):
+            if self.mover is not None:
+                for d in eff.digests:
+                    self.mover.prefetch(d)
+                self._awaiting_fetch[(eff.owner, eff.digests)] = (
+                    time.monotonic() + limits.blob_copy_wait_ms / 1000)
         elif isinstance(eff, Propose):
             pass
         else:

@@ -90,7 +90,12 @@ link_io_bytes = 256 * 1024  # one recv or send call on a member link
 
 # --- The fleet ---------------------------------------------------------------------------------
 member_dead_ms = 3_000  # a member not heard from for this long has its leases revoked
+member_lost_ms = 60_000  # and for this long, the copies of outputs it held are made again elsewhere
 blob_copies = 2  # members that hold a result's blobs before the result is proposed
+copy_fanout_max = 4  # members asked at once for a copy of one result's (or submit's) blobs
+result_holders_max = 16  # members a result row names as holding copies of its outputs
+recopy_items_per_round_max = 4_096  # items the leader looks at per round for copies lost with a member
+recopies_in_flight_max = 256  # copies the leader has asked for (or fetches) to restore blob_copies
 state_entries_max = 512  # committed entries in one F_JOB_STATE frame
 state_ring_entries_max = 2_048  # committed entries a voter keeps to catch workers up (further behind: a snapshot)
 state_ring_rows_max = 65_536  # and item rows in them (grants, results, submitted items) together

@@ -57,6 +57,7 @@ from meshjobs.node import (
     CopyBlobs,
     Ctl,
     Cut,
+    FetchBlobs,
     FrameIn,
     ItemEnded,
     JobNode,
@@ -130,6 +131,12 @@ class SimConfig:
     # Members cut off from every other for the whole safety phase whose links still look up to
     # all (a silent peer: the links notice only after link_silent_ms_max, if ever).
     silent: tuple[str, ...] = ()
+    # A member lost for good (its blob store with it) at step `lose_at_step`: it never comes
+    # back, and the liveness phase must end with every committed output on blob_copies members
+    # again. `lost_ms` is the members' NodeConfig.lost_ms.
+    lose: str | None = None
+    lose_at_step: int = 0
+    lost_ms: int = limits.member_lost_ms
 
 
 @dataclass
@@ -233,6 +240,8 @@ class Sim:
         self.answered: set[tuple] = set()
         self.acked: dict[str, int] = {}  # acknowledged job id -> its client
         self.probes: set[tuple] = set()  # requests that reuse a key: each must be refused
+        self.gone: set[str] = set()  # members lost for good
+        self.wiped: set[str] = set()  # blobs they held (a copy confirmed before the loss counts)
         for name in MEMBERS:
             self._start(self.members[name])
 
@@ -279,7 +288,7 @@ class Sim:
             m.inbox.append(View())  # a worker's replica has no Raft: one empty view at start
         cfg = NodeConfig(member=m.name, boot=m.boot, pools={"default": Pool("default", slots=2)},
                          keep_jobs=self.keep_jobs, role=m.role, voters=VOTERS,
-                         dead_ms=limits.member_dead_ms, blob_copies=2)
+                         dead_ms=limits.member_dead_ms, blob_copies=2, lost_ms=self.cfg.lost_ms)
         m.table = table
         m.node = self.node_cls(table, cfg, random.Random(self.rng.getrandbits(64)))
         m.alive = True
@@ -356,6 +365,12 @@ class Sim:
                                                         self.rng.random() < self.cfg.frame_drop):
                 self._at(self.now + self.rng.randint(5, 400), "copied",
                          (m.name, m.inc, eff.to, self.members[eff.to].inc, eff.digests))
+        elif isinstance(eff, FetchBlobs):
+            self.count("fetches_asked")
+            if any(self._reachable(m.name, n) and set(eff.digests) <= self.blobs[n]
+                   for n in MEMBERS) and not (self.faulty and self.rng.random() < self.cfg.frame_drop):
+                self._at(self.now + self.rng.randint(5, 400), "fetched",
+                         (m.name, m.inc, eff.digests))
         elif isinstance(eff, Pin | Unpin | UnpinAllBut):
             self.count("pins")
         else:
@@ -561,7 +576,7 @@ class Sim:
 
     def _check_copies(self, index: int, digests: list[str]) -> None:
         for d in digests:
-            holders = sum(1 for n in MEMBERS if d in self.blobs[n])
+            holders = sum(1 for n in MEMBERS if d in self.blobs[n]) + (d in self.wiped)
             if holders < 2:
                 self.fail(f"entry {index} committed with blob {d[:12]} on {holders} member(s)")
 
@@ -641,9 +656,16 @@ class Sim:
                 self.members[src].inbox.append(BlobsCopied(dst, digests))
                 self.count("copies_done")
             elif kind == "restart":
-                if not self.members[p].alive:  # else healed and restarted already
+                if not self.members[p].alive and p not in self.gone:  # else healed already
                     self.count("restarts")
                     self._start(self.members[p])
+            elif kind == "fetched":
+                name, inc, digests = p
+                if self.members[name].inc != inc or not self.members[name].alive:
+                    continue
+                self.blobs[name].update(digests)
+                self.members[name].inbox.append(BlobsCopied(name, digests))
+                self.count("fetches_done")
             elif kind == "heal":
                 self.cuts.pop(p, None)
             elif kind == "pressure_off":
@@ -699,6 +721,8 @@ class Sim:
         self.faulty = False
         self.cuts.clear()
         for m in self.members.values():
+            if m.name in self.gone:
+                continue
             if not m.alive:
                 self.count("restarts")
                 self._start(m)
@@ -907,6 +931,14 @@ class Sim:
         self.step_no += 1
         self.now += self.rng.randint(1, self.cfg.step_ms_max)
         self._due()
+        if self.cfg.lose is not None and self.step_no == self.cfg.lose_at_step:
+            lost = self.members[self.cfg.lose]
+            if lost.alive:
+                self._crash(lost)
+            self.gone.add(lost.name)
+            self.wiped |= self.blobs[lost.name]
+            self.blobs[lost.name] = set()
+            self.count("members_lost")
         if self.faulty:
             self._faults()
             if len(self.clients) < self.cfg.jobs_max and self.rng.random() < self.cfg.job_new:
@@ -935,17 +967,36 @@ class Sim:
                 return False
         last = self.log[-1][0] if self.log else 0
         # Every run ended or was cut: a run whose lease is gone must not go on for ever.
-        return all(m.table.applied_index == last and not m.running for m in self.members.values())
+        if not all(m.table.applied_index == last and not m.running
+                   for m in self.members.values() if m.name not in self.gone):
+            return False
+        return not self._under_copied()
+
+    def _under_copied(self) -> list[tuple[str, int]]:
+        """Items whose committed outputs are on fewer than blob_copies (2) members."""
+        if not self.gone:
+            return []  # no blob store was ever lost: every commit checked its copies
+        short = []
+        for jid, job in sorted(self.oracle.jobs.items()):
+            for i in range(job.n):
+                for d in (job.out[i], job.err[i]):
+                    if d is not None and sum(1 for n in MEMBERS if d.hex() in self.blobs[n]) < 2:
+                        short.append((jid, i))
+                        break
+        return short
 
     def unsettled(self) -> str:
         open_jobs = sorted(j for j in self.acked if j in self.oracle.jobs
                            and not self.oracle.jobs[j].finished)
         last = self.log[-1][0] if self.log else 0
-        behind = [n for n in WORKERS if self.members[n].table.applied_index < last]
+        live = [m for m in self.members.values() if m.name not in self.gone]
+        behind = [m.name for m in live if m.role == "worker" and m.table.applied_index < last]
+        short = self._under_copied()
         return (f"clients submitting: {[c.cid for c in self.clients if c.phase == 'submit']}; "
                 + (f"workers behind the log: {behind}; " if behind else "")
+                + (f"outputs on fewer than 2 members: {short[:5]}; " if short else "")
                 + f"jobs not ended: {open_jobs[:5]}; leader {self.leader} term {self.term}; "
-                f"tables at {[(m.name, m.table.applied_index) for m in self.members.values()]}, "
+                f"tables at {[(m.name, m.table.applied_index) for m in live]}, "
                 f"runs {[(m.name, sorted(m.running)[:3]) for m in self.members.values() if m.running]}, "
                 f"log at {last}")
 

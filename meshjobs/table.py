@@ -82,7 +82,7 @@ class Job:
         "hold", "max_leases", "digest", "submitted_ms", "finished_ms", "cancelled", "n",
         "st", "attempts", "fails", "epoch", "member", "rc", "sig", "stdin", "out", "err",
         "started_ms", "ended_ms", "not_before", "queue", "n_pending", "n_leased", "n_done",
-        "n_failed", "n_cancelled", "started", "errors",
+        "n_failed", "n_cancelled", "started", "errors", "held",
     )
 
     def __init__(self, job_id: str, seq: int, spec: dict, digest: bytes, stdin: list, t: int) -> None:
@@ -127,6 +127,10 @@ class Job:
         # Why an item's last try failed without running (item index -> a short text), when it
         # did: most items never have one, so the dict is made only for the first.
         self.errors: dict[int, str] | None = None
+        # The other members that confirmed a copy of each item's outputs when its result was
+        # committed (the member that ran it holds them too): made for the first item that has
+        # some, one shared tuple per set of members.
+        self.held: list[tuple[str, ...] | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -173,6 +177,7 @@ class JobTable:
         # leader's every round does not walk all the jobs. Derived too (rebuilt on load).
         self.ready: dict[str, Job] = {}
         self._names: dict[str, str] = {}
+        self._helds: dict[tuple[str, ...], tuple[str, ...]] = {}
         # A checker's hook (the simulator's oracle): called with each entry of a batch before
         # (outcome None) and after it is applied. Never set in a member.
         self.observe: Callable[[Any, dict | None], None] | None = None
@@ -277,6 +282,15 @@ class JobTable:
                 return member
             name = self._names[member] = member
         return name
+
+    def _holders(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """One tuple object per set of holders, however many items name it."""
+        held = self._helds.get(names)
+        if held is None:
+            if len(self._helds) >= limits.member_names_max:
+                return tuple(self._name(n) for n in names)
+            held = self._helds[names] = tuple(self._name(n) for n in names)
+        return held
 
     def _ready(self, job: Job) -> None:
         if job.n_pending and not job.hold:
@@ -393,6 +407,11 @@ class JobTable:
             job.started_ms[i] = started
             job.ended_ms[i] = ended
             error = r[10] if len(r) > 10 else None
+            holders = tuple(r[11]) if len(r) > 11 else None
+            if holders or job.held is not None:
+                if job.held is None:
+                    job.held = [None] * job.n
+                job.held[i] = self._holders(holders) if holders else None
             if error is not None:
                 if job.errors is None:
                     job.errors = {}
@@ -594,6 +613,8 @@ class JobTable:
             "stdout": _hex(job.out[i]),
             "stderr": _hex(job.err[i]),
             "error": job.errors.get(i) if job.errors is not None else None,
+            # Members other than `member` that held a copy of the outputs when they committed.
+            "copies": list(job.held[i] or ()) if job.held is not None else [],
             "started_at": job.started_ms[i] / 1000.0 if job.started_ms[i] else None,
             "ended_at": job.ended_ms[i] / 1000.0 if job.ended_ms[i] else None,
         }
@@ -611,8 +632,11 @@ class JobTable:
                 j.started_ms.tobytes(), j.ended_ms.tobytes(), list(j.not_before.items()),
                 list(j.queue), j.started,
             ]
-            if j.errors:
-                row.append(sorted(j.errors.items()))  # only jobs that have some: rows stay small
+            if j.errors or j.held is not None:
+                # Only jobs that have some: rows of the others stay small.
+                row.append(sorted(j.errors.items()) if j.errors else [])
+            if j.held is not None:
+                row.append([list(h) if h else None for h in j.held])
             jobs.append(row)
         return {
             "v": 1,
@@ -654,6 +678,8 @@ class JobTable:
             j.started = ever
             if len(row) > 23 and row[23]:
                 j.errors = {int(i): e for i, e in row[23]}
+            if len(row) > 24:
+                j.held = [t._holders(tuple(h)) if h else None for h in row[24]]
             j.n_pending = st.count(PENDING)
             j.n_leased = st.count(LEASED)
             j.n_done = st.count(DONE)
@@ -701,6 +727,7 @@ class JobTable:
                 if j.st[i] == LEASED:
                     assert (jid, i) in self.leased, f"{jid}[{i}] leased but not in the lease map"
                     leased_seen.add((jid, i))
+            assert j.held is None or len(j.held) == j.n, f"{jid}: holders of no item"
             if j.errors is not None:
                 assert j.errors, f"{jid}: an empty error dict is kept as None"
                 assert all(0 <= i < j.n and isinstance(e, str) for i, e in j.errors.items()), \
@@ -735,10 +762,14 @@ def _is_int(x: Any) -> bool:
 
 def _result_ok(r: Any) -> bool:
     """A result row: job, index, epoch, state, rc, signal, stdout, stderr, started, ended and,
-    when the item could not run (or the driver says why it failed), an eleventh field: why."""
+    when the item could not run (or the driver says why it failed), an eleventh field: why; and
+    a twelfth (the eleventh then may be None): the other members that hold its outputs."""
     return (
-        isinstance(r, list) and (len(r) == 10 or (
-            len(r) == 11 and isinstance(r[10], str) and 0 < len(r[10]) <= limits.item_error_chars_max))
+        isinstance(r, list) and 10 <= len(r) <= 12
+        and (len(r) == 10 or (r[10] is None and len(r) == 12) or (
+            isinstance(r[10], str) and 0 < len(r[10]) <= limits.item_error_chars_max))
+        and (len(r) < 12 or (isinstance(r[11], list) and len(r[11]) <= limits.result_holders_max
+                             and all(isinstance(m, str) and 0 < len(m) <= 64 for m in r[11])))
         and isinstance(r[0], str) and _is_int(r[1]) and _is_int(r[2])
         and _is_int(r[3]) and r[3] in (DONE, FAILED, TIMEOUT)
         and (r[4] is None or (_is_int(r[4]) and -(2**31) < r[4] < 2**31))

@@ -21,6 +21,7 @@ from meshjobs.node import (
     CopyBlobs,
     Ctl,
     Cut,
+    FetchBlobs,
     FrameIn,
     ItemEnded,
     JobNode,
@@ -869,3 +870,78 @@ def test_worker_ignores_a_hint_that_contradicts_its_leader() -> None:
     node.take()
     h = node.health()
     assert h["leader"] == "v1" and h["fresh"]
+
+
+# --- copies lost with a member ----------------------------------------------------------------
+
+
+def _have(f: Fleet1, peer: str) -> None:
+    f.node.step(FrameIn(peer, "F_JOB_HAVE", {"boot": peer + "b", "role": "voter", "pos": 0,
+                                             "pools": {}}))
+
+
+def _live_for(f: Fleet1, ms: int, reporting: tuple[str, ...]) -> list[Any]:
+    """Let `ms` pass in steps of have_ms, the `reporting` members reporting each time."""
+    effects: list[Any] = []
+    for _ in range(ms // limits.have_ms + 1):
+        f.tick(limits.have_ms)
+        for peer in reporting:
+            _have(f, peer)
+        effects += f.take()
+        f.commit_pending()
+    return effects
+
+
+def test_result_names_its_copies_and_a_lost_holder_is_replaced() -> None:
+    """A result row names the members that confirmed copies of its outputs, and the table keeps
+    them (the item record's `copies`). When one of them is lost (not heard from for lost_ms),
+    the leader, holding the outputs itself, copies them to another member, once."""
+    f = Fleet1(slots=1, voters=("m1", "m2", "m3"), blob_copies=2, lost_ms=20_000)
+    for peer in ("m2", "m3"):
+        f.node.step(PeerLink(peer, True))
+        _have(f, peer)
+    submitted(f, n=1)
+    f.settle()
+    [run] = f.runs
+    f.end(run)
+    f.take()
+    f.node.step(BlobsCopied("m3", (DIGEST_OUT,)))
+    f.settle()
+    [res] = [e for e in f.proposed if e["k"] == "result"]
+    assert res["r"][0][10:] == [None, ["m3"]]
+    assert f.table.item_record(f.table.jobs["j1"], 0)["copies"] == ["m3"]
+    # m3 goes quiet; m2 keeps reporting. Nothing happens before lost_ms.
+    effects = _live_for(f, 19_000, ("m2",))
+    assert not [e for e in effects if isinstance(e, CopyBlobs | FetchBlobs)]
+    effects = _live_for(f, 2_000, ("m2",))
+    assert [(e.to, e.owner, e.digests) for e in effects if isinstance(e, CopyBlobs)] == [
+        ("m2", "j1", (DIGEST_OUT,))]
+    f.node.step(BlobsCopied("m2", (DIGEST_OUT,)))
+    effects = _live_for(f, 5_000, ("m2",))
+    assert not [e for e in effects if isinstance(e, CopyBlobs | FetchBlobs)], "asked once"
+    assert f.node.counts["recopies_done"] == 1
+
+
+def test_lost_holder_of_anothers_outputs_makes_the_leader_fetch_them() -> None:
+    """Outputs the leader does not hold, whose copy was on a member now lost: the leader fetches
+    them from the member that ran the item (FetchBlobs), becoming the second holder."""
+    f = Fleet1(slots=0, voters=("m1", "m2", "m3"), blob_copies=2, lost_ms=20_000)
+    for peer in ("m2", "m3"):
+        f.node.step(PeerLink(peer, True))
+    f.node.step(FrameIn("m2", "F_JOB_HAVE", {"boot": "m2b", "role": "voter", "pos": 0,
+                                             "pools": {"default": 1}}))
+    f.node.step(FrameIn("m3", "F_JOB_HAVE", {"boot": "m3b", "role": "voter", "pos": 0,
+                                             "pools": {}}))
+    submitted(f, n=1)
+    f.settle()
+    [(jid, i, epoch)] = [(j, i, f.table.jobs[j].epoch[i]) for (j, i) in f.table.leased]
+    row = [jid, i, epoch, 2, 0, None, bytes.fromhex(DIGEST_OUT), None, f.now - 5, f.now,
+           None, ["m3"]]
+    f.node.step(FrameIn("m2", "F_RESULT", {"r": [row]}))
+    f.settle()
+    assert f.table.jobs["j1"].state == "done"
+    assert f.table.item_record(f.table.jobs["j1"], 0)["copies"] == ["m3"]
+    effects = _live_for(f, 21_000, ("m2",))
+    assert [(e.owner, e.digests) for e in effects if isinstance(e, FetchBlobs)] == [
+        ("j1", (DIGEST_OUT,))]
+    assert not [e for e in effects if isinstance(e, CopyBlobs)]

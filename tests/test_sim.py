@@ -13,6 +13,7 @@ import os
 import random
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -146,7 +147,7 @@ class StaleResultTable(JobTable):
         return super()._apply_one(entry, index, nested)
 
     def _as_current(self, r: object) -> object:
-        if not (isinstance(r, list) and len(r) in (10, 11) and isinstance(r[0], str)):
+        if not (isinstance(r, list) and 10 <= len(r) <= 12 and isinstance(r[0], str)):
             return r
         job = self.jobs.get(r[0])
         if job is None or type(r[1]) is not int or not 0 <= r[1] < job.n or job.st[r[1]] != LEASED:
@@ -241,3 +242,32 @@ def test_silent_member_does_not_delay_copies(seed: int) -> None:
     assert c.get("inputs_submits_acked", 0) >= 5, c
     assert c.get("inputs_submits_503", 0) == 0, c
     assert c["inputs_submit_ms_max"] < limits.proposal_retry_ms, c
+
+
+LOSE_V3 = SimConfig(steps=3000, crash=0.0, lose="v3", lose_at_step=1200, lost_ms=8_000)
+
+
+class NoRecopyNode(JobNode):
+    """Planted bug (the old behaviour): copies lost with a member are never made again."""
+
+    def _recopy(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("seed", (1, 4))
+def test_outputs_copied_again_after_a_member_is_lost(seed: int) -> None:
+    """A voter lost for good with its blob store: the liveness phase ends only once every
+    committed output is on blob_copies members again (the leader copies or fetches what the
+    lost member held)."""
+    report = run(seed, LOSE_V3)
+    c = report.counts
+    assert c["members_lost"] == 1 and c.get("results_accepted", 0) > 0, c
+    assert c.get("copies_done", 0) + c.get("fetches_done", 0) > 0, c
+
+
+def test_planted_no_recopy_is_caught() -> None:
+    """The liveness check fails, naming outputs left on one member, when nothing restores the
+    copies a lost member held."""
+    with pytest.raises(SimFailure) as info:
+        run(1, replace(LOSE_V3, liveness_ms_max=120_000), node_cls=NoRecopyNode)
+    assert "outputs on fewer than 2 members" in str(info.value), str(info.value)[:400]

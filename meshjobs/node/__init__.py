@@ -8,6 +8,7 @@ from meshjobs.node.events import (
     CopyBlobs,
     Ctl,
     Cut,
+    FetchBlobs,
     FrameIn,
     ItemEnded,
     NodeConfig,
@@ -28,7 +29,7 @@ from meshjobs.node.events import (
 from meshjobs.node.leader import Member
 
 __all__ = [
-    "Applied", "BlobBytes", "BlobsCopied", "CopyBlobs", "Ctl", "Cut", "FrameIn", "ItemEnded", "JobNode",
+    "Applied", "BlobBytes", "BlobsCopied", "CopyBlobs", "Ctl", "Cut", "FetchBlobs", "FrameIn", "ItemEnded", "JobNode",
     "Member", "NodeConfig", "PeerLink", "Pin", "Pool", "Pressure", "Propose", "Reply", "Run",
     "Send", "Tick", "Unpin", "UnpinAllBut", "View", "spec_digest",
 ]

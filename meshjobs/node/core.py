@@ -29,6 +29,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import blake3
+
 from meshjobs import limits
 from meshjobs.control import CHANGE_OPS, Answer, ControlError, parse_request
 from meshjobs.node.events import (
@@ -140,6 +142,11 @@ class JobNode(LeaderDuties, Following):
         self._next_expiry_ms = 0
         self._next_have_ms = 0
         self._links: dict[str, bool] = {}
+        # Restoring blob_copies after a member is lost (leader.py, `_recopy`).
+        self._lost: set[str] = set()
+        self._scan: list[str] = []
+        self._scan_at = (0, 0)
+        self._recopies: dict[tuple[str, int], tuple[int, frozenset[str]]] = {}
         self.members: dict[str, Member] = {}
         # Recent committed entries (prev table index, index, entry), to catch workers up.
         # Kept only while the leader knows of worker members; bounded by entries and by rows.
@@ -161,6 +168,7 @@ class JobNode(LeaderDuties, Following):
             if ev.is_leader and not self.view.is_leader:
                 self._leader_since_ms = self.now_ms
                 self.members.clear()  # soft state of an earlier reign is stale
+                self._lost, self._scan = set(), []
             if ev.term != self.view.term or not ev.is_leader:
                 self._props.clear()  # what an earlier reign proposed holds nothing back
             if ev.leader is not None:
@@ -506,6 +514,12 @@ class JobNode(LeaderDuties, Following):
                 self._results_sent.pop(key, None)
                 self._result_from.pop(key, None)
                 self._awaiting_copies.pop(key, None)
+                if (self._lost and job is not None and self._leading()
+                        and len(self._recopies) < limits.recopies_in_flight_max
+                        and 0 <= r[1] < job.n and job.epoch[r[1]] == r[2]):
+                    # Committed after the walk for a lost member began: it may name that
+                    # member as holding a copy.
+                    self._recopy_item(job, r[1])
         elif kind == "revoke":
             for lease in e["l"]:
                 self._revoking.pop(tuple(lease), None)
@@ -548,6 +562,7 @@ class JobNode(LeaderDuties, Following):
 
     def _copied(self, member: str, digests: tuple[str, ...]) -> None:
         got = set(digests)
+        self._recopied(member, got)
         for copies in self._awaiting_copies.values():
             if got.issuperset(copies.digests):
                 copies.have.add(member)
@@ -558,8 +573,8 @@ class JobNode(LeaderDuties, Following):
 
     def _ask_copies(self) -> None:
         """A result's outputs (and a submit's inputs) must be on `blob_copies` members before
-        it is proposed: ask every linked member for a copy at once, and go on with the first
-        `blob_copies - 1` that confirm. (Asking one at a time made one silent member, whose link
+        it is proposed: ask every linked member for a copy at once (up to `copy_fanout_max`),
+        and go on with the first `blob_copies - 1` that confirm. (Asking one at a time made one silent member, whose link
         still looks up until it times out, hold every copy back for seconds.) A member that
         has not confirmed is asked again after `proposal_retry_ms`."""
         if not self._awaiting_copies:
@@ -570,6 +585,13 @@ class JobNode(LeaderDuties, Following):
         for key, copies in list(self._awaiting_copies.items()):
             if len(copies.have) >= need:
                 del self._awaiting_copies[key]
+                row = self._results.get(key)
+                if row is not None and copies.have:
+                    # The result names who confirmed copies, so that the table knows where its
+                    # outputs are when a member is lost (see LeaderDuties._recopy).
+                    if len(row) == 10:
+                        row.append(None)
+                    row.append(sorted(copies.have)[:limits.result_holders_max])
                 if copies.then is not None:
                     tokens, req = copies.then
                     for token in tokens:
@@ -586,13 +608,25 @@ class JobNode(LeaderDuties, Following):
                         "error": "the job's inputs could not be copied to another member in time "
                                  "(members unreachable?); nothing was submitted: try again"})
                 continue
-            for to in linked:
+            # Every candidate at once, up to `copy_fanout_max` waiting at a time (in a large
+            # fleet, not every member stores every output): from a place that depends on the
+            # owner, so that copies spread over the members.
+            waiting = sum(1 for p, t in copies.asked.items()
+                          if p not in copies.have and now - t < limits.proposal_retry_ms)
+            room = limits.copy_fanout_max - waiting
+            if room <= 0 or not linked:
+                continue
+            start = blake3.blake3(copies.owner.encode()).digest()[0] % len(linked)
+            for to in linked[start:] + linked[:start]:
+                if room <= 0:
+                    break
                 if to in copies.have:
                     continue
                 asked = copies.asked.get(to)
                 if asked is not None and now - asked < limits.proposal_retry_ms:
                     continue
                 copies.asked[to] = now
+                room -= 1
                 self._out.append(CopyBlobs(to, copies.owner, copies.digests))
 
     # --- reconciling --------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from meshjobs.table import JobTable
 
 def _rows_ok(rows: Any) -> bool:
     return isinstance(rows, list) and len(rows) <= limits.result_batch_max and all(
-        isinstance(r, list) and len(r) in (10, 11) and isinstance(r[0], str) and type(r[1]) is int
+        isinstance(r, list) and 10 <= len(r) <= 12 and isinstance(r[0], str) and type(r[1]) is int
         and type(r[2]) is int for r in rows)
 
 
