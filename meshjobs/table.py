@@ -178,6 +178,7 @@ class JobTable:
         self.ready: dict[str, Job] = {}
         self._names: dict[str, str] = {}
         self._helds: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._texts: dict[str, str] = {}  # one object per distinct item error text
         # A checker's hook (the simulator's oracle): called with each entry of a batch before
         # (outcome None) and after it is applied. Never set in a member.
         self.observe: Callable[[Any, dict | None], None] | None = None
@@ -415,7 +416,10 @@ class JobTable:
             if error is not None:
                 if job.errors is None:
                     job.errors = {}
-                job.errors[i] = error
+                # An array whose program is missing fails every item with the same text: one
+                # string object for them all.
+                job.errors[i] = self._texts.setdefault(error, error) if (
+                    len(self._texts) < limits.member_names_max or error in self._texts) else error
             elif job.errors is not None and job.errors.pop(i, None) is not None and not job.errors:
                 job.errors = None
             if state == DONE:
@@ -677,7 +681,7 @@ class JobTable:
             j.queue = deque(queue)
             j.started = ever
             if len(row) > 23 and row[23]:
-                j.errors = {int(i): e for i, e in row[23]}
+                j.errors = {int(i): t._texts.setdefault(e, e) for i, e in row[23]}
             if len(row) > 24:
                 j.held = [t._holders(tuple(h)) if h else None for h in row[24]]
             j.n_pending = st.count(PENDING)

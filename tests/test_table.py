@@ -1064,3 +1064,31 @@ def test_tombstones_bounded_oldest_dropped_first(monkeypatch: pytest.MonkeyPatch
     assert list(t2.forgotten) == ["b2", "c3"]
     assert log.submit("a1", dg=b"new")["new"] is True
     log.table.check()
+
+
+def test_result_names_its_copies() -> None:
+    """result: a twelfth field names the other members that hold the outputs; the table keeps it
+    (one shared tuple per set of members), shows it as the item's `copies`, keeps it through a
+    snapshot; malformed holders make the row malformed."""
+    log = Log()
+    log.submit(n=3)
+    _, e = log.lease(("j1", 0), ("j1", 1), ("j1", 2))
+    out = log.result([*row("j1", 0, e, out=digest(1)), None, ["m2"]],
+                     [*row("j1", 1, e, FAILED, rc=None), "could not start", ["m2"]],
+                     row("j1", 2, e))
+    assert out["accepted"] == 3
+    job = log.job()
+    assert job.held[0] == ("m2",) and job.held[0] is job.held[1] and job.held[2] is None
+    assert [it["copies"] for it in log.table.record(job, items=True)["items"]] == [
+        ["m2"], ["m2"], []]
+    raw = msgpack.packb(log.table.to_state(), use_bin_type=True)
+    t2 = JobTable.from_state(msgpack.unpackb(raw, raw=False, strict_map_key=False))
+    assert t2.jobs["j1"].held == [("m2",), ("m2",), None]
+    assert msgpack.packb(t2.to_state(), use_bin_type=True) == raw
+    log.submit("j2")
+    _, e = log.lease(("j2", 0))
+    for bad in (["m2", 5], "m2", [""], ["m"] * (limits.result_holders_max + 1), ["x" * 65]):
+        out = log.result([*row("j2", 0, e), None, bad])
+        assert out == {"ok": True, "accepted": 0, "refused": 1}, bad
+    out = log.result([*row("j2", 0, e), 7, ["m2"]])
+    assert out["refused"] == 1

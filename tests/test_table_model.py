@@ -40,6 +40,7 @@ class MItem:
     attempts: int = 0
     fails: int = 0
     error: str | None = None  # why its last try failed without running
+    copies: tuple[str, ...] = ()  # the other members that held its outputs at its last result
 
 
 @dataclass
@@ -161,6 +162,7 @@ class Model:
             self.accepted.add((jid, i, epoch))
             it = job.items[i]
             it.error = r[10] if len(r) > 10 else None
+            it.copies = tuple(r[11]) if len(r) > 11 else ()
             state = ITEM_STATE_NAMES[code]
             if state == "done":
                 it.state = "done"
@@ -385,8 +387,11 @@ class TableMachine(RuleBasedStateMachine):
                    None, self.now, self.now]
             # Some failures could not start at all, and say why.
             why = data.draw(st.sampled_from([None, None, "could not start 'x'", "no input"]))
+            copies = data.draw(st.sampled_from([None, None, ["m2"], ["m2", "m3"]]))
             if why is not None and state != "done":
                 row.append(why)
+            if copies is not None:
+                row += [None, copies] if len(row) == 10 else [copies]
             rows.append(row)
         self.apply({"k": "result", "t": self.now, "r": rows})
 
@@ -482,6 +487,8 @@ class TableMachine(RuleBasedStateMachine):
             assert j.finished_ms == mj.finished_ms, jid
             assert (j.errors or {}) == {i: it.error for i, it in enumerate(mj.items) if it.error}
             assert j.errors != {}, "an empty error dict is kept as None"
+            held = [tuple(h or ()) for h in j.held] if j.held is not None else [()] * j.n
+            assert held == [it.copies for it in mj.items], jid
             for i, it in enumerate(mj.items):
                 if it.state == "leased":
                     assert j.epoch[i] == it.epoch and (jid, i) in t.leased
