@@ -376,7 +376,8 @@ class JobsThread:
             if all(self.blobs.has(d) for d in digests):
                 del self._awaiting_fetch[key]
                 self.blobs.pin_many(digests, owner)
-                self.event(BlobsCopied(self.node.cfg.member, digests))
+                # On the jobs thread already: straight to the node (its effects go next round).
+                self.node.step(BlobsCopied(self.node.cfg.member, digests))
             elif now >= deadline:
                 del self._awaiting_fetch[key]  # the node gives up on it too, and may ask again
 

@@ -574,9 +574,10 @@ class JobNode(LeaderDuties, Following):
     def _ask_copies(self) -> None:
         """A result's outputs (and a submit's inputs) must be on `blob_copies` members before
         it is proposed: ask every linked member for a copy at once (up to `copy_fanout_max`),
-        and go on with the first `blob_copies - 1` that confirm. (Asking one at a time made one silent member, whose link
-        still looks up until it times out, hold every copy back for seconds.) A member that
-        has not confirmed is asked again after `proposal_retry_ms`."""
+        and go on with the first `blob_copies - 1` that confirm. (Asking one at a time made
+        one silent member, whose link still looks up until it times out, hold every copy back
+        for seconds.) A member that has not confirmed is asked again after
+        `proposal_retry_ms`."""
         if not self._awaiting_copies:
             return
         now = self.now_ms
