@@ -134,6 +134,9 @@ class SimConfig:
     # A member lost for good (its blob store with it) at step `lose_at_step`: it never comes
     # back, and the liveness phase must end with every committed output on blob_copies members
     # again. `lost_ms` is the members' NodeConfig.lost_ms.
+    # Pairs of members cut apart for the whole safety phase (a worker cut off from some voters
+    # only, say: it hears the others).
+    cut: tuple[tuple[str, str], ...] = ()
     lose: str | None = None
     lose_at_step: int = 0
     lost_ms: int = limits.member_lost_ms
@@ -241,6 +244,7 @@ class Sim:
         self.acked: dict[str, int] = {}  # acknowledged job id -> its client
         self.probes: set[tuple] = set()  # requests that reuse a key: each must be refused
         self.gone: set[str] = set()  # members lost for good
+        self.heard: dict[tuple[str, str], int] = {}  # (worker, voter) -> last F_JOB_STATE from it
         self.wiped: set[str] = set()  # blobs they held (a copy confirmed before the loss counts)
         for name in MEMBERS:
             self._start(self.members[name])
@@ -264,7 +268,8 @@ class Sim:
     def _reachable(self, a: str, b: str) -> bool:
         if not (self.members[a].alive and self.members[b].alive):
             return False
-        if self.faulty and (a in self.cfg.silent or b in self.cfg.silent):
+        if self.faulty and (a in self.cfg.silent or b in self.cfg.silent
+                            or (a, b) in self.cfg.cut or (b, a) in self.cfg.cut):
             return False
         pair = frozenset((a, b))
         return all(pair not in cut for cut in self.cuts.values())
@@ -636,6 +641,8 @@ class Sim:
                     self.count("frames_lost_in_flight")
                     continue
                 d.inbox.append(FrameIn(src, ftype, _unpack(raw)))
+                if ftype == "F_JOB_STATE":
+                    self.heard[(dst, src)] = self.now
             elif kind == "end":
                 name, inc, ev = p
                 m = self.members[name]
@@ -908,7 +915,21 @@ class Sim:
 
     # --- checks after each step ---------------------------------------------------------------
 
+    def _check_fresh(self) -> None:
+        """A worker says its table is fresh only while the member it takes for the leader has
+        itself sent it F_JOB_STATE within dead_ms (a follower's hint does not count)."""
+        for name in WORKERS:
+            m = self.members[name]
+            if not m.alive or not m.node.health()["fresh"]:
+                continue
+            leader = m.node.view.leader
+            last = self.heard.get((name, leader))
+            if last is None or self.now - last > limits.member_dead_ms:
+                self.fail(f"{name} says it is fresh, but its leader {leader} last sent it "
+                          f"F_JOB_STATE {None if last is None else self.now - last} ms ago")
+
     def _check_tables(self) -> None:
+        self._check_fresh()
         for m in self.members.values():
             if not m.alive or m.table.applied_index == m.checked_index:
                 continue

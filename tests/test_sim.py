@@ -271,3 +271,37 @@ def test_planted_no_recopy_is_caught() -> None:
     with pytest.raises(SimFailure) as info:
         run(1, replace(LOSE_V3, liveness_ms_max=120_000), node_cls=NoRecopyNode)
     assert "outputs on fewer than 2 members" in str(info.value), str(info.value)[:400]
+
+
+# w1 hears only v3: whenever v1 or v2 leads, it is cut off from the leader alone.
+W1_HEARS_V3 = SimConfig(steps=2500, crash=0.0, partition=0.0, cut=(("w1", "v1"), ("w1", "v2")))
+
+
+class HintFreshNode(JobNode):
+    """Planted bug (the old behaviour): a voter's hint of who leads makes a worker fresh."""
+
+    def _on_state(self, peer: str, body: object) -> None:
+        super()._on_state(peer, body)
+        if (self.cfg.role == "worker" and isinstance(body, dict)
+                and type(body.get("term")) is int and body["term"] >= self.view.term
+                and isinstance(body.get("leader"), str)):
+            self.view = View(term=body["term"], leader=body["leader"], is_leader=False, ready=True)
+            self._leader_seen_ms = self.now_ms
+
+
+@pytest.mark.parametrize("seed", (1, 2, 3))
+def test_worker_cut_off_from_the_leader_alone_is_not_fresh(seed: int) -> None:
+    """A worker that hears a follower but not the leader never says its table is fresh (the run
+    checks every worker after every step)."""
+    _check_run(seed, W1_HEARS_V3)
+
+
+def test_planted_hint_freshness_is_caught() -> None:
+    """The freshness check fails when a follower's hint makes a worker fresh."""
+    caught = []
+    for seed in (1, 2, 3):
+        try:
+            run(seed, replace(W1_HEARS_V3, liveness_ms_max=1_000), node_cls=HintFreshNode)
+        except SimFailure as e:
+            caught.append(str(e))
+    assert any("says it is fresh" in msg for msg in caught), caught
