@@ -424,8 +424,9 @@ def wait_until(cond, what):
 was = is_reaper()
 assert ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 own = subprocess.Popen(["sh", "-c", "exit 7"])
-# An orphan: a grandchild whose parent exits at once, re-parented to this subreaper.
-out = subprocess.run(["sh", "-c", "sh -c 'exit 3' >/dev/null 2>&1 & echo $!"],
+# An orphan: a grandchild that outlives its parent (which exits at once and so never waits
+# for it), re-parented to this subreaper, and then exits.
+out = subprocess.run(["sh", "-c", "sh -c 'sleep 1' >/dev/null 2>&1 & echo $!"],
                      capture_output=True, check=True)
 orphan = int(out.stdout)
 wait_until(lambda: state(orphan) == ("Z", os.getpid()), "the orphan's zombie")

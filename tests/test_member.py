@@ -352,12 +352,12 @@ def test_orphans_of_items_are_reaped_when_meshd_is_a_subreaper(meshd_factory):
     m.prefix = _SUBREAPER
     m.start()
     job = _submit(m, "--", "sh", "-c",
-                  "setsid sh -c 'sleep 0.5' </dev/null >/dev/null 2>&1 & echo $!")
+                  "setsid sh -c 'sleep 1' </dev/null >/dev/null 2>&1 & echo $!")
     assert m.wait_job(job)["state"] == "done"
     r = m.ctl("job", "results", job)
     orphan = int(r.stdout)
     meshd_pid = m.pid
-    # It ends after 0.5 s, a zombie of meshd's (its parent shell is gone): meshd must reap it.
+    # It ends after 1 s, a zombie of meshd's (its parent shell is gone): meshd must reap it.
     deadline = time.monotonic() + 20
     while True:
         try:
