@@ -120,6 +120,9 @@ def test_items_spread_over_voters_and_workers_outputs_everywhere(fleet):
     ran_on = {i["member"] for i in done["items"]}
     assert "w1" in ran_on and len(ran_on) >= 3, ran_on
     for m in members:
+        # A member's table may be a moment behind the leader's: wait until it has the end.
+        wait_for(lambda m=m: m.request("GET", f"/jobs/{rec['id']}")[1].get("state") == "done",
+                 what=f"{m.name} sees the job done")
         status, out = m.request("GET", f"/jobs/{rec['id']}/results")
         assert status == 200, (m.name, out)
         assert out == b"".join(f"item-{i}\n".encode() for i in range(24))
@@ -200,8 +203,8 @@ def test_sigstop_leader_then_sigcont(fleet):
              what="the old leader catches up")
     status, h = leader.request("GET", "/healthz")
     assert h["leader"] != leader.name or h["term"] > 0
-    states = [json.dumps(m.request("GET", "/jobs")[1], sort_keys=True) for m in members]
-    assert len(set(states)) == 1
+    wait_for(lambda: len({json.dumps(m.request("GET", "/jobs")[1], sort_keys=True)
+                          for m in members}) == 1, what="every member's table the same")
 
 
 def test_quorum_loss_fails_fast_then_recovers(fleet):
@@ -286,6 +289,8 @@ def test_frame_routing_of_every_frame_type(fleet):
     done = worker.wait_job(rec["id"], timeout_s=120)
     assert done["state"] == "done"
     for m in members:  # every member serves every output (fetching what it lacks)
+        wait_for(lambda m=m: m.request("GET", "/jobs/routing")[1].get("state") == "done",
+                 what=f"{m.name} sees the job done")
         status, out = m.request("GET", "/jobs/routing/results")
         assert status == 200 and out == b"".join(f"routed-{i}\n".encode() for i in range(12))
     lm, wm = metrics(leader), metrics(worker)

@@ -775,10 +775,10 @@ def test_leader_duties_wait_for_the_entry_in_flight_changes_do_not() -> None:
 # --- blob copies ------------------------------------------------------------------------------
 
 
-def test_inputs_copies_asked_of_every_linked_member_at_once() -> None:
-    """A submit's inputs are asked of every linked member in the same round, and the first
-    confirmation (blob_copies - 1 = 1) lets the submit go on: a member that never answers (its
-    link still looks up) does not hold it back."""
+def test_inputs_copies_asked_with_a_spare_at_once() -> None:
+    """A submit's inputs are asked of blob_copies - 1 members and copy_spares more in the same
+    round, and the first confirmation (blob_copies - 1 = 1) lets the submit go on: a member
+    that never answers (its link still looks up) does not hold it back."""
     f = Fleet1(voters=("m1", "m2", "m3"), blob_copies=2)
     for peer in ("m2", "m3"):
         f.node.step(PeerLink(peer, True))
@@ -798,10 +798,10 @@ def test_inputs_copies_asked_of_every_linked_member_at_once() -> None:
     assert f.answer(1).status == 201
 
 
-def test_output_copies_asked_of_every_linked_member_and_reasked_later() -> None:
-    """A result's outputs: every linked member is asked at once; a member that stays silent is
-    asked again after proposal_retry_ms, never sooner; the first confirmation releases the
-    result."""
+def test_output_copies_asked_with_a_spare_and_reasked_later() -> None:
+    """A result's outputs: the member needed and a spare are asked at once; one that stays
+    silent is asked again after proposal_retry_ms, never sooner; the first confirmation
+    releases the result."""
     f = Fleet1(slots=1, voters=("m1", "m2", "m3"), blob_copies=2)
     for peer in ("m2", "m3"):
         f.node.step(PeerLink(peer, True))
@@ -945,3 +945,66 @@ def test_lost_holder_of_anothers_outputs_makes_the_leader_fetch_them() -> None:
     assert [(e.owner, e.digests) for e in effects if isinstance(e, FetchBlobs)] == [
         ("j1", (DIGEST_OUT,))]
     assert not [e for e in effects if isinstance(e, CopyBlobs)]
+
+
+def test_copies_asked_of_no_more_than_needed_plus_spares() -> None:
+    """In a larger fleet not every member is asked for every copy: blob_copies - 1 plus
+    copy_spares at a time, spread over the members by owner; when one's link goes down,
+    another is asked in its place at once."""
+    others = ("m2", "m3", "m4", "m5", "m6")
+    f = Fleet1(voters=("m1", *others), blob_copies=2)
+    for peer in others:
+        f.node.step(PeerLink(peer, True))
+    firsts = set()
+    for k in range(6):
+        req = submit_req(rid=f"in{k}", job_id=f"j{k}")
+        req["items"] = [f"{k:02x}" * 32]
+        f.ctl(k + 1, req)
+        asked = [e.to for e in f.take() if isinstance(e, CopyBlobs)]
+        assert len(asked) == 1 + limits.copy_spares, asked
+        firsts.add(asked[0])
+    assert len(firsts) > 1, "copies spread over the members"
+    f.node.step(PeerLink(asked[0], False))
+    again = [e.to for e in f.take() if isinstance(e, CopyBlobs) and e.owner == "j5"]
+    assert len(again) == 1 and again[0] not in asked, again
+
+
+# --- one key, two requests --------------------------------------------------------------------
+
+FP_CANCEL, FP_SUBMIT = "c" * 32, "5" * 32
+
+
+def test_change_waiting_under_a_key_another_request_committed_is_refused() -> None:
+    """A leader whose table lags the log takes a cancel under a key (request id) that a submit
+    already used: when the submit's entry is applied, the waiting cancel is refused (422), never
+    answered with the submit's outcome (the simulator found this)."""
+    f = Fleet1()
+    f.ctl(1, {"op": "cancel", "rid": "k1", "fp": FP_CANCEL, "id": "j1"})
+    f.take()
+    assert f.pending_of("cancel")
+    f.pending.clear()
+    # The submit under k1, committed before the cancel reached the log (its entry arrives now).
+    entry = {"k": "submit", "rid": "k1", "fp": FP_SUBMIT, "t": f.now, "id": "j1",
+             "spec": _normal_spec(), "dg": b"d", "items": [None]}
+    f.commit(entry)
+    f.take()
+    ans = f.answer(1)
+    assert ans.status == 422, ans
+
+
+def test_late_reply_to_an_earlier_request_under_the_key_is_ignored() -> None:
+    """A member forwarded a change; a late F_CTL_REPLY for another request under the same key
+    (its fingerprint differs) does not answer it."""
+    f = Fleet1()
+    f.node.step(View(term=2, leader="m2", is_leader=False, ready=False))
+    f.ctl(1, {"op": "cancel", "rid": "k1", "fp": FP_CANCEL, "id": "j1"})
+    f.take()
+    f.node.step(FrameIn("m2", "F_CTL_REPLY", {"rid": "k1", "fp": FP_SUBMIT, "status": 201,
+                                              "body": {"id": "j1"}, "index": 0}))
+    f.take()
+    assert 1 not in f.replies
+    assert f.node.counts["ctl_replies_of_another_request"] == 1
+    f.node.step(FrameIn("m2", "F_CTL_REPLY", {"rid": "k1", "fp": FP_CANCEL, "status": 200,
+                                              "body": {"id": "j1"}, "index": 0}))
+    f.take()
+    assert f.answer(1).status == 200

@@ -86,6 +86,12 @@ class _Copies:
     deadline_ms: int = 0
 
 
+def _other_request(fp: str | None, seen_fp: Any) -> bool:
+    """Is a committed change under a request id another request than the one waiting under it
+    (both bound to fingerprints, and they differ)? Then the waiting one is refused (422)."""
+    return fp is not None and seen_fp is not None and seen_fp != fp
+
+
 def _rows(e: Any) -> int:
     """About how many item rows a committed entry holds (what its decoded size goes with)."""
     if not isinstance(e, dict):
@@ -118,7 +124,8 @@ class JobNode(LeaderDuties, Following):
         self._prop_seq = 0
         self._changes: dict[str, _Change] = {}
         self._forwarded: dict[str, _Change] = {}
-        self._remote: dict[int, tuple[str, str]] = {}  # token -> (member, rid) of a forwarded change
+        # token -> (member, rid, fingerprint) of a change another member forwarded here
+        self._remote: dict[int, tuple[str, str, str | None]] = {}
         self._next_remote = 0
         self._waiters: dict[str, list[tuple[int, bool, int]]] = {}
         self._inflight: dict[tuple[str, int], tuple[int, str, str]] = {}  # grant -> (ms, pool, member)
@@ -485,7 +492,13 @@ class JobNode(LeaderDuties, Following):
         if rid is not None and rid in self._changes:
             ch = self._changes.pop(rid)
             for token in ch.tokens:
-                self._answer_change(token, ch.op, ch.job_id, out, ev.index)
+                if _other_request(ch.fp, e.get("fp")):
+                    # Another request under the same key committed first (its entry was in the
+                    # log before this member's table had it): ours will be refused.
+                    self._count("ctl_rid_reused")
+                    self._reply(token, 422, {"error": RID_REUSED})
+                else:
+                    self._answer_change(token, ch.op, ch.job_id, out, ev.index)
         if not out.get("ok"):
             return
         if kind == "submit" and out.get("new"):
@@ -573,11 +586,12 @@ class JobNode(LeaderDuties, Following):
 
     def _ask_copies(self) -> None:
         """A result's outputs (and a submit's inputs) must be on `blob_copies` members before
-        it is proposed: ask every linked member for a copy at once (up to `copy_fanout_max`),
+        it is proposed: ask `blob_copies - 1` linked members and `copy_spares` more at once,
         and go on with the first `blob_copies - 1` that confirm. (Asking one at a time made
         one silent member, whose link still looks up until it times out, hold every copy back
-        for seconds.) A member that has not confirmed is asked again after
-        `proposal_retry_ms`."""
+        for seconds; asking every member would store every output everywhere.) A member that
+        has not confirmed is asked again after `proposal_retry_ms`, and another one in its
+        place at once."""
         if not self._awaiting_copies:
             return
         now = self.now_ms
@@ -609,12 +623,11 @@ class JobNode(LeaderDuties, Following):
                         "error": "the job's inputs could not be copied to another member in time "
                                  "(members unreachable?); nothing was submitted: try again"})
                 continue
-            # Every candidate at once, up to `copy_fanout_max` waiting at a time (in a large
-            # fleet, not every member stores every output): from a place that depends on the
-            # owner, so that copies spread over the members.
+            # The members still needed and the spares at once, from a place in the list that
+            # depends on the owner, so that copies spread over the members.
             waiting = sum(1 for p, t in copies.asked.items()
                           if p not in copies.have and now - t < limits.proposal_retry_ms)
-            room = limits.copy_fanout_max - waiting
+            room = need - len(copies.have) + limits.copy_spares - waiting
             if room <= 0 or not linked:
                 continue
             start = blake3.blake3(copies.owner.encode()).digest()[0] % len(linked)
@@ -638,8 +651,13 @@ class JobNode(LeaderDuties, Following):
             for rid, ch in list(pending.items()):
                 if rid in self.table.rids and pending is self._changes:
                     del pending[rid]
+                    seen = self.table.rids[rid]
                     for token in ch.tokens:
-                        self._answer_change(token, ch.op, ch.job_id, self.table.rids[rid])
+                        if _other_request(ch.fp, seen.get("fp")):
+                            self._count("ctl_rid_reused")
+                            self._reply(token, 422, {"error": RID_REUSED})
+                        else:
+                            self._answer_change(token, ch.op, ch.job_id, seen)
                 elif ch.deadline_ms <= now:
                     del pending[rid]
                     self._count("ctl_timeouts")

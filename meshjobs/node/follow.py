@@ -70,7 +70,9 @@ class Following:
             return
         self._next_remote -= 1
         token = self._next_remote
-        self._remote[token] = (peer, body["rid"])
+        req = body.get("req")
+        fp = req.get("fp") if isinstance(req, dict) else None
+        self._remote[token] = (peer, body["rid"], fp if isinstance(fp, str) else None)
         self._ctl(token, body.get("req"), forwarded=True)
 
     # --- at the member -------------------------------------------------------------------------
@@ -79,9 +81,15 @@ class Following:
         if not isinstance(body, dict) or type(body.get("status")) is not int:
             self._count("frames_bad_ctl_reply")
             return
-        ch = self._forwarded.pop(body.get("rid"), None)
+        ch = self._forwarded.get(body.get("rid"))
         if ch is None:
             return  # answered already (a duplicate, or after our deadline)
+        if "fp" in body and body["fp"] != ch.fp:
+            # A late answer to an earlier request under the same key (one that timed out
+            # here), not to the change waiting now: that one must not get its answer.
+            self._count("ctl_replies_of_another_request")
+            return
+        del self._forwarded[body["rid"]]
         index = body.get("index")
         index = index if type(index) is int else 0
         for token in ch.tokens:
@@ -215,6 +223,8 @@ class Following:
         if remote is None:
             self._out.append(Reply(token, answer))
         else:
-            peer, rid = remote
-            self._out.append(Send(peer, "F_CTL_REPLY", {"rid": rid, "status": answer.status,
+            peer, rid, fp = remote
+            # The fingerprint says which request under this key the answer is for.
+            self._out.append(Send(peer, "F_CTL_REPLY", {"rid": rid, "fp": fp,
+                                                        "status": answer.status,
                                                         "body": answer.body, "index": index}))
