@@ -1,12 +1,13 @@
 """Memory of the job table per finished item, and the cost of a snapshot, in process.
 
-    python bench/table_memory.py [--items 1000000]
+    python bench/table_memory.py [--items 1000000] [--copies] [--errors]
 
 Builds a `JobTable` through `apply` alone, as a member does: jobs of 100,000 `true` items,
 leased in batches and finished by result entries whose rows come through msgpack (as the log
 delivers them, so each digest is its own bytes object unless the table shares it). Reports the
 growth of the process's anonymous memory per item, and the time of `to_state()` and of packing
-the snapshot.
+the snapshot. --copies: each result names a member holding a copy of its outputs (as results
+with outputs to copy do); --errors: each says why its item could not start.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def rss_anon() -> int:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--items", type=int, default=1_000_000)
+    ap.add_argument("--copies", action="store_true")
+    ap.add_argument("--errors", action="store_true")
     a = ap.parse_args()
     t = JobTable()
     idx = 0
@@ -57,8 +60,13 @@ def main() -> None:
             t.apply({"k": "lease", "t": 2, "g": [[f"j{j}", i, "m1", "b1"] for i in rng]}, idx)
             epoch = idx
             idx += 1
+            extra: list = []
+            if a.errors or a.copies:
+                extra = ["could not start 'x' on member: fix the job's argv" if a.errors else None]
+            if a.copies:
+                extra.append(["m2"])
             rows = msgpack.unpackb(msgpack.packb(
-                [[f"j{j}", i, epoch, 2, 0, None, EMPTY, EMPTY, 3, 4] for i in rng],
+                [[f"j{j}", i, epoch, 2, 0, None, EMPTY, EMPTY, 3, 4, *extra] for i in rng],
                 use_bin_type=True), raw=False)
             t.apply({"k": "result", "t": 3, "r": rows}, idx)
     gc.collect()
@@ -71,7 +79,9 @@ def main() -> None:
     print(f"machine: {machine()}")
     print("| figure | value |")
     print("|---|---|")
-    print(f"| table memory, {a.items:,} finished items | {used / a.items:.0f} B per item |")
+    what = " naming a copy" if a.copies else ""
+    what += " with an error" if a.errors else ""
+    print(f"| table memory, {a.items:,} finished items{what} | {used / a.items:.0f} B per item |")
     print(f"| snapshot of it | to_state {t1 - t0:.2f} s, msgpack {t2 - t1:.2f} s, "
           f"{len(raw) >> 20} MiB |")
 

@@ -32,11 +32,17 @@ Rules:
    names (meshjobs.itemenv), then the job's env, then MESH_JOB_ID, MESH_ITEM_INDEX and
    MESH_LEASE_EPOCH; python workers start from the same variables (plus PYTHONPATH and
    PYTHONHOME, to start as meshd did) and layer the job's env and MESH_* over them per call.
+8. Orphans: an item that leaves its group (setsid) and whose process outlives it is re-parented
+   to PID 1, or to the nearest child subreaper. When that is this process (meshd is a
+   container's PID 1, or runs as a subreaper), the driver thread reaps those orphans' zombies
+   every limits.orphan_reap_ms, and only them: its own children (items' leaders, python
+   workers) are left to the waits that report their ends.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import queue
 import selectors
@@ -59,6 +65,9 @@ from meshjobs.itemenv import DEFAULT_PASS, base_env
 from meshjobs.pypool import PyEnd, PyPool
 
 RunKey = tuple[str, int, int]  # (job_id, index, epoch)
+
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
+PR_GET_CHILD_SUBREAPER = 37
 
 _SPOOL_PREFIX = "item-"
 
@@ -202,6 +211,8 @@ class Driver:
                              f"not {python_workers}")
         self._python_workers = python_workers
         self._pool: PyPool | None = None
+        self._next_reap: float | None = None
+        self.orphans_reaped = 0
 
     # --- Other threads -------------------------------------------------------------------------
 
@@ -264,6 +275,8 @@ class Driver:
         self._ran = True
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        # Orphans come to this process only when it is PID 1 or a subreaper: then reap them.
+        self._next_reap = time.monotonic() if is_reaper() else None
         try:
             if self._python_workers:
                 self._python_pool()
@@ -301,6 +314,9 @@ class Driver:
                 self._check_deadlines()
                 if self._pool is not None:
                     self._pool.check()
+                if self._next_reap is not None and time.monotonic() >= self._next_reap:
+                    self._next_reap = time.monotonic() + limits.orphan_reap_ms / 1000
+                    self._reap_orphans()
         finally:
             # Also on an error (on_end raising, say): no item may outlive the driver.
             self._shutdown()
@@ -315,9 +331,21 @@ class Driver:
             t = self._pool.next_deadline()
             if t is not None and (soonest is None or t < soonest):
                 soonest = t
+        t = self._next_reap
+        if t is not None and (soonest is None or t < soonest):
+            soonest = t
         if soonest is None:
             return None
         return max(0.0, soonest - time.monotonic())
+
+    def _reap_orphans(self) -> None:
+        own = {run.proc.pid for run in self._runs.values()}
+        if self._pool is not None:
+            own |= self._pool.pids()
+        n = reap_orphans(own)
+        if n:
+            self.orphans_reaped += n
+            self._log.debug("orphans_reaped", n=n)
 
     def _drain_wake(self) -> None:
         try:
@@ -677,3 +705,60 @@ def _start_error(item: RunItem, argv0: str, e: Exception) -> str:
                     f"make it executable or fix the job's argv")
         return f"could not start '{argv0}' on member ({why}): fix the job's argv"
     return f"could not start '{argv0}' ({e}): fix the job's argv or env"
+
+
+def is_reaper() -> bool:
+    """Are orphaned descendants re-parented to this process? It is PID 1 (of its PID namespace),
+    or a child subreaper (prctl PR_SET_CHILD_SUBREAPER, which survives an exec)."""
+    if os.getpid() == 1:
+        return True
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        flag = ctypes.c_int(0)
+        if libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):  # not Linux, or no prctl: nothing is re-parented to us
+        return False
+    return flag.value != 0
+
+
+def _children() -> set[int] | None:
+    """The pids of this process's children (of all its threads), or None when the kernel does
+    not list them (no CONFIG_PROC_CHILDREN)."""
+    if not os.path.exists(f"/proc/self/task/{os.getpid()}/children"):
+        return None
+    pids: set[int] = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/children", "rb") as f:
+                pids.update(int(p) for p in f.read().split())
+        except OSError:
+            continue  # the thread ended meanwhile
+    return pids
+
+
+def reap_orphans(own: set[int]) -> int:
+    """Reap the zombies among this process's children that it did not start (orphans re-parented
+    to it); leave `own` (children whose waits report their ends) alone. Returns how many."""
+    me = os.getpid()
+    candidates = _children()
+    if candidates is None:
+        candidates = {int(p) for p in os.listdir("/proc") if p.isdigit()}
+    reaped = 0
+    for pid in sorted(candidates - own):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) < 2 or fields[0] != b"Z" or int(fields[1]) != me:
+            continue
+        try:
+            got, _status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            continue
+        if got == pid:
+            reaped += 1
+    return reaped

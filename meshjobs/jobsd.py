@@ -39,9 +39,11 @@ from meshjobs.diskspace import is_disk_error
 from meshjobs.driver import RunItem
 from meshjobs.node import (
     BlobBytes,
+    BlobsCopied,
     CopyBlobs,
     Ctl,
     Cut,
+    FetchBlobs,
     FrameIn,
     ItemEnded,
     JobNode,
@@ -196,6 +198,9 @@ class JobsThread:
         # Items whose stdin blob is on another member: started once it is fetched, or at the
         # deadline (the driver then fails the item, saying the input is missing).
         self._awaiting_input: dict[tuple[str, int, int], tuple[RunItem, float]] = {}
+        # Blobs the node asked to have here (copies lost with a member): pinned for their owner
+        # and confirmed to the node once all are here, or dropped at the deadline.
+        self._awaiting_fetch: dict[tuple[str, tuple[str, ...]], float] = {}
         self.frames_dropped = 0
         self.syncs = 0
         self._metrics_tokens: set[int] = set()
@@ -360,6 +365,8 @@ class JobsThread:
             replica.send_commit_notice()
         if self._awaiting_input:
             self._start_ready_inputs()
+        if self._awaiting_fetch:
+            self._confirm_fetches()
         return proposed or bool(applied) or events >= limits.events_batch_max
 
     def _start_ready_inputs(self) -> None:
@@ -369,12 +376,25 @@ class JobsThread:
                 del self._awaiting_input[key]
                 self.driver.start(item)
 
+    def _confirm_fetches(self) -> None:
+        now = time.monotonic()
+        for key, deadline in list(self._awaiting_fetch.items()):
+            owner, digests = key
+            if all(self.blobs.has(d) for d in digests):
+                del self._awaiting_fetch[key]
+                self.blobs.pin_many(digests, owner)
+                # On the jobs thread already: straight to the node (its effects go next round).
+                self.node.step(BlobsCopied(self.node.cfg.member, digests))
+            elif now >= deadline:
+                del self._awaiting_fetch[key]  # the node gives up on it too, and may ask again
+
     def edge_metrics(self) -> dict[str, float]:
         """Counters of the edges (journal, Raft port, links, blob store and writers, mover)."""
         m: dict[str, float] = {"journal_syncs": self.syncs, "frames_inbox_dropped": self.frames_dropped}
         dump_stats = getattr(self.replica, "dump_stats", None)
         if dump_stats is not None:
             m.update(dump_stats())
+        m["driver_orphans_reaped"] = getattr(self.driver, "orphans_reaped", 0)
         raft_dropped = getattr(self.replica, "raft_dropped", None)
         if raft_dropped is not None:
             for reason, n in raft_dropped().items():
@@ -449,6 +469,12 @@ class JobsThread:
         elif isinstance(eff, CopyBlobs):
             if self.mover is not None:
                 self.mover.copy(eff.to, eff.owner, eff.digests)
+        elif isinstance(eff, FetchBlobs):
+            if self.mover is not None:
+                for d in eff.digests:
+                    self.mover.prefetch(d)
+                self._awaiting_fetch[(eff.owner, eff.digests)] = (
+                    time.monotonic() + limits.blob_copy_wait_ms / 1000)
         elif isinstance(eff, Propose):
             pass
         else:

@@ -56,6 +56,7 @@ ctl_pending_max = 100_000  # changes waiting for their commit at once; more are 
 ctl_queue_max = 10_000  # requests queued from HTTP to the jobs thread
 rid_chars_max = 128  # a request id (idempotency key)
 rids_remembered_max = 100_000  # request ids the table remembers to dedupe retried changes
+forgotten_ids_max = 100_000  # tombstones of forgotten job ids the table keeps (oldest dropped first)
 
 # --- The jobs thread ---------------------------------------------------------------------------
 events_batch_max = 1024  # events stepped between two gate syncs
@@ -81,6 +82,8 @@ driver_queue_max = 100_000  # commands queued to the driver
 driver_events_max = 100_000  # item ends queued back to the jobs thread
 cut_grace_ms = 2_000  # SIGTERM to a cut item's group, then SIGKILL after this
 env_pass_names_max = 256  # [items] env_pass: names of meshd's variables items may see
+orphan_reap_ms = 1_000  # a member that is PID 1 or a subreaper reaps orphans' zombies this often
+item_error_chars_max = 1_024  # why an item failed without running, kept with its result (longer: cut)
 
 # Blob store limits live in blobstore/limits.py: that package stands alone.
 
@@ -119,7 +122,12 @@ link_io_bytes = 256 * 1024  # one recv or send call on a member link
 
 # --- The fleet ---------------------------------------------------------------------------------
 member_dead_ms = 3_000  # a member not heard from for this long has its leases revoked
+member_lost_ms = 60_000  # and for this long, the copies of outputs it held are made again elsewhere
 blob_copies = 2  # members that hold a result's blobs before the result is proposed
+copy_spares = 1  # members asked for a copy at once beyond the blob_copies - 1 needed (one silent delays nothing)
+result_holders_max = 16  # members a result row names as holding copies of its outputs
+recopy_items_per_round_max = 4_096  # items the leader looks at per round for copies lost with a member
+recopies_in_flight_max = 256  # copies the leader has asked for (or fetches) to restore blob_copies
 state_entries_max = 512  # committed entries in one F_JOB_STATE frame
 state_ring_entries_max = 2_048  # committed entries a voter keeps to catch workers up (further behind: a snapshot)
 state_ring_rows_max = 65_536  # and item rows in them (grants, results, submitted items) together

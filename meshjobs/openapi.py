@@ -127,6 +127,13 @@ _SCHEMAS: dict[str, Any] = {
             "rc": {"type": ["integer", "null"]},
             "stdout": {"oneOf": [{"$ref": "#/components/schemas/Digest"}, {"type": "null"}]},
             "stderr": {"oneOf": [{"$ref": "#/components/schemas/Digest"}, {"type": "null"}]},
+            "error": {"type": ["string", "null"], "maxLength": limits.item_error_chars_max,
+                      "description": "Why the item's last try failed, when the member could "
+                                     "say (its program could not start, its input was "
+                                     "missing); null otherwise."},
+            "copies": {"type": "array", "items": {"type": "string"},
+                       "description": "The members other than `member` that held a copy of "
+                                      "the outputs when the result was committed."},
         },
     },
     "Job": {

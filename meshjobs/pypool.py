@@ -176,6 +176,10 @@ class PyPool:
         else:
             raise AssertionError(f"unknown pool registration {what!r}")
 
+    def pids(self) -> set[int]:
+        """The worker processes this pool started and has not reaped yet."""
+        return {w.proc.pid for w in self._workers}
+
     def next_deadline(self) -> float | None:
         """The soonest time.monotonic() at which `check` has something to do."""
         times = [t for w in self._workers for t in (w.deadline, w.start_by) if t is not None]

@@ -59,6 +59,7 @@ from meshjobs.node import (
     Ctl,
     Cut,
     DiskFull,
+    FetchBlobs,
     FrameIn,
     ItemEnded,
     JobNode,
@@ -131,6 +132,19 @@ class SimConfig:
     # per step: a client reuses an acknowledged submit's idempotency key on another change
     key_reuse: float = 0.004
     client_timeout_ms: int = limits.ctl_commit_ms_max + 2_000
+    inputs: float = 0.15  # a job's items have inputs (blobs the submit must copy first)
+    # Members cut off from every other for the whole safety phase whose links still look up to
+    # all (a silent peer: the links notice only after link_silent_ms_max, if ever).
+    silent: tuple[str, ...] = ()
+    # A member lost for good (its blob store with it) at step `lose_at_step`: it never comes
+    # back, and the liveness phase must end with every committed output on blob_copies members
+    # again. `lost_ms` is the members' NodeConfig.lost_ms.
+    # Pairs of members cut apart for the whole safety phase (a worker cut off from some voters
+    # only, say: it hears the others).
+    cut: tuple[tuple[str, str], ...] = ()
+    lose: str | None = None
+    lose_at_step: int = 0
+    lost_ms: int = limits.member_lost_ms
 
 
 @dataclass
@@ -232,9 +246,13 @@ class Sim:
         self.clients: list[_Client] = []
         self.waiting: dict[tuple, _Client] = {}
         self.asked: dict[tuple, dict] = {}  # (member, inc, token) -> request, until answered
+        self.sent_ms: dict[tuple, int] = {}  # (member, inc, token) -> when a client sent it
         self.answered: set[tuple] = set()
         self.acked: dict[str, int] = {}  # acknowledged job id -> its client
         self.probes: set[tuple] = set()  # requests that reuse a key: each must be refused
+        self.gone: set[str] = set()  # members lost for good
+        self.heard: dict[tuple[str, str], int] = {}  # (worker, voter) -> last F_JOB_STATE from it
+        self.wiped: set[str] = set()  # blobs they held (a copy confirmed before the loss counts)
         for name in MEMBERS:
             self._start(self.members[name])
 
@@ -256,6 +274,9 @@ class Sim:
 
     def _reachable(self, a: str, b: str) -> bool:
         if not (self.members[a].alive and self.members[b].alive):
+            return False
+        if self.faulty and (a in self.cfg.silent or b in self.cfg.silent
+                            or (a, b) in self.cfg.cut or (b, a) in self.cfg.cut):
             return False
         pair = frozenset((a, b))
         return all(pair not in cut for cut in self.cuts.values())
@@ -279,7 +300,7 @@ class Sim:
             m.inbox.append(View())  # a worker's replica has no Raft: one empty view at start
         cfg = NodeConfig(member=m.name, boot=m.boot, pools={"default": Pool("default", slots=2)},
                          keep_jobs=self.keep_jobs, role=m.role, voters=VOTERS,
-                         dead_ms=limits.member_dead_ms, blob_copies=2)
+                         dead_ms=limits.member_dead_ms, blob_copies=2, lost_ms=self.cfg.lost_ms)
         m.table = table
         m.node = self.node_cls(table, cfg, random.Random(self.rng.getrandbits(64)))
         m.alive = True
@@ -364,6 +385,12 @@ class Sim:
                                                         self.rng.random() < self.cfg.frame_drop):
                 self._at(self.now + self.rng.randint(5, 400), "copied",
                          (m.name, m.inc, eff.to, self.members[eff.to].inc, eff.digests))
+        elif isinstance(eff, FetchBlobs):
+            self.count("fetches_asked")
+            if any(self._reachable(m.name, n) and set(eff.digests) <= self.blobs[n]
+                   for n in MEMBERS) and not (self.faulty and self.rng.random() < self.cfg.frame_drop):
+                self._at(self.now + self.rng.randint(5, 400), "fetched",
+                         (m.name, m.inc, eff.digests))
         elif isinstance(eff, Pin | Unpin | UnpinAllBut):
             self.count("pins")
         else:
@@ -484,7 +511,7 @@ class Sim:
             if jid in self.ever_forgotten:
                 self.fail(f"forgotten job {jid} came back at index {index}")
             self._check_copies(index, [d.hex() for d in t.jobs[jid].stdin if d is not None])
-        for jid in sorted(t.forgotten - self.ever_forgotten):
+        for jid in sorted(set(t.forgotten) - self.ever_forgotten):
             self.ever_forgotten.add(jid)
             self.count("jobs_forgotten")
         if any(jid in self.ever_forgotten for jid in t.jobs):
@@ -551,9 +578,15 @@ class Sim:
             if self.accepted[k3] > 1:
                 self.fail(f"two accepted results for {k3}")
             row = next(r for r in rows if (r[0], r[1], r[2]) == k3)
-            if len(row) == 10:
+            if len(row) >= 10:
                 self._check_copies(index, [d.hex() for d in (row[6], row[7])
                                            if isinstance(d, bytes)])
+            if len(row) == 11:
+                job = self.oracle.jobs.get(key[0])
+                if job is None or job.errors is None or job.errors.get(key[1]) != row[10]:
+                    self.fail(f"result entry {index} accepted {k3} with error {row[10]!r}, "
+                              "but the table does not keep it")
+                self.count("results_with_error")
             accepted += 1
         if outcome is not None and outcome.get("accepted") != accepted:
             self.fail(f"result entry {index}: table says {outcome.get('accepted')} accepted, "
@@ -563,7 +596,7 @@ class Sim:
 
     def _check_copies(self, index: int, digests: list[str]) -> None:
         for d in digests:
-            holders = sum(1 for n in MEMBERS if d in self.blobs[n])
+            holders = sum(1 for n in MEMBERS if d in self.blobs[n]) + (d in self.wiped)
             if holders < 2:
                 self.fail(f"entry {index} committed with blob {d[:12]} on {holders} member(s)")
 
@@ -600,12 +633,17 @@ class Sim:
         r = self.rng.random()
         state = "done" if r < 0.7 else "failed" if r < 0.92 else "timeout"
         rc = {"done": 0, "failed": self.rng.randint(1, 3), "timeout": None}[state]
-        out = self.rng.randbytes(32).hex()
+        out: str | None = self.rng.randbytes(32).hex()
         err = self.rng.randbytes(32).hex() if self.rng.random() < 0.3 else None
+        error = None
+        if state == "failed" and self.rng.random() < 0.25:
+            # The program could not start: no exit code, no outputs, and the driver's reason.
+            rc, out, err = None, None, None
+            error = f"no such program 'sim{self.rng.randint(0, 9)}' on member: fix the job's argv"
         start = self.now
         end = start + self._between(self.cfg.run_ms)
         ev = ItemEnded(eff.job_id, eff.index, eff.epoch, state, rc,
-                       9 if state == "timeout" else None, out, err, start, end)
+                       9 if state == "timeout" else None, out, err, start, end, error)
         m.running[key] = self._at(end, "end", (m.name, m.inc, ev))
 
     def _due(self) -> None:
@@ -618,6 +656,8 @@ class Sim:
                     self.count("frames_lost_in_flight")
                     continue
                 d.inbox.append(FrameIn(src, ftype, _unpack(raw)))
+                if ftype == "F_JOB_STATE":
+                    self.heard[(dst, src)] = self.now
             elif kind == "end":
                 name, inc, ev = p
                 m = self.members[name]
@@ -638,9 +678,16 @@ class Sim:
                 self.members[src].inbox.append(BlobsCopied(dst, digests))
                 self.count("copies_done")
             elif kind == "restart":
-                if not self.members[p].alive:  # else healed and restarted already
+                if not self.members[p].alive and p not in self.gone:  # else healed already
                     self.count("restarts")
                     self._start(self.members[p])
+            elif kind == "fetched":
+                name, inc, digests = p
+                if self.members[name].inc != inc or not self.members[name].alive:
+                    continue
+                self.blobs[name].update(digests)
+                self.members[name].inbox.append(BlobsCopied(name, digests))
+                self.count("fetches_done")
             elif kind == "heal":
                 self.cuts.pop(p, None)
             elif kind == "disk_off":
@@ -661,7 +708,9 @@ class Sim:
             for peer in MEMBERS:
                 if peer == m.name:
                     continue
-                up = self._reachable(m.name, peer)
+                up = self._reachable(m.name, peer) or (
+                    self.faulty and self.members[peer].alive
+                    and (m.name in self.cfg.silent or peer in self.cfg.silent))
                 if m.links.get(peer) != up:
                     m.links[peer] = up
                     m.inbox.append(PeerLink(peer, up))
@@ -706,6 +755,8 @@ class Sim:
         self.faulty = False
         self.cuts.clear()
         for m in self.members.values():
+            if m.name in self.gone:
+                continue
             if not m.alive:
                 self.count("restarts")
                 self._start(m)
@@ -731,7 +782,7 @@ class Sim:
         if rng.random() < 0.15:
             spec["max_leases"] = rng.randint(1, 3)
         items: list[str | None] = [None] * n
-        if rng.random() < 0.15:
+        if rng.random() < self.cfg.inputs:
             items = [rng.randbytes(32).hex() if rng.random() < 0.7 else None for _ in range(n)]
         plan = (["release"] if hold else []) + (["cancel"] if rng.random() < 0.15 else [])
         plan += (["poll", "forget"] if rng.random() < 0.3 else []) + ["done"]
@@ -776,6 +827,7 @@ class Sim:
             c.inflight, c.deadline_ms = key, self.now + self.cfg.client_timeout_ms
             self.waiting[key] = c
             self.asked[key] = req
+            self.sent_ms[key] = self.now
             m.inbox.append(Ctl(m.tokens, req))
             self.count("ctl_" + req["op"])
         if self.faulty and self.acked and self.rng.random() < self.cfg.key_reuse:
@@ -817,6 +869,17 @@ class Sim:
                           f"{status} {body!r}: it must be refused (422)")
             self.count(f"key_reuses_{status}")
             return
+        sent = self.sent_ms.pop(key, None)
+        if (req["op"] == "submit" and sent is not None and m.name not in self.cfg.silent
+                and any(d is not None for d in req["items"])):
+            # How long a submit with inputs waited, from its member's answer: a silent member
+            # must not hold the copies of the others back.
+            if status in (200, 201):
+                self.counts["inputs_submit_ms_max"] = max(
+                    self.counts.get("inputs_submit_ms_max", 0), self.now - sent)
+                self.count("inputs_submits_acked")
+            else:
+                self.count(f"inputs_submits_{status}")
         if req["op"] == "submit" and status in (200, 201):
             jid = body["id"]
             if jid not in self.oracle.jobs and jid not in self.oracle.forgotten:
@@ -884,7 +947,21 @@ class Sim:
 
     # --- checks after each step ---------------------------------------------------------------
 
+    def _check_fresh(self) -> None:
+        """A worker says its table is fresh only while the member it takes for the leader has
+        itself sent it F_JOB_STATE within dead_ms (a follower's hint does not count)."""
+        for name in WORKERS:
+            m = self.members[name]
+            if not m.alive or not m.node.health()["fresh"]:
+                continue
+            leader = m.node.view.leader
+            last = self.heard.get((name, leader))
+            if last is None or self.now - last > limits.member_dead_ms:
+                self.fail(f"{name} says it is fresh, but its leader {leader} last sent it "
+                          f"F_JOB_STATE {None if last is None else self.now - last} ms ago")
+
     def _check_tables(self) -> None:
+        self._check_fresh()
         for m in self.members.values():
             if not m.alive or m.table.applied_index == m.checked_index:
                 continue
@@ -907,6 +984,14 @@ class Sim:
         self.step_no += 1
         self.now += self.rng.randint(1, self.cfg.step_ms_max)
         self._due()
+        if self.cfg.lose is not None and self.step_no == self.cfg.lose_at_step:
+            lost = self.members[self.cfg.lose]
+            if lost.alive:
+                self._crash(lost)
+            self.gone.add(lost.name)
+            self.wiped |= self.blobs[lost.name]
+            self.blobs[lost.name] = set()
+            self.count("members_lost")
         if self.faulty:
             self._faults()
             if len(self.clients) < self.cfg.jobs_max and self.rng.random() < self.cfg.job_new:
@@ -935,17 +1020,36 @@ class Sim:
                 return False
         last = self.log[-1][0] if self.log else 0
         # Every run ended or was cut: a run whose lease is gone must not go on for ever.
-        return all(m.table.applied_index == last and not m.running for m in self.members.values())
+        if not all(m.table.applied_index == last and not m.running
+                   for m in self.members.values() if m.name not in self.gone):
+            return False
+        return not self._under_copied()
+
+    def _under_copied(self) -> list[tuple[str, int]]:
+        """Items whose committed outputs are on fewer than blob_copies (2) members."""
+        if not self.gone:
+            return []  # no blob store was ever lost: every commit checked its copies
+        short = []
+        for jid, job in sorted(self.oracle.jobs.items()):
+            for i in range(job.n):
+                for d in (job.out[i], job.err[i]):
+                    if d is not None and sum(1 for n in MEMBERS if d.hex() in self.blobs[n]) < 2:
+                        short.append((jid, i))
+                        break
+        return short
 
     def unsettled(self) -> str:
         open_jobs = sorted(j for j in self.acked if j in self.oracle.jobs
                            and not self.oracle.jobs[j].finished)
         last = self.log[-1][0] if self.log else 0
-        behind = [n for n in WORKERS if self.members[n].table.applied_index < last]
+        live = [m for m in self.members.values() if m.name not in self.gone]
+        behind = [m.name for m in live if m.role == "worker" and m.table.applied_index < last]
+        short = self._under_copied()
         return (f"clients submitting: {[c.cid for c in self.clients if c.phase == 'submit']}; "
                 + (f"workers behind the log: {behind}; " if behind else "")
+                + (f"outputs on fewer than 2 members: {short[:5]}; " if short else "")
                 + f"jobs not ended: {open_jobs[:5]}; leader {self.leader} term {self.term}; "
-                f"tables at {[(m.name, m.table.applied_index) for m in self.members.values()]}, "
+                f"tables at {[(m.name, m.table.applied_index) for m in live]}, "
                 f"runs {[(m.name, sorted(m.running)[:3]) for m in self.members.values() if m.running]}, "
                 f"log at {last}")
 

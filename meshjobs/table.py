@@ -16,8 +16,10 @@ Rule 3: a broken invariant of the table's own making does raise: that is a bug, 
         that runs on with a table it cannot trust is worse than one that stops.
 Rule 4: one transition table (`TRANSITIONS`) says which item state each entry kind may move an
         item from and to; every move goes through `_move`, which checks it.
-Rule 5: a forgotten job id never comes back: its tombstone is part of the state and of every
-        snapshot.
+Rule 5: a forgotten job id does not come back while its tombstone is kept: tombstones are part
+        of the state and of every snapshot, in the order the jobs were forgotten, and only the
+        newest `limits.forgotten_ids_max` are kept (the oldest is dropped first). An id whose
+        tombstone was dropped reads as unknown, and a submit may use it again.
 
 Items live in per-job parallel arrays (compact: a finished item costs a few dozen bytes) and a
 per-job queue of pending indexes: an item whose lease is revoked goes back to the head of that
@@ -80,7 +82,7 @@ class Job:
         "hold", "max_leases", "digest", "submitted_ms", "finished_ms", "cancelled", "n",
         "st", "attempts", "fails", "epoch", "member", "rc", "sig", "stdin", "out", "err",
         "started_ms", "ended_ms", "not_before", "queue", "n_pending", "n_leased", "n_done",
-        "n_failed", "n_cancelled", "started",
+        "n_failed", "n_cancelled", "started", "errors", "held",
     )
 
     def __init__(self, job_id: str, seq: int, spec: dict, digest: bytes, stdin: list, t: int) -> None:
@@ -122,6 +124,13 @@ class Job:
         self.n_failed = 0
         self.n_cancelled = 0
         self.started = False  # any item ever leased: "running" rather than "queued"
+        # Why an item's last try failed without running (item index -> a short text), when it
+        # did: most items never have one, so the dict is made only for the first.
+        self.errors: dict[int, str] | None = None
+        # The other members that confirmed a copy of each item's outputs when its result was
+        # committed (the member that ran it holds them too): made for the first item that has
+        # some, one shared tuple per set of members.
+        self.held: list[tuple[str, ...] | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -152,7 +161,8 @@ class JobTable:
 
     def __init__(self) -> None:
         self.jobs: dict[str, Job] = {}
-        self.forgotten: set[str] = set()
+        # Tombstones of forgotten job ids, oldest first (a dict: ordered, and quick to test).
+        self.forgotten: dict[str, None] = {}
         self.seq = 0
         self.applied_index = 0
         # (job id, item index) -> (member, boot) of every item now leased.
@@ -167,6 +177,8 @@ class JobTable:
         # leader's every round does not walk all the jobs. Derived too (rebuilt on load).
         self.ready: dict[str, Job] = {}
         self._names: dict[str, str] = {}
+        self._helds: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._texts: dict[str, str] = {}  # one object per distinct item error text
         # A checker's hook (the simulator's oracle): called with each entry of a batch before
         # (outcome None) and after it is applied. Never set in a member.
         self.observe: Callable[[Any, dict | None], None] | None = None
@@ -272,6 +284,15 @@ class JobTable:
             name = self._names[member] = member
         return name
 
+    def _holders(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """One tuple object per set of holders, however many items name it."""
+        held = self._helds.get(names)
+        if held is None:
+            if len(self._helds) >= limits.member_names_max:
+                return tuple(self._name(n) for n in names)
+            held = self._helds[names] = tuple(self._name(n) for n in names)
+        return held
+
     def _ready(self, job: Job) -> None:
         if job.n_pending and not job.hold:
             self.ready[job.id] = job
@@ -373,7 +394,7 @@ class JobTable:
             if not _result_ok(r):
                 refused += 1
                 continue
-            job_id, i, epoch, state, rc, sig, out, err, started, ended = r
+            job_id, i, epoch, state, rc, sig, out, err, started, ended = r[:10]
             job = self.jobs.get(job_id)
             if job is None or not 0 <= i < job.n or job.st[i] != LEASED or job.epoch[i] != epoch:
                 # A late result of a revoked lease, or a duplicate: never a second result.
@@ -386,6 +407,21 @@ class JobTable:
             job.err[i] = _EMPTY if err == _EMPTY else err
             job.started_ms[i] = started
             job.ended_ms[i] = ended
+            error = r[10] if len(r) > 10 else None
+            holders = tuple(r[11]) if len(r) > 11 else None
+            if holders or job.held is not None:
+                if job.held is None:
+                    job.held = [None] * job.n
+                job.held[i] = self._holders(holders) if holders else None
+            if error is not None:
+                if job.errors is None:
+                    job.errors = {}
+                # An array whose program is missing fails every item with the same text: one
+                # string object for them all.
+                job.errors[i] = self._texts.setdefault(error, error) if (
+                    len(self._texts) < limits.member_names_max or error in self._texts) else error
+            elif job.errors is not None and job.errors.pop(i, None) is not None and not job.errors:
+                job.errors = None
             if state == DONE:
                 self._move("result", job, i, DONE)
             else:
@@ -450,8 +486,11 @@ class JobTable:
         del self.jobs[job.id]
         del self.finished[job.id]
         self.ready.pop(job.id, None)
-        self.forgotten.add(job.id)
+        self.forgotten[job.id] = None
         self._count("jobs_forgotten")
+        while len(self.forgotten) > limits.forgotten_ids_max:
+            del self.forgotten[next(iter(self.forgotten))]
+            self._count("tombstones_dropped")
 
     def _apply_expire(self, e: dict, index: int, t: int) -> dict:
         """Retention: forget finished jobs the leader found too old or too many. A job that is
@@ -577,6 +616,9 @@ class JobTable:
             "stdin": _hex(job.stdin[i]),
             "stdout": _hex(job.out[i]),
             "stderr": _hex(job.err[i]),
+            "error": job.errors.get(i) if job.errors is not None else None,
+            # Members other than `member` that held a copy of the outputs when they committed.
+            "copies": list(job.held[i] or ()) if job.held is not None else [],
             "started_at": job.started_ms[i] / 1000.0 if job.started_ms[i] else None,
             "ended_at": job.ended_ms[i] / 1000.0 if job.ended_ms[i] else None,
         }
@@ -587,17 +629,23 @@ class JobTable:
         """Everything the table is, as msgpack-able plain data (for the full dump)."""
         jobs = []
         for j in self.jobs.values():
-            jobs.append([
+            row = [
                 j.id, j.seq, j.spec_fields(), j.digest, j.submitted_ms, j.finished_ms,
                 j.cancelled, j.n, bytes(j.st), j.attempts.tobytes(), j.fails.tobytes(),
                 j.epoch.tobytes(), j.member, j.rc.tobytes(), bytes(j.sig), j.stdin, j.out, j.err,
                 j.started_ms.tobytes(), j.ended_ms.tobytes(), list(j.not_before.items()),
                 list(j.queue), j.started,
-            ])
+            ]
+            if j.errors or j.held is not None:
+                # Only jobs that have some: rows of the others stay small.
+                row.append(sorted(j.errors.items()) if j.errors else [])
+            if j.held is not None:
+                row.append([list(h) if h else None for h in j.held])
+            jobs.append(row)
         return {
             "v": 1,
             "jobs": jobs,
-            "forgotten": sorted(self.forgotten),
+            "forgotten": list(self.forgotten),
             "seq": self.seq,
             "applied_index": self.applied_index,
             "leased": [[k[0], k[1], v[0], v[1]] for k, v in self.leased.items()],
@@ -612,7 +660,7 @@ class JobTable:
         t = cls()
         for row in s["jobs"]:
             (jid, seq, spec, digest, sub, fin, canc, n, st, att, fails, ep, member, rc, sig,
-             stdin, out, err, started, ended, nb, queue, ever) = row
+             stdin, out, err, started, ended, nb, queue, ever) = row[:23]
             shared: dict[bytes, bytes] = {}
             j = Job(jid, seq, spec, digest,
                     [None if d is None else shared.setdefault(d, d) for d in stdin], sub)
@@ -632,6 +680,10 @@ class JobTable:
             j.not_before = {int(k): v for k, v in nb}
             j.queue = deque(queue)
             j.started = ever
+            if len(row) > 23 and row[23]:
+                j.errors = {int(i): t._texts.setdefault(e, e) for i, e in row[23]}
+            if len(row) > 24:
+                j.held = [t._holders(tuple(h)) if h else None for h in row[24]]
             j.n_pending = st.count(PENDING)
             j.n_leased = st.count(LEASED)
             j.n_done = st.count(DONE)
@@ -640,7 +692,7 @@ class JobTable:
             if j.n != n:
                 raise ValueError(f"snapshot job {jid}: {j.n} items, header says {n}")
             t.jobs[jid] = j
-        t.forgotten = set(s["forgotten"])
+        t.forgotten = dict.fromkeys(s["forgotten"])
         t.seq = s["seq"]
         t.applied_index = s["applied_index"]
         t.leased = {(a, b): (c, d) for a, b, c, d in s["leased"]}
@@ -679,6 +731,11 @@ class JobTable:
                 if j.st[i] == LEASED:
                     assert (jid, i) in self.leased, f"{jid}[{i}] leased but not in the lease map"
                     leased_seen.add((jid, i))
+            assert j.held is None or len(j.held) == j.n, f"{jid}: holders of no item"
+            if j.errors is not None:
+                assert j.errors, f"{jid}: an empty error dict is kept as None"
+                assert all(0 <= i < j.n and isinstance(e, str) for i, e in j.errors.items()), \
+                    f"{jid}: an item error of no item"
             done = j.n_done + j.n_failed + j.n_cancelled == j.n
             assert bool(j.finished_ms) == (done or j.cancelled), f"{jid}: finished mark"
         assert leased_seen == set(self.leased), "lease map and item states disagree"
@@ -708,8 +765,15 @@ def _is_int(x: Any) -> bool:
 
 
 def _result_ok(r: Any) -> bool:
+    """A result row: job, index, epoch, state, rc, signal, stdout, stderr, started, ended and,
+    when the item could not run (or the driver says why it failed), an eleventh field: why; and
+    a twelfth (the eleventh then may be None): the other members that hold its outputs."""
     return (
-        isinstance(r, list) and len(r) == 10
+        isinstance(r, list) and 10 <= len(r) <= 12
+        and (len(r) == 10 or (r[10] is None and len(r) == 12) or (
+            isinstance(r[10], str) and 0 < len(r[10]) <= limits.item_error_chars_max))
+        and (len(r) < 12 or (isinstance(r[11], list) and len(r[11]) <= limits.result_holders_max
+                             and all(isinstance(m, str) and 0 < len(m) <= 64 for m in r[11])))
         and isinstance(r[0], str) and _is_int(r[1]) and _is_int(r[2])
         and _is_int(r[3]) and r[3] in (DONE, FAILED, TIMEOUT)
         and (r[4] is None or (_is_int(r[4]) and -(2**31) < r[4] < 2**31))

@@ -423,3 +423,54 @@ def test_large_output_round_trips_in_bounded_memory(h: Harness, blobs: LmdbBlobS
         got.update(chunk)
         n += len(chunk)
     assert n == size and got.hexdigest() == want.hexdigest()
+
+
+_REAPER_SCRIPT = r"""
+import ctypes, os, subprocess, sys, time
+from meshjobs.driver import PR_SET_CHILD_SUBREAPER, is_reaper, reap_orphans
+
+def state(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2:].split()
+    return fields[0].decode(), int(fields[1])
+
+def wait_until(cond, what):
+    deadline = time.monotonic() + 30
+    while not cond():
+        if time.monotonic() > deadline:
+            sys.exit(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+was = is_reaper()
+assert ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+own = subprocess.Popen(["sh", "-c", "exit 7"])
+# An orphan: a grandchild that outlives its parent (which exits at once and so never waits
+# for it), re-parented to this subreaper, and then exits.
+out = subprocess.run(["sh", "-c", "sh -c 'sleep 1' >/dev/null 2>&1 & echo $!"],
+                     capture_output=True, check=True)
+orphan = int(out.stdout)
+wait_until(lambda: state(orphan) == ("Z", os.getpid()), "the orphan's zombie")
+wait_until(lambda: state(own.pid) == ("Z", os.getpid()), "our own child's zombie")
+n = reap_orphans({own.pid})
+print(was, is_reaper(), n, state(orphan), own.wait())
+"""
+
+
+def test_orphans_are_reaped_but_not_our_own_children(tmp_path: Path) -> None:
+    """Rule 7: a subreaper (or PID 1) reaps the zombies of orphans re-parented to it, and leaves
+    the exit status of its own children to their own waits."""
+    import subprocess
+    import sys
+
+    root = str(Path(__file__).resolve().parent.parent)
+    done = subprocess.run([sys.executable, "-c", _REAPER_SCRIPT], capture_output=True, text=True,
+                          timeout=60, cwd=str(tmp_path),
+                          env={**os.environ, "PYTHONPATH": root})
+    assert done.returncode == 0, done.stderr
+    # Not a reaper before the prctl, one after; one orphan reaped (gone from /proc); our own
+    # child's exit code still ours to collect.
+    assert done.stdout.split() == ["False", "True", "1", "None", "7"], done.stdout

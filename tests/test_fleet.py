@@ -356,3 +356,39 @@ def test_fleet_view_shows_every_member(fleet):
     assert sorted(r["role"] for r in rows.values()) == ["follower", "follower", "leader", "worker"]
     for r in rows.values():
         assert r["slots"] == 2 and r["last_seen"] is not None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or _iptables() is None,
+                    reason="needs root and iptables (the CI script installs iptables)")
+def test_silent_member_does_not_hold_inputs_back(fleet, tmp_path):
+    """v1 (first by name) goes silent: everything it sends is dropped, so its links to the
+    others still look up for a while. Submits with inputs through the other members are
+    answered at the first try, and none fails for want of copies (they are asked of every
+    member at once, and the first confirmation is enough)."""
+    gid = 40000 + (os.getpid() + 7) % 20000
+    members = make_fleet(str(tmp_path / "silent"), voters=3)
+    members[0].prefix = ["setpriv", f"--regid={gid}", "--clear-groups"]
+    rule = ["OUTPUT", "-m", "owner", "--gid-owner", str(gid), "-p", "tcp", "-j", "DROP"]
+    try:
+        for m in members:
+            m.start(wait_ready=False)
+        for m in members:
+            m.wait_ready()
+        leader_of(members)
+        subprocess.run([_iptables(), "-A", *rule], check=True)
+        rest = members[1:]
+        leader_of(rest)
+        for k, m in enumerate(rest * 2):
+            # Bounded by the wait after which a copy asked of v1 alone would be asked
+            # elsewhere: a member that asked v1 first and waited for it would not answer.
+            status, rec = m.request("POST", "/jobs", {
+                "argv": ["cat"], "id": f"in{k}", "items": [f"input {k}"]},
+                timeout_s=limits.proposal_retry_ms / 1000)
+            assert status == 201, (m.name, status, rec)
+        for m in rest:
+            assert metrics(m).get("meshjobs_node_inputs_not_copied", 0) == 0
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            subprocess.run([_iptables(), "-D", *rule], check=True, capture_output=True)
+        for m in members:
+            m.stop()

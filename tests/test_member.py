@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import sys
 import time
 
 import blake3
@@ -314,3 +315,60 @@ def test_idempotency_key_is_bound_to_its_request(meshd):
     s, body = meshd.request("POST", "/jobs/b/tone", {"priority": 9}, headers=k)
     assert s == 422
     assert meshd.metrics().get("meshjobs_node_ctl_rid_reused", 0) >= 1
+
+
+def test_program_that_cannot_start_says_why(meshd):
+    """An item whose program does not exist ends failed with no exit code, signal or outputs,
+    and its record says why (`items[].error`), also after a restart (from the log)."""
+    job = _submit(meshd, "--", "/no/such/prog", "arg")
+    rec = meshd.wait_job(job)
+    item = rec["items"][0]
+    assert rec["state"] == "failed" and item["state"] == "failed"
+    assert (item["rc"], item["signal"], item["stdout"], item["stderr"]) == (None, None, None, None)
+    assert "/no/such/prog" in item["error"] and "argv" in item["error"], item
+    r = meshd.ctl("--json", "job", "status", job)
+    assert json.loads(r.stdout)["items"][0]["error"] == item["error"]
+    meshd.stop()
+    meshd.start()
+    status, again = meshd.request("GET", f"/jobs/{job}?items=1")
+    assert status == 200 and again["items"][0]["error"] == item["error"]
+    # A command that ran and failed has no error text: its exit code says it.
+    job = _submit(meshd, "--", "sh", "-c", "exit 3")
+    item = meshd.wait_job(job)["items"][0]
+    assert item["rc"] == 3 and item["error"] is None
+
+
+# Runs meshd as a child subreaper (as if it were a container's PID 1): orphans of its items are
+# re-parented to it. The setting survives the exec.
+_SUBREAPER = [sys.executable, "-c", "import ctypes, os, sys; "
+              "assert ctypes.CDLL(None).prctl(36, 1, 0, 0, 0) == 0; "
+              "os.execv(sys.argv[1], sys.argv[1:])"]
+
+
+def test_orphans_of_items_are_reaped_when_meshd_is_a_subreaper(meshd_factory):
+    """A member that is PID 1 or a subreaper reaps the zombies of processes its items left
+    behind (here one that left the item's group with setsid and exits a moment later)."""
+    m = meshd_factory(start=False)
+    m.prefix = _SUBREAPER
+    m.start()
+    job = _submit(m, "--", "sh", "-c",
+                  "setsid sh -c 'sleep 1' </dev/null >/dev/null 2>&1 & echo $!")
+    assert m.wait_job(job)["state"] == "done"
+    r = m.ctl("job", "results", job)
+    orphan = int(r.stdout)
+    meshd_pid = m.pid
+    # It ends after 1 s, a zombie of meshd's (its parent shell is gone): meshd must reap it.
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with open(f"/proc/{orphan}/stat", "rb") as f:
+                stat = f.read()
+        except FileNotFoundError:
+            break  # reaped
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if int(fields[1]) != meshd_pid:
+            break  # the pid was reaped and reused by someone else's process
+        assert time.monotonic() < deadline, f"orphan {orphan} is still {fields[0]!r} under meshd"
+        time.sleep(0.05)
+    reaped = [v for k, v in m.metrics().items() if "orphans_reaped" in k]
+    assert reaped and reaped[0] >= 1, reaped

@@ -22,6 +22,7 @@ from meshjobs.node import (
     Ctl,
     Cut,
     DiskFull,
+    FetchBlobs,
     FrameIn,
     ItemEnded,
     JobNode,
@@ -459,6 +460,29 @@ def test_item_end_to_job_done_answers_waiter() -> None:
     assert f.answer(3).body["state"] == "done", "a finished job is answered at once"
 
 
+def test_item_that_could_not_start_says_why() -> None:
+    """An item whose program could not start ends failed with no rc, signal or outputs; the
+    driver's reason goes with its result into the table (cut to item_error_chars_max) and the
+    item record shows it as `error`."""
+    f = Fleet1()
+    submitted(f, n=2)
+    f.settle()
+    run0, run1 = f.runs
+    why = "no such program '/no/such/prog' on member: install it or fix the job's argv"
+    f.node.step(ItemEnded(run0.job_id, run0.index, run0.epoch, "failed", None, None, None, None,
+                          f.now, f.now, why))
+    f.node.step(ItemEnded(run1.job_id, run1.index, run1.epoch, "failed", None, None, None, None,
+                          f.now, f.now, "x" * (limits.item_error_chars_max + 50)))
+    f.settle()
+    f.ctl(9, {"op": "get", "id": "j1", "items": True})
+    f.take()
+    body = f.answer(9).body
+    assert body["state"] == "failed"
+    it0, it1 = body["items"]
+    assert it0["error"] == why and it0["rc"] is None and it0["stdout"] is None
+    assert it1["error"] == "x" * limits.item_error_chars_max
+
+
 def test_failed_item_retried_after_backoff() -> None:
     """A failed item with retries left is leased and run again once its backoff is over."""
     f = Fleet1(slots=1)
@@ -817,3 +841,241 @@ def test_follower_with_a_full_disk_reports_it_and_offers_no_slots() -> None:
     f.tick(1_000)
     haves = [e for e in f.take() if isinstance(e, Send) and e.ftype == "F_JOB_HAVE"]
     assert haves and haves[-1].body["disk_full"] is True and haves[-1].body["pools"] == {}
+
+
+# --- blob copies ------------------------------------------------------------------------------
+
+
+def test_inputs_copies_asked_with_a_spare_at_once() -> None:
+    """A submit's inputs are asked of blob_copies - 1 members and copy_spares more in the same
+    round, and the first confirmation (blob_copies - 1 = 1) lets the submit go on: a member
+    that never answers (its link still looks up) does not hold it back."""
+    f = Fleet1(voters=("m1", "m2", "m3"), blob_copies=2)
+    for peer in ("m2", "m3"):
+        f.node.step(PeerLink(peer, True))
+    req = submit_req(rid="in1")
+    req["items"] = ["cd" * 32]
+    f.ctl(1, req)
+    effects = f.take()
+    asked = sorted(e.to for e in effects if isinstance(e, CopyBlobs))
+    assert asked == ["m2", "m3"], "both candidates asked at once"
+    assert not f.pending_of("submit")
+    f.tick(30)
+    f.node.step(BlobsCopied("m3", ("cd" * 32,)))  # m2 (first by name) stays silent
+    f.take()
+    assert len(f.pending_of("submit")) == 1, "the first confirmation is enough"
+    f.commit_pending()
+    f.take()
+    assert f.answer(1).status == 201
+
+
+def test_output_copies_asked_with_a_spare_and_reasked_later() -> None:
+    """A result's outputs: the member needed and a spare are asked at once; one that stays
+    silent is asked again after proposal_retry_ms, never sooner; the first confirmation
+    releases the result."""
+    f = Fleet1(slots=1, voters=("m1", "m2", "m3"), blob_copies=2)
+    for peer in ("m2", "m3"):
+        f.node.step(PeerLink(peer, True))
+    submitted(f, n=1)
+    f.settle()
+    [run] = f.runs
+    f.end(run)
+    assert sorted(e.to for e in f.take() if isinstance(e, CopyBlobs)) == ["m2", "m3"]
+    f.tick(limits.proposal_retry_ms - 1)
+    assert not [e for e in f.take() if isinstance(e, CopyBlobs)]
+    f.tick(1)
+    assert sorted(e.to for e in f.take() if isinstance(e, CopyBlobs)) == ["m2", "m3"]
+    f.node.step(BlobsCopied("m2", (DIGEST_OUT,)))
+    f.take()
+    assert [e["k"] for e in f.pending] == ["result"]
+
+
+# --- a worker's freshness ---------------------------------------------------------------------
+
+
+def _worker(now: int) -> JobNode:
+    cfg = NodeConfig(member="w1", boot="wb", pools={"default": Pool("default", slots=1)},
+                     role="worker", voters=("v1", "v2", "v3"))
+    node = JobNode(JobTable(), cfg, random.Random(3))
+    node.step(Tick(now))
+    node.step(View())
+    node.take()
+    return node
+
+
+def test_worker_fresh_only_from_the_leader_itself() -> None:
+    """A worker's table is fresh only while frames from the member it believes leads (at the
+    current term) arrive: a follower's hint of who leads, however often it comes, does not make
+    it fresh, nor keep it fresh once the leader has gone quiet."""
+    now = 1_700_000_000_000
+    node = _worker(now)
+    # A follower's hint names the leader: the worker reports there, but is not fresh.
+    node.step(FrameIn("v2", "F_JOB_STATE", {"term": 3, "leader": "v1", "voters": ["v1", "v2", "v3"]}))
+    node.take()
+    h = node.health()
+    assert h["leader"] == "v1" and not h["fresh"] and not h["ready"]
+    assert any(isinstance(e, Send) and e.to == "v1" and e.ftype == "F_JOB_HAVE"
+               for e in (node.step(Tick(now + limits.have_ms)) or node.take()))
+    # The leader's own frame: fresh.
+    node.step(FrameIn("v1", "F_JOB_STATE", {"term": 3, "leader": "v1", "prev": 0, "entries": []}))
+    node.take()
+    assert node.health()["fresh"] and node.health()["ready"]
+    # Cut off from the leader alone: only the follower's hints come. Not fresh after dead_ms.
+    t = now + limits.have_ms
+    while t < now + 2 * limits.member_dead_ms:
+        t += limits.have_ms
+        node.step(Tick(t))
+        node.step(FrameIn("v2", "F_JOB_STATE", {"term": 3, "leader": "v1"}))
+        node.take()
+    h = node.health()
+    assert not h["fresh"], h
+    assert node.counts.get("state_hints", 0) > 0
+
+
+def test_worker_ignores_a_hint_that_contradicts_its_leader() -> None:
+    """A hint at the worker's own term never replaces the leader it hears from itself."""
+    now = 1_700_000_000_000
+    node = _worker(now)
+    node.step(FrameIn("v1", "F_JOB_STATE", {"term": 4, "leader": "v1", "prev": 0, "entries": []}))
+    node.step(FrameIn("v2", "F_JOB_STATE", {"term": 4, "leader": "v3"}))
+    node.take()
+    h = node.health()
+    assert h["leader"] == "v1" and h["fresh"]
+
+
+# --- copies lost with a member ----------------------------------------------------------------
+
+
+def _have(f: Fleet1, peer: str) -> None:
+    f.node.step(FrameIn(peer, "F_JOB_HAVE", {"boot": peer + "b", "role": "voter", "pos": 0,
+                                             "pools": {}}))
+
+
+def _live_for(f: Fleet1, ms: int, reporting: tuple[str, ...]) -> list[Any]:
+    """Let `ms` pass in steps of have_ms, the `reporting` members reporting each time."""
+    effects: list[Any] = []
+    for _ in range(ms // limits.have_ms + 1):
+        f.tick(limits.have_ms)
+        for peer in reporting:
+            _have(f, peer)
+        effects += f.take()
+        f.commit_pending()
+    return effects
+
+
+def test_result_names_its_copies_and_a_lost_holder_is_replaced() -> None:
+    """A result row names the members that confirmed copies of its outputs, and the table keeps
+    them (the item record's `copies`). When one of them is lost (not heard from for lost_ms),
+    the leader, holding the outputs itself, copies them to another member, once."""
+    f = Fleet1(slots=1, voters=("m1", "m2", "m3"), blob_copies=2, lost_ms=20_000)
+    for peer in ("m2", "m3"):
+        f.node.step(PeerLink(peer, True))
+        _have(f, peer)
+    submitted(f, n=1)
+    f.settle()
+    [run] = f.runs
+    f.end(run)
+    f.take()
+    f.node.step(BlobsCopied("m3", (DIGEST_OUT,)))
+    f.settle()
+    [res] = [e for e in f.proposed if e["k"] == "result"]
+    assert res["r"][0][10:] == [None, ["m3"]]
+    assert f.table.item_record(f.table.jobs["j1"], 0)["copies"] == ["m3"]
+    # m3 goes quiet; m2 keeps reporting. Nothing happens before lost_ms.
+    effects = _live_for(f, 19_000, ("m2",))
+    assert not [e for e in effects if isinstance(e, CopyBlobs | FetchBlobs)]
+    effects = _live_for(f, 2_000, ("m2",))
+    assert [(e.to, e.owner, e.digests) for e in effects if isinstance(e, CopyBlobs)] == [
+        ("m2", "j1", (DIGEST_OUT,))]
+    f.node.step(BlobsCopied("m2", (DIGEST_OUT,)))
+    effects = _live_for(f, 5_000, ("m2",))
+    assert not [e for e in effects if isinstance(e, CopyBlobs | FetchBlobs)], "asked once"
+    assert f.node.counts["recopies_done"] == 1
+
+
+def test_lost_holder_of_anothers_outputs_makes_the_leader_fetch_them() -> None:
+    """Outputs the leader does not hold, whose copy was on a member now lost: the leader fetches
+    them from the member that ran the item (FetchBlobs), becoming the second holder."""
+    f = Fleet1(slots=0, voters=("m1", "m2", "m3"), blob_copies=2, lost_ms=20_000)
+    for peer in ("m2", "m3"):
+        f.node.step(PeerLink(peer, True))
+    f.node.step(FrameIn("m2", "F_JOB_HAVE", {"boot": "m2b", "role": "voter", "pos": 0,
+                                             "pools": {"default": 1}}))
+    f.node.step(FrameIn("m3", "F_JOB_HAVE", {"boot": "m3b", "role": "voter", "pos": 0,
+                                             "pools": {}}))
+    submitted(f, n=1)
+    f.settle()
+    [(jid, i, epoch)] = [(j, i, f.table.jobs[j].epoch[i]) for (j, i) in f.table.leased]
+    row = [jid, i, epoch, 2, 0, None, bytes.fromhex(DIGEST_OUT), None, f.now - 5, f.now,
+           None, ["m3"]]
+    f.node.step(FrameIn("m2", "F_RESULT", {"r": [row]}))
+    f.settle()
+    assert f.table.jobs["j1"].state == "done"
+    assert f.table.item_record(f.table.jobs["j1"], 0)["copies"] == ["m3"]
+    effects = _live_for(f, 21_000, ("m2",))
+    assert [(e.owner, e.digests) for e in effects if isinstance(e, FetchBlobs)] == [
+        ("j1", (DIGEST_OUT,))]
+    assert not [e for e in effects if isinstance(e, CopyBlobs)]
+
+
+def test_copies_asked_of_no_more_than_needed_plus_spares() -> None:
+    """In a larger fleet not every member is asked for every copy: blob_copies - 1 plus
+    copy_spares at a time, spread over the members by owner; when one's link goes down,
+    another is asked in its place at once."""
+    others = ("m2", "m3", "m4", "m5", "m6")
+    f = Fleet1(voters=("m1", *others), blob_copies=2)
+    for peer in others:
+        f.node.step(PeerLink(peer, True))
+    firsts = set()
+    for k in range(6):
+        req = submit_req(rid=f"in{k}", job_id=f"j{k}")
+        req["items"] = [f"{k:02x}" * 32]
+        f.ctl(k + 1, req)
+        asked = [e.to for e in f.take() if isinstance(e, CopyBlobs)]
+        assert len(asked) == 1 + limits.copy_spares, asked
+        firsts.add(asked[0])
+    assert len(firsts) > 1, "copies spread over the members"
+    f.node.step(PeerLink(asked[0], False))
+    again = [e.to for e in f.take() if isinstance(e, CopyBlobs) and e.owner == "j5"]
+    assert len(again) == 1 and again[0] not in asked, again
+
+
+# --- one key, two requests --------------------------------------------------------------------
+
+FP_CANCEL, FP_SUBMIT = "c" * 32, "5" * 32
+
+
+def test_change_waiting_under_a_key_another_request_committed_is_refused() -> None:
+    """A leader whose table lags the log takes a cancel under a key (request id) that a submit
+    already used: when the submit's entry is applied, the waiting cancel is refused (422), never
+    answered with the submit's outcome (the simulator found this)."""
+    f = Fleet1()
+    f.ctl(1, {"op": "cancel", "rid": "k1", "fp": FP_CANCEL, "id": "j1"})
+    f.take()
+    assert f.pending_of("cancel")
+    f.pending.clear()
+    # The submit under k1, committed before the cancel reached the log (its entry arrives now).
+    entry = {"k": "submit", "rid": "k1", "fp": FP_SUBMIT, "t": f.now, "id": "j1",
+             "spec": _normal_spec(), "dg": b"d", "items": [None]}
+    f.commit(entry)
+    f.take()
+    ans = f.answer(1)
+    assert ans.status == 422, ans
+
+
+def test_late_reply_to_an_earlier_request_under_the_key_is_ignored() -> None:
+    """A member forwarded a change; a late F_CTL_REPLY for another request under the same key
+    (its fingerprint differs) does not answer it."""
+    f = Fleet1()
+    f.node.step(View(term=2, leader="m2", is_leader=False, ready=False))
+    f.ctl(1, {"op": "cancel", "rid": "k1", "fp": FP_CANCEL, "id": "j1"})
+    f.take()
+    f.node.step(FrameIn("m2", "F_CTL_REPLY", {"rid": "k1", "fp": FP_SUBMIT, "status": 201,
+                                              "body": {"id": "j1"}, "index": 0}))
+    f.take()
+    assert 1 not in f.replies
+    assert f.node.counts["ctl_replies_of_another_request"] == 1
+    f.node.step(FrameIn("m2", "F_CTL_REPLY", {"rid": "k1", "fp": FP_CANCEL, "status": 200,
+                                              "body": {"id": "j1"}, "index": 0}))
+    f.take()
+    assert f.answer(1).status == 200

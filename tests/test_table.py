@@ -509,6 +509,54 @@ def test_result_malformed_row_refused(bad: Any) -> None:
     assert log.job().st[0] == LEASED
 
 
+def test_result_with_error_kept_and_shown() -> None:
+    """result: a row's eleventh field says why the item failed without running; the table keeps
+    it (only for items that have one), shows it as the item's `error`, keeps it through a
+    snapshot, and drops it when a later try of the item ends without one."""
+    log = Log()
+    log.submit(n=3, retries=1)
+    _, e = log.lease(("j1", 0), ("j1", 1))
+    why = "no such program '/no/such/prog' on member: install it or fix the job's argv"
+    out = log.result([*row("j1", 0, e, FAILED, rc=None), why], row("j1", 1, e, DONE))
+    assert out == {"ok": True, "accepted": 2, "refused": 0}
+    job = log.job()
+    assert job.errors == {0: why}
+    items = log.table.record(job, items=True)["items"]
+    assert [it["error"] for it in items] == [why, None, None]
+    assert items[0]["rc"] is None and items[0]["stdout"] is None
+    raw = msgpack.packb(log.table.to_state(), use_bin_type=True)
+    t2 = JobTable.from_state(msgpack.unpackb(raw, raw=False, strict_map_key=False))
+    assert t2.jobs["j1"].errors == {0: why}
+    assert msgpack.packb(t2.to_state(), use_bin_type=True) == raw
+    # The retry runs and fails with an exit code: the old reason goes.
+    _, e2 = log.lease(("j1", 0), t=T0 + 60_000)
+    log.result(row("j1", 0, e2, FAILED, rc=3), t=T0 + 60_000)
+    assert log.job().errors is None and log.job().st[0] == FAILED
+    log.table.check()
+
+
+def test_jobs_without_errors_cost_nothing_more() -> None:
+    """Snapshot: a job none of whose items has an error keeps the 23-field row (no error list,
+    no dict in memory)."""
+    log = Log()
+    log.submit(n=2)
+    _, e = log.lease(("j1", 0), ("j1", 1))
+    log.result(row("j1", 0, e), row("j1", 1, e, FAILED, rc=1))
+    assert log.job().errors is None
+    assert [len(r) for r in log.table.to_state()["jobs"]] == [23]
+
+
+@pytest.mark.parametrize("error", ["", 5, None, b"bytes", "x" * (limits.item_error_chars_max + 1)])
+def test_result_malformed_error_refused(error: Any) -> None:
+    """result: an error field that is not a short non-empty string is a malformed row."""
+    log = Log()
+    log.submit()
+    _, e = log.lease(("j1", 0))
+    out = log.result([*row("j1", 0, e, FAILED, rc=None), error])
+    assert out == {"ok": True, "accepted": 0, "refused": 1}
+    assert log.job().st[0] == LEASED and log.job().errors is None
+
+
 def test_result_float_state_refused() -> None:
     """result: a state given as a float (msgpack can carry one) is refused, not raised."""
     log = Log()
@@ -640,7 +688,7 @@ def test_forget_finished_job(how: str) -> None:
         log.result(row("j1", 0, e, DONE if how == "done" else FAILED))
     out = log.op("forget")
     assert out == {"ok": True, "id": "j1"}
-    assert "j1" not in log.table.jobs and log.table.forgotten == {"j1"}
+    assert "j1" not in log.table.jobs and list(log.table.forgotten) == ["j1"]
     assert log.table.counts["jobs_forgotten"] == 1
     assert refusal(log.op("forget")) == (False, 404, "forgotten")
     log.table.check()
@@ -909,7 +957,7 @@ def test_snapshot_msgpack_round_trip_and_carry_on() -> None:
     assert msgpack.packb(t2.to_state(), use_bin_type=True) == raw
     assert [t2.record(j, items=True) for j in t2.jobs.values()] == \
         [t.record(j, items=True) for j in t.jobs.values()]
-    assert t2.forgotten == {"gone"} and t2.next_due_ms(0) == t.next_due_ms(0)
+    assert list(t2.forgotten) == ["gone"] and t2.next_due_ms(0) == t.next_due_ms(0)
     # The same later entries give the same outcomes and the same table on both.
     later = [
         {"k": "lease", "t": T0 + 10_000, "g": [["retry", 0, "m1", "b1"], ["retry", 2, "m1", "b1"],
@@ -993,3 +1041,54 @@ def test_rid_bound_to_its_fingerprint() -> None:
     assert log.apply({"k": "cancel", "t": T0, "id": "j2", "rid": "Z", "fp": 7})["reason"] == "malformed"
     # The binding is part of a snapshot.
     assert JobTable.from_state(log.table.to_state()).rids["K"]["fp"] == "a" * 32
+
+
+def test_tombstones_bounded_oldest_dropped_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """forget: at most forgotten_ids_max tombstones are kept, the oldest dropped first (and
+    counted); a dropped id reads as unknown and may be submitted again; the order of the
+    tombstones survives a snapshot, so every member drops the same one next."""
+    monkeypatch.setattr(limits, "forgotten_ids_max", 2)
+    log = Log()
+    for jid in ("a1", "b2", "c3"):
+        log.submit(jid)
+        _, e = log.lease((jid, 0))
+        log.result(row(jid, 0, e))
+        assert log.op("forget", jid)["ok"]
+    assert list(log.table.forgotten) == ["b2", "c3"]
+    assert log.counts()["tombstones_dropped"] == 1
+    assert refusal(log.op("cancel", "a1")) == (False, 404, "unknown_job")
+    assert refusal(log.op("cancel", "b2")) == (False, 404, "forgotten")
+    assert refusal(log.submit("b2")) == (False, 409, "forgotten")
+    raw = msgpack.packb(log.table.to_state(), use_bin_type=True)
+    t2 = JobTable.from_state(msgpack.unpackb(raw, raw=False, strict_map_key=False))
+    assert list(t2.forgotten) == ["b2", "c3"]
+    assert log.submit("a1", dg=b"new")["new"] is True
+    log.table.check()
+
+
+def test_result_names_its_copies() -> None:
+    """result: a twelfth field names the other members that hold the outputs; the table keeps it
+    (one shared tuple per set of members), shows it as the item's `copies`, keeps it through a
+    snapshot; malformed holders make the row malformed."""
+    log = Log()
+    log.submit(n=3)
+    _, e = log.lease(("j1", 0), ("j1", 1), ("j1", 2))
+    out = log.result([*row("j1", 0, e, out=digest(1)), None, ["m2"]],
+                     [*row("j1", 1, e, FAILED, rc=None), "could not start", ["m2"]],
+                     row("j1", 2, e))
+    assert out["accepted"] == 3
+    job = log.job()
+    assert job.held[0] == ("m2",) and job.held[0] is job.held[1] and job.held[2] is None
+    assert [it["copies"] for it in log.table.record(job, items=True)["items"]] == [
+        ["m2"], ["m2"], []]
+    raw = msgpack.packb(log.table.to_state(), use_bin_type=True)
+    t2 = JobTable.from_state(msgpack.unpackb(raw, raw=False, strict_map_key=False))
+    assert t2.jobs["j1"].held == [("m2",), ("m2",), None]
+    assert msgpack.packb(t2.to_state(), use_bin_type=True) == raw
+    log.submit("j2")
+    _, e = log.lease(("j2", 0))
+    for bad in (["m2", 5], "m2", [""], ["m"] * (limits.result_holders_max + 1), ["x" * 65]):
+        out = log.result([*row("j2", 0, e), None, bad])
+        assert out == {"ok": True, "accepted": 0, "refused": 1}, bad
+    out = log.result([*row("j2", 0, e), 7, ["m2"]])
+    assert out["refused"] == 1

@@ -28,6 +28,9 @@ POOLS = ["default", "gpu"]
 KINDS = ["submit", "lease", "result", "revoke", "cancel", "forget", "tone"]
 FINAL = {"done", "failed", "timeout", "cancelled"}
 CODES = {"done": 2, "failed": 3, "timeout": 4}
+# Tombstones kept while the machine runs (limits.forgotten_ids_max, made small so that the
+# oldest are dropped and their ids submitted again within a run).
+FORGOTTEN_MAX = 2
 
 
 @dataclass
@@ -36,6 +39,8 @@ class MItem:
     epoch: int = 0
     attempts: int = 0
     fails: int = 0
+    error: str | None = None  # why its last try failed without running
+    copies: tuple[str, ...] = ()  # the other members that held its outputs at its last result
 
 
 @dataclass
@@ -73,7 +78,7 @@ class Model:
 
     def __init__(self) -> None:
         self.jobs: dict[str, MJob] = {}
-        self.forgotten: set[str] = set()
+        self.forgotten: list[str] = []  # oldest first, at most FORGOTTEN_MAX
         self.rids: dict[str, dict] = {}
         self.counts: dict[str, int] = {}
         self.seq = 0
@@ -156,6 +161,8 @@ class Model:
             assert (jid, i, epoch) not in self.accepted, "model: two results under one epoch"
             self.accepted.add((jid, i, epoch))
             it = job.items[i]
+            it.error = r[10] if len(r) > 10 else None
+            it.copies = tuple(r[11]) if len(r) > 11 else ()
             state = ITEM_STATE_NAMES[code]
             if state == "done":
                 it.state = "done"
@@ -211,8 +218,11 @@ class Model:
         if not job.finished_ms:
             return self.refuse(409, "not_finished")
         del self.jobs[e["id"]]
-        self.forgotten.add(e["id"])
+        self.forgotten.append(e["id"])
         self.count("jobs_forgotten")
+        if len(self.forgotten) > FORGOTTEN_MAX:
+            del self.forgotten[0]
+            self.count("tombstones_dropped")
         return {"ok": True, "id": e["id"]}
 
     def _tone(self, e: dict, index: int, t: int) -> dict:
@@ -298,6 +308,11 @@ class TableMachine(RuleBasedStateMachine):
         self.index = 0
         self.now = 1_000_000
         self.epochs: dict[tuple[str, int], int] = {}
+        self._forgotten_max = limits.forgotten_ids_max
+        limits.forgotten_ids_max = FORGOTTEN_MAX
+
+    def teardown(self) -> None:
+        limits.forgotten_ids_max = self._forgotten_max
 
     # --- plumbing ---------------------------------------------------------------------------
 
@@ -368,8 +383,16 @@ class TableMachine(RuleBasedStateMachine):
                                                max_size=3)):
             if stale:
                 epoch = data.draw(st.integers(0, self.index + 2).filter(lambda x, e=epoch: x != e))
-            rows.append([jid, i, epoch, CODES[state], 0 if state == "done" else 1, None, None,
-                         None, self.now, self.now])
+            row = [jid, i, epoch, CODES[state], 0 if state == "done" else 1, None, None,
+                   None, self.now, self.now]
+            # Some failures could not start at all, and say why.
+            why = data.draw(st.sampled_from([None, None, "could not start 'x'", "no input"]))
+            copies = data.draw(st.sampled_from([None, None, ["m2"], ["m2", "m3"]]))
+            if why is not None and state != "done":
+                row.append(why)
+            if copies is not None:
+                row += [None, copies] if len(row) == 10 else [copies]
+            rows.append(row)
         self.apply({"k": "result", "t": self.now, "r": rows})
 
     @rule(job_id=st.sampled_from(JOB_IDS), i=st.integers(-1, 4), back=st.integers(0, 30),
@@ -449,8 +472,8 @@ class TableMachine(RuleBasedStateMachine):
     def agrees_with_model(self) -> None:
         t, m = self.table, self.model
         assert set(t.jobs) == set(m.jobs)
-        assert t.forgotten == m.forgotten
-        assert not (set(t.jobs) & t.forgotten), "a forgotten id reappeared"
+        assert list(t.forgotten) == m.forgotten
+        assert not (set(t.jobs) & set(t.forgotten)), "a forgotten id reappeared"
         for jid, mj in m.jobs.items():
             j = t.jobs[jid]
             states = [ITEM_STATE_NAMES[s] for s in j.st]
@@ -462,6 +485,10 @@ class TableMachine(RuleBasedStateMachine):
             assert list(j.attempts) == [it.attempts for it in mj.items], jid
             assert j.state == mj.state, jid
             assert j.finished_ms == mj.finished_ms, jid
+            assert (j.errors or {}) == {i: it.error for i, it in enumerate(mj.items) if it.error}
+            assert j.errors != {}, "an empty error dict is kept as None"
+            held = [tuple(h or ()) for h in j.held] if j.held is not None else [()] * j.n
+            assert held == [it.copies for it in mj.items], jid
             for i, it in enumerate(mj.items):
                 if it.state == "leased":
                     assert j.epoch[i] == it.epoch and (jid, i) in t.leased
@@ -469,6 +496,10 @@ class TableMachine(RuleBasedStateMachine):
 
     @invariant()
     def epochs_never_go_back(self) -> None:
+        # A job forgotten and gone: its id may come back (once its tombstone is dropped) as a
+        # new job, whose epochs start again.
+        for key in [k for k in self.epochs if k[0] not in self.table.jobs]:
+            del self.epochs[key]
         for jid, j in self.table.jobs.items():
             for i in range(j.n):
                 last = self.epochs.get((jid, i), 0)

@@ -9,6 +9,7 @@ from meshjobs.node.events import (
     Ctl,
     Cut,
     DiskFull,
+    FetchBlobs,
     FrameIn,
     ItemEnded,
     NodeConfig,
@@ -29,7 +30,7 @@ from meshjobs.node.events import (
 from meshjobs.node.leader import Member
 
 __all__ = [
-    "Applied", "BlobBytes", "BlobsCopied", "CopyBlobs", "Ctl", "Cut", "DiskFull", "FrameIn", "ItemEnded", "JobNode",
+    "Applied", "BlobBytes", "BlobsCopied", "CopyBlobs", "Ctl", "Cut", "DiskFull", "FetchBlobs", "FrameIn", "ItemEnded", "JobNode",
     "Member", "NodeConfig", "PeerLink", "Pin", "Pool", "Pressure", "Propose", "Reply", "Run",
     "Send", "Tick", "Unpin", "UnpinAllBut", "View", "spec_digest",
 ]

@@ -29,6 +29,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import blake3
+
 from meshjobs import limits
 from meshjobs.control import CHANGE_OPS, Answer, ControlError, parse_request
 from meshjobs.node.events import (
@@ -85,6 +87,12 @@ class _Copies:
     deadline_ms: int = 0
 
 
+def _other_request(fp: str | None, seen_fp: Any) -> bool:
+    """Is a committed change under a request id another request than the one waiting under it
+    (both bound to fingerprints, and they differ)? Then the waiting one is refused (422)."""
+    return fp is not None and seen_fp is not None and seen_fp != fp
+
+
 def _rows(e: Any) -> int:
     """About how many item rows a committed entry holds (what its decoded size goes with)."""
     if not isinstance(e, dict):
@@ -117,7 +125,8 @@ class JobNode(LeaderDuties, Following):
         self._prop_seq = 0
         self._changes: dict[str, _Change] = {}
         self._forwarded: dict[str, _Change] = {}
-        self._remote: dict[int, tuple[str, str]] = {}  # token -> (member, rid) of a forwarded change
+        # token -> (member, rid, fingerprint) of a change another member forwarded here
+        self._remote: dict[int, tuple[str, str, str | None]] = {}
         self._next_remote = 0
         self._waiters: dict[str, list[tuple[int, bool, int]]] = {}
         self._inflight: dict[tuple[str, int], tuple[int, str, str]] = {}  # grant -> (ms, pool, member)
@@ -133,7 +142,8 @@ class JobNode(LeaderDuties, Following):
         self._revoking: dict[tuple[str, int, int], int] = {}
         self._was_ready = False
         self._leader_since_ms = 0
-        self._leader_seen_ms = 0
+        self._leader_seen_ms = 0  # a worker: when a frame from the leader itself last came
+        self._leader_hint_ms = 0  # and when a voter last said who leads
         self._pressure = False
         self._disk_full = False  # read-only: no leases, no submits (DiskFull)
         self._disk_free = 0
@@ -142,6 +152,11 @@ class JobNode(LeaderDuties, Following):
         self._next_expiry_ms = 0
         self._next_have_ms = 0
         self._links: dict[str, bool] = {}
+        # Restoring blob_copies after a member is lost (leader.py, `_recopy`).
+        self._lost: set[str] = set()
+        self._scan: list[str] = []
+        self._scan_at = (0, 0)
+        self._recopies: dict[tuple[str, int], tuple[int, frozenset[str]]] = {}
         self.members: dict[str, Member] = {}
         # Recent committed entries (prev table index, index, entry), to catch workers up.
         # Kept only while the leader knows of worker members; bounded by entries and by rows.
@@ -163,6 +178,7 @@ class JobNode(LeaderDuties, Following):
             if ev.is_leader and not self.view.is_leader:
                 self._leader_since_ms = self.now_ms
                 self.members.clear()  # soft state of an earlier reign is stale
+                self._lost, self._scan = set(), []
             if ev.term != self.view.term or not ev.is_leader:
                 self._props.clear()  # what an earlier reign proposed holds nothing back
             if ev.leader is not None:
@@ -179,7 +195,7 @@ class JobNode(LeaderDuties, Following):
             self._links[ev.peer] = ev.up
             if not ev.up:
                 for copies in self._awaiting_copies.values():
-                    copies.asked.pop(ev.peer, None)  # ask someone else at once
+                    copies.asked.pop(ev.peer, None)  # asked again as soon as it is back
         elif isinstance(ev, BlobsCopied):
             self._copied(ev.member, ev.digests)
         elif isinstance(ev, Pressure):
@@ -495,7 +511,13 @@ class JobNode(LeaderDuties, Following):
         if rid is not None and rid in self._changes:
             ch = self._changes.pop(rid)
             for token in ch.tokens:
-                self._answer_change(token, ch.op, ch.job_id, out, ev.index)
+                if _other_request(ch.fp, e.get("fp")):
+                    # Another request under the same key committed first (its entry was in the
+                    # log before this member's table had it): ours will be refused.
+                    self._count("ctl_rid_reused")
+                    self._reply(token, 422, {"error": RID_REUSED})
+                else:
+                    self._answer_change(token, ch.op, ch.job_id, out, ev.index)
         if not out.get("ok"):
             return
         if kind == "submit" and out.get("new"):
@@ -524,6 +546,12 @@ class JobNode(LeaderDuties, Following):
                 self._results_sent.pop(key, None)
                 self._result_from.pop(key, None)
                 self._awaiting_copies.pop(key, None)
+                if (self._lost and job is not None and self._leading()
+                        and len(self._recopies) < limits.recopies_in_flight_max
+                        and 0 <= r[1] < job.n and job.epoch[r[1]] == r[2]):
+                    # Committed after the walk for a lost member began: it may name that
+                    # member as holding a copy.
+                    self._recopy_item(job, r[1])
         elif kind == "revoke":
             for lease in e["l"]:
                 self._revoking.pop(tuple(lease), None)
@@ -554,6 +582,10 @@ class JobNode(LeaderDuties, Following):
             None if ev.stderr is None else bytes.fromhex(ev.stderr),
             ev.started_ms, ev.ended_ms,
         ]
+        if ev.error:
+            # Why it failed without running (the program is missing, say): kept with the result,
+            # cut to a bounded length.
+            self._results[key].append(ev.error[:limits.item_error_chars_max])
         to_copy = tuple(sorted(set(outs) - {EMPTY_DIGEST}))
         if to_copy and self.cfg.blob_copies > 1 and self._others():
             self._awaiting_copies[key] = _Copies(ev.job_id, to_copy)
@@ -562,6 +594,7 @@ class JobNode(LeaderDuties, Following):
 
     def _copied(self, member: str, digests: tuple[str, ...]) -> None:
         got = set(digests)
+        self._recopied(member, got)
         for copies in self._awaiting_copies.values():
             if got.issuperset(copies.digests):
                 copies.have.add(member)
@@ -571,8 +604,13 @@ class JobNode(LeaderDuties, Following):
         return ({v for v in self.cfg.voters} | set(self.members)) - {self.cfg.member}
 
     def _ask_copies(self) -> None:
-        """A result's outputs must be on `blob_copies` members before it is proposed: ask
-        linked members for copies, and release the result once enough have confirmed."""
+        """A result's outputs (and a submit's inputs) must be on `blob_copies` members before
+        it is proposed: ask `blob_copies - 1` linked members and `copy_spares` more at once,
+        and go on with the first `blob_copies - 1` that confirm. (Asking one at a time made
+        one silent member, whose link still looks up until it times out, hold every copy back
+        for seconds; asking every member would store every output everywhere.) A member that
+        has not confirmed is asked again after `proposal_retry_ms`, and another one in its
+        place at once."""
         if not self._awaiting_copies:
             return
         now = self.now_ms
@@ -581,6 +619,13 @@ class JobNode(LeaderDuties, Following):
         for key, copies in list(self._awaiting_copies.items()):
             if len(copies.have) >= need:
                 del self._awaiting_copies[key]
+                row = self._results.get(key)
+                if row is not None and copies.have:
+                    # The result names who confirmed copies, so that the table knows where its
+                    # outputs are when a member is lost (see LeaderDuties._recopy).
+                    if len(row) == 10:
+                        row.append(None)
+                    row.append(sorted(copies.have)[:limits.result_holders_max])
                 if copies.then is not None:
                     tokens, req = copies.then
                     for token in tokens:
@@ -597,11 +642,16 @@ class JobNode(LeaderDuties, Following):
                         "error": "the job's inputs could not be copied to another member in time "
                                  "(members unreachable?); nothing was submitted: try again"})
                 continue
+            # The members still needed and the spares at once, from a place in the list that
+            # depends on the owner, so that copies spread over the members.
             waiting = sum(1 for p, t in copies.asked.items()
                           if p not in copies.have and now - t < limits.proposal_retry_ms)
-            want = need - len(copies.have) - waiting
-            for to in linked:
-                if want <= 0:
+            room = need - len(copies.have) + limits.copy_spares - waiting
+            if room <= 0 or not linked:
+                continue
+            start = blake3.blake3(copies.owner.encode()).digest()[0] % len(linked)
+            for to in linked[start:] + linked[:start]:
+                if room <= 0:
                     break
                 if to in copies.have:
                     continue
@@ -609,7 +659,7 @@ class JobNode(LeaderDuties, Following):
                 if asked is not None and now - asked < limits.proposal_retry_ms:
                     continue
                 copies.asked[to] = now
-                want -= 1
+                room -= 1
                 self._out.append(CopyBlobs(to, copies.owner, copies.digests))
 
     # --- reconciling --------------------------------------------------------------------------
@@ -620,8 +670,13 @@ class JobNode(LeaderDuties, Following):
             for rid, ch in list(pending.items()):
                 if rid in self.table.rids and pending is self._changes:
                     del pending[rid]
+                    seen = self.table.rids[rid]
                     for token in ch.tokens:
-                        self._answer_change(token, ch.op, ch.job_id, self.table.rids[rid])
+                        if _other_request(ch.fp, seen.get("fp")):
+                            self._count("ctl_rid_reused")
+                            self._reply(token, 422, {"error": RID_REUSED})
+                        else:
+                            self._answer_change(token, ch.op, ch.job_id, seen)
                 elif ch.deadline_ms <= now:
                     del pending[rid]
                     self._count("ctl_timeouts")
@@ -780,7 +835,10 @@ class JobNode(LeaderDuties, Following):
         if self.view.leader is None:
             return False
         if self.cfg.role == "worker":
-            return self.now_ms - self._leader_seen_ms <= self.cfg.dead_ms
+            # Fresh only from the leader itself: a follower's hint of who leads says nothing of
+            # whether this member's table still hears the leader's entries.
+            return (self.view.ready and self._leader_seen_ms > 0
+                    and self.now_ms - self._leader_seen_ms <= self.cfg.dead_ms)
         return True
 
     def metrics(self) -> dict:

@@ -180,6 +180,15 @@ class CopyBlobs:
     digests: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class FetchBlobs:
+    """Fetch these blobs from whichever member holds them, make them durable here pinned for
+    `owner` (a job), and step the node with BlobsCopied(this member, digests) once they are."""
+
+    owner: str
+    digests: tuple[str, ...]
+
+
 # --- configuration ------------------------------------------------------------------------------
 
 
@@ -201,6 +210,7 @@ class NodeConfig:
     role: str = "voter"  # voter (takes part in Raft) or worker (follows the leader's table)
     voters: tuple[str, ...] = ()  # the fleet's voters; empty: a fleet of one
     dead_ms: int = limits.member_dead_ms
+    lost_ms: int = limits.member_lost_ms  # not heard from this long: its blob copies are remade
     blob_copies: int = limits.blob_copies
 
 

@@ -19,7 +19,7 @@ from meshjobs.table import JobTable
 
 def _rows_ok(rows: Any) -> bool:
     return isinstance(rows, list) and len(rows) <= limits.result_batch_max and all(
-        isinstance(r, list) and len(r) == 10 and isinstance(r[0], str) and type(r[1]) is int
+        isinstance(r, list) and 10 <= len(r) <= 12 and isinstance(r[0], str) and type(r[1]) is int
         and type(r[2]) is int for r in rows)
 
 
@@ -70,7 +70,9 @@ class Following:
             return
         self._next_remote -= 1
         token = self._next_remote
-        self._remote[token] = (peer, body["rid"])
+        req = body.get("req")
+        fp = req.get("fp") if isinstance(req, dict) else None
+        self._remote[token] = (peer, body["rid"], fp if isinstance(fp, str) else None)
         self._ctl(token, body.get("req"), forwarded=True)
 
     # --- at the member -------------------------------------------------------------------------
@@ -79,9 +81,15 @@ class Following:
         if not isinstance(body, dict) or type(body.get("status")) is not int:
             self._count("frames_bad_ctl_reply")
             return
-        ch = self._forwarded.pop(body.get("rid"), None)
+        ch = self._forwarded.get(body.get("rid"))
         if ch is None:
             return  # answered already (a duplicate, or after our deadline)
+        if "fp" in body and body["fp"] != ch.fp:
+            # A late answer to an earlier request under the same key (one that timed out
+            # here), not to the change waiting now: that one must not get its answer.
+            self._count("ctl_replies_of_another_request")
+            return
+        del self._forwarded[body["rid"]]
         index = body.get("index")
         index = index if type(index) is int else 0
         for token in ch.tokens:
@@ -118,6 +126,15 @@ class Following:
             return
         if term < self.view.term:
             return  # from a deposed leader
+        if leader != peer:
+            # A voter's hint of who leads (it answered our F_JOB_HAVE): worth reporting there,
+            # but it says nothing of whether we hear the leader, so it never makes our table
+            # fresh, and a hint carries no entries.
+            if leader is not None and (self.view.leader is None or term > self.view.term):
+                self.view = View(term=term, leader=leader, is_leader=False, ready=False)
+                self._leader_hint_ms = self.now_ms
+            self._count("state_hints")
+            return
         self.view = View(term=term, leader=leader, is_leader=False, ready=True)
         self._leader_seen_ms = self.now_ms
         if "snapshot" in body:
@@ -150,7 +167,7 @@ class Following:
     def _follow(self) -> None:
         now = self.now_ms
         if (self.cfg.role == "worker" and self.view.leader is not None
-                and now - self._leader_seen_ms > self.cfg.dead_ms):
+                and now - max(self._leader_seen_ms, self._leader_hint_ms) > self.cfg.dead_ms):
             # Not heard from the leader for too long: do not pretend to know who leads (changes
             # then fail fast with 503 instead of waiting on a leader that may be gone).
             self.view = View(term=self.view.term)
@@ -208,6 +225,8 @@ class Following:
         if remote is None:
             self._out.append(Reply(token, answer))
         else:
-            peer, rid = remote
-            self._out.append(Send(peer, "F_CTL_REPLY", {"rid": rid, "status": answer.status,
+            peer, rid, fp = remote
+            # The fingerprint says which request under this key the answer is for.
+            self._out.append(Send(peer, "F_CTL_REPLY", {"rid": rid, "fp": fp,
+                                                        "status": answer.status,
                                                         "body": answer.body, "index": index}))

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshjobs import limits
-from meshjobs.node.events import Send
+from meshjobs.node.events import EMPTY_DIGEST, CopyBlobs, FetchBlobs, Send
+from meshjobs.table import FINAL
 
 # Weight of the newest result in a pool's moving average of run times.
 RUN_MS_WEIGHT = 0.2
@@ -164,6 +165,7 @@ class LeaderDuties:
             self._propose_leases()
             self._propose_results()
             self._propose_expiry()
+        self._recopy()
         self._push_state()
 
     def _propose_revokes(self) -> None:
@@ -282,6 +284,106 @@ class LeaderDuties:
         if ids:
             self._count("expiries_proposed", len(ids))
             self._lead_entries.append({"k": "expire", "t": now, "ids": ids})
+
+    # --- copies lost with a member ------------------------------------------------------------------
+
+    def _lost_members(self) -> set[str]:
+        """Members not heard from for `lost_ms` (this reign's start counts as heard): the copies
+        of outputs they held are taken as gone."""
+        lost = set()
+        for name in self._others():
+            m = self.members.get(name)
+            last = max(m.last_ms if m is not None else 0, self._leader_since_ms)
+            if self.now_ms - last > self.cfg.lost_ms:
+                lost.add(name)
+        return lost
+
+    def _recopy(self) -> None:
+        """Restore `blob_copies` of committed outputs after a member is lost. The table knows
+        who held each item's outputs when its result committed (the member that ran it and those
+        that confirmed copies). When a member is newly found lost, the leader walks the table
+        (at most `recopy_items_per_round_max` items a round) for outputs that fell under
+        `blob_copies` with it: it copies them to another member when it holds them itself, or
+        fetches them from a survivor (it then holds them). At most `recopies_in_flight_max` at
+        a time; the walk waits for room. Copies made so are not written to the table: a later
+        leader that finds the same member lost may copy them again (extra copies are harmless
+        and go with their job)."""
+        if self.cfg.blob_copies <= 1:
+            return
+        now = self.now_ms
+        for key, (sent, _digests) in list(self._recopies.items()):
+            if now - sent >= limits.blob_copy_wait_ms:
+                del self._recopies[key]  # never confirmed: given up (a later walk may retry)
+                self._count("recopies_given_up")
+        lost = self._lost_members()
+        if lost - self._lost:
+            # Someone newly lost: walk the whole table (again) for what it held.
+            self._scan = list(self.table.jobs)
+            self._scan_at = (0, 0)
+            self._count("recopy_walks")
+        self._lost = lost
+        if not self._scan:
+            return
+        jobs = self.table.jobs
+        budget = limits.recopy_items_per_round_max
+        j, i = self._scan_at
+        while j < len(self._scan) and budget > 0:
+            job = jobs.get(self._scan[j])
+            if job is None or i >= job.n:
+                j, i = j + 1, 0
+                continue
+            if len(self._recopies) >= limits.recopies_in_flight_max:
+                break
+            budget -= 1
+            self._recopy_item(job, i)
+            i += 1
+        self._scan_at = (j, i)
+        if j >= len(self._scan):
+            self._scan = []
+
+    def _recopy_item(self, job: Any, i: int) -> None:
+        """Restore the copies of item i's outputs if a lost member held one (see _recopy)."""
+        lost = self._lost
+        if job.st[i] not in FINAL or job.member[i] is None:
+            return
+        digests = tuple(sorted({d.hex() for d in (job.out[i], job.err[i])
+                                if d is not None} - {EMPTY_DIGEST}))
+        if not digests:
+            return
+        holders = {job.member[i], *(job.held[i] or () if job.held is not None else ())}
+        if not holders & lost:
+            return
+        alive = holders - lost
+        if len(alive) >= self.cfg.blob_copies:
+            return
+        key = (job.id, i)
+        if key in self._recopies:
+            return
+        if not alive:
+            self._count("outputs_lost")  # every member that held them is gone
+            return
+        if self.cfg.member in alive:
+            targets = sorted(p for p, up in self._links.items()
+                             if up and p != self.cfg.member and p not in lost and p not in holders)
+            if not targets:
+                return
+            self._recopies[key] = (self.now_ms, frozenset(digests))
+            self._count("recopies_asked")
+            for to in targets:
+                self._out.append(CopyBlobs(to, job.id, digests))
+        else:
+            self._recopies[key] = (self.now_ms, frozenset(digests))
+            self._count("recopies_fetched")
+            self._out.append(FetchBlobs(job.id, digests))
+
+    def _recopied(self, member: str, got: set[str]) -> None:
+        """A copy (or a fetch, confirmed as this member's own) of re-copied outputs is durable."""
+        if not self._recopies:
+            return
+        for key, (_sent, digests) in list(self._recopies.items()):
+            if digests <= got:
+                del self._recopies[key]
+                self._count("recopies_done")
 
     # --- worker members' tables --------------------------------------------------------------------
 
