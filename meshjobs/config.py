@@ -88,6 +88,7 @@ class Config:
     voters: list[Voter] = field(default_factory=list)
     join: tuple[str, int] | None = None
     dead_ms: int = limits.member_dead_ms
+    lost_ms: int = limits.member_lost_ms
     blob_copies: int = limits.blob_copies
     pools: dict[str, Pool] = field(default_factory=dict)
     blob_mem_max_bytes: int = DEFAULT_BLOB_MEM_MAX
@@ -362,7 +363,7 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     fleet = raw.get("fleet", {})
     if not isinstance(fleet, dict):
         raise ConfigError("[fleet] must be a table")
-    unknown = set(fleet) - {"voters", "join", "dead_ms", "blob_copies"}
+    unknown = set(fleet) - {"voters", "join", "dead_ms", "lost_ms", "blob_copies"}
     if unknown:
         raise ConfigError(f"[fleet]: unknown key(s) {', '.join(sorted(unknown))}")
     raw_voters = fleet.get("voters", [])
@@ -394,6 +395,10 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     blob_copies = _number(fleet, "blob_copies", "fleet", limits.blob_copies, integer=True)
     if dead_ms < 100 or not 1 <= blob_copies <= 7:
         raise ConfigError("[fleet] dead_ms must be at least 100 and blob_copies 1..7")
+    lost_ms = _number(fleet, "lost_ms", "fleet", limits.member_lost_ms, integer=True)
+    if lost_ms < dead_ms:
+        raise ConfigError(f"[fleet] lost_ms ({lost_ms}) must be at least dead_ms ({dead_ms}): a "
+                          "member is lost (its outputs copied again) only after it is dead")
     pools = _pools(raw["pools"]) if "pools" in raw else {
         "default": Pool(name="default", kind="command", slots=os.cpu_count() or 1)}
     blobs = _section(raw, "blobs", {"mem_max", "gc_grace_s", "gc_every_s", "disk_free_min"})
@@ -452,6 +457,7 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         voters=voters,
         join=join,
         dead_ms=dead_ms,
+        lost_ms=lost_ms,
         blob_copies=blob_copies,
         pools=pools,
         item_env_pass=_env_pass(raw),

@@ -179,7 +179,8 @@ class Member:
         node = JobNode(table, NodeConfig(
             member=cfg.name, boot=boot, pools=cfg.pools, keep_s=cfg.keep_s,
             keep_jobs=cfg.keep_jobs, role=role, voters=tuple(sorted(voter_peers)),
-            dead_ms=cfg.dead_ms, blob_copies=cfg.blob_copies), random.Random())
+            dead_ms=cfg.dead_ms, lost_ms=cfg.lost_ms, blob_copies=cfg.blob_copies),
+            random.Random())
         if role == "voter":
             partners = [v.raft_addr for v in cfg.voters if v.name != cfg.name]
             names = {v.raft_addr: v.name for v in cfg.voters}

@@ -454,7 +454,7 @@ def shift_clock(m: Meshd, seconds: float) -> None:
 
 def make_fleet(top: str, voters: int = 3, workers: int = 0, slots: int = 2,
                dead_ms: int = 1500, worker_slots: int | None = None,
-               extra: str = "") -> list[Meshd]:
+               extra: str = "", lost_ms: int | None = None) -> list[Meshd]:
     """Configs, data folders and one shared fleet secret for `voters` voters and `workers`
     worker members on free loopback ports. Nothing is started."""
     secret = os.urandom(32)
@@ -481,7 +481,8 @@ def make_fleet(top: str, voters: int = 3, workers: int = 0, slots: int = 2,
             n_slots = slots if worker_slots is None else worker_slots
         cfg = os.path.join(top, f"{name}.toml")
         with open(cfg, "w") as f:
-            f.write(f'name = "{name}"\n{addrs}{extra}\n[fleet]\n{fleet}dead_ms = {dead_ms}\n'
+            lost = f"lost_ms = {lost_ms}\n" if lost_ms is not None else ""
+            f.write(f'name = "{name}"\n{addrs}{extra}\n[fleet]\n{fleet}dead_ms = {dead_ms}\n{lost}'
                     f"[pools.default]\nslots = {n_slots}\n")
         m = Meshd(data, name=name, config=cfg)
         m.fleet = True

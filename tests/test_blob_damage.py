@@ -121,3 +121,48 @@ def test_damaged_copy_is_replaced_from_another_member(tmp_path):
     finally:
         for m in members:
             m.stop()
+
+
+def test_outputs_copied_again_after_a_member_is_lost(tmp_path):
+    """An output lives on blob_copies (2) members or more. When all its holders but one are lost
+    for good (killed, not back within lost_ms), the leader has it copied to another member, so
+    that two copies exist again, and every member left serves it."""
+    members = make_fleet(str(tmp_path), voters=5, dead_ms=1000, lost_ms=3000)
+    try:
+        for m in members:
+            m.start(wait_ready=False)
+        for m in members:
+            m.wait_ready()
+        data = payload(1 << 20, 9)
+        mark = needle(data, 0)
+
+        def submit_through_any():
+            for m in members:
+                status, rec = m.request("POST", "/jobs", {"argv": writer(1 << 20, 9)})
+                if status == 201:
+                    return m, rec["id"]
+            return None
+        entry, job = wait_until(submit_through_any, 60, "a submit")
+        assert entry.wait_job(job)["state"] == "done"
+        holders = wait_until(lambda: [m for m in members if holds_bytes(m.data, mark)], 60,
+                             "the output's copies")
+        assert len(holders) >= 2, [m.name for m in holders]
+        lost = holders[:-1]
+        if len(members) - len(lost) < 3:
+            pytest.skip("the output is on too many members to lose all but one and keep a quorum")
+        for m in lost:
+            m.kill9()
+        left = [m for m in members if m not in lost]
+        assert sum(holds_bytes(m.data, mark) for m in left) == 1
+        wait_until(lambda: sum(holds_bytes(m.data, mark) for m in left) >= 2, 90,
+                   "a second copy made among the members left")
+        recopied = wait_until(lambda: sum(
+            v for m in left for k, v in m.metrics().items() if k.startswith("meshjobs_node_recopies")),
+            30, "the re-copy counted")
+        assert recopied >= 1
+        for m in left:
+            assert m.wait_job(job)["state"] == "done"
+            assert m.ctl("job", "results", job).stdout == data
+    finally:
+        for m in members:
+            m.stop()

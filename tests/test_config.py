@@ -53,6 +53,7 @@ def test_roles_from_the_fleet_table(tmp_path):
     ('name = "a"\n[blobs]\nmem_max = "lots"\n', "mem_max"),
     ('name = "a"\n[retention]\nkeep_s = -1\n', "keep_s"),
     ('name = "a"\n[fleet]\ndead_ms = 1\n', "dead_ms"),
+    ('name = "a"\n[fleet]\ndead_ms = 5000\nlost_ms = 1000\n', "lost_ms"),
     ("name = \n", "TOML"),
     ('name = "a"\nitems = 1\n', "[items] must be a table"),
     ('name = "a"\n[items]\nenv = ["PATH"]\n', "unknown key"),

@@ -360,7 +360,13 @@ class LeaderDuties:
         if key in self._recopies:
             return
         if not alive:
-            self._count("outputs_lost")  # every member that held them is gone
+            # Every holder the table knows is gone. A spare asked for a copy may still hold
+            # them (its confirmation came after the result committed, so the table does not
+            # name it): fetch, which asks every linked member; if nobody has them, they are lost.
+            self._count("recopies_no_known_holder")
+            self._recopies[key] = (self.now_ms, frozenset(digests))
+            self._count("recopies_fetched")
+            self._out.append(FetchBlobs(job.id, digests))
             return
         if self.cfg.member in alive:
             targets = sorted(p for p, up in self._links.items()
