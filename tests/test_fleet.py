@@ -221,6 +221,9 @@ def test_quorum_loss_fails_fast_then_recovers(fleet):
     submit(leader, {"argv": ["true"], "id": "pre"})
     survivor = members[0]
     others = [m for m in members if m is not survivor]
+    # The survivor's table may be a round behind the leader's: let it have "pre" before the
+    # others go, or it could never learn of it while alone.
+    wait_for(lambda: survivor.request("GET", "/jobs/pre")[0] == 200, what="the survivor has pre")
     for m in others:
         m.kill9()
     t0 = time.monotonic()
