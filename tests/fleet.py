@@ -552,3 +552,24 @@ def raft_deaf(m: Meshd):
         yield
     finally:
         subprocess.run([binary, "-D", *rule], check=False, capture_output=True)
+
+
+def start_all(members: list[Meshd]) -> list[Meshd]:
+    """Start every member at once (voters wait for each other), then wait until each is ready."""
+    for m in members:
+        m.start(wait_ready=False)
+    for m in members:
+        m.wait_ready()
+    return members
+
+
+def submit_anywhere(members: list[Meshd], spec: dict, timeout_s: float = 60.0) -> tuple[Meshd, str]:
+    """Submit `spec` through the first member that takes it (an election may be under way);
+    returns that member and the job's id."""
+    def attempt() -> tuple[Meshd, str] | None:
+        for m in members:
+            status, rec = m.request("POST", "/jobs", spec)
+            if status == 201:
+                return m, rec["id"]
+        return None
+    return wait_until(attempt, timeout_s, "a submit")

@@ -9,7 +9,14 @@ import random
 
 import pytest
 
-from tests.fleet import flip_blob_byte, holds_bytes, make_fleet, wait_until
+from tests.fleet import (
+    flip_blob_byte,
+    holds_bytes,
+    make_fleet,
+    start_all,
+    submit_anywhere,
+    wait_until,
+)
 
 pytestmark = pytest.mark.fleet
 
@@ -79,19 +86,10 @@ def test_damaged_copy_is_replaced_from_another_member(tmp_path):
     meshctl says it was repaired, and the next try gets every byte."""
     members = make_fleet(str(tmp_path), voters=3)
     try:
-        for m in members:
-            m.start(wait_ready=False)
-        for m in members:
-            m.wait_ready()
+        start_all(members)
         small, big = payload(SMALL_BYTES, 4), payload(BIG_BYTES, 5)
 
-        def submit_through_any():
-            for m in members:
-                status, rec = m.request("POST", "/jobs", {"argv": writer(SMALL_BYTES, 4)})
-                if status == 201:
-                    return m, rec["id"]
-            return None
-        entry, small_job = wait_until(submit_through_any, 60, "a submit")
+        entry, small_job = submit_anywhere(members, {"argv": writer(SMALL_BYTES, 4)})
         assert entry.wait_job(small_job)["state"] == "done"
         status, rec = entry.request("POST", "/jobs", {"argv": writer(BIG_BYTES, 5)})
         assert status == 201, rec
@@ -129,20 +127,11 @@ def test_outputs_copied_again_after_a_member_is_lost(tmp_path):
     that two copies exist again, and every member left serves it."""
     members = make_fleet(str(tmp_path), voters=5, dead_ms=1000, lost_ms=3000)
     try:
-        for m in members:
-            m.start(wait_ready=False)
-        for m in members:
-            m.wait_ready()
+        start_all(members)
         data = payload(1 << 20, 9)
         mark = needle(data, 0)
 
-        def submit_through_any():
-            for m in members:
-                status, rec = m.request("POST", "/jobs", {"argv": writer(1 << 20, 9)})
-                if status == 201:
-                    return m, rec["id"]
-            return None
-        entry, job = wait_until(submit_through_any, 60, "a submit")
+        entry, job = submit_anywhere(members, {"argv": writer(1 << 20, 9)})
         assert entry.wait_job(job)["state"] == "done"
         holders = wait_until(lambda: [m for m in members if holds_bytes(m.data, mark)], 60,
                              "the output's copies")

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from tests.fleet import listening_addrs, make_fleet
+from tests.fleet import listening_addrs, make_fleet, start_all
 
 
 def _http_port(m) -> int:
@@ -41,10 +41,7 @@ def test_voters_bind_raft_peer_and_http_as_configured(tmp_path):
     config, on 127.0.0.1, and on nothing else."""
     members = make_fleet(str(tmp_path), voters=3)
     try:
-        for m in members:
-            m.start(wait_ready=False)
-        for m in members:
-            m.wait_ready()
+        start_all(members)
         for m in members:
             assert listening_addrs(m.pid) == {("127.0.0.1", m.raft_port),
                                                ("127.0.0.1", m.peer_port),

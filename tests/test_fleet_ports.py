@@ -12,7 +12,7 @@ import time
 import pytest
 
 from meshjobs.frames import HEADER, MAGIC, FrameType, Hello, Role, Session
-from tests.fleet import make_fleet
+from tests.fleet import make_fleet, start_all
 from tests.test_fleet import leader_of, metrics, submit, wait_for
 
 pytestmark = pytest.mark.fleet
@@ -59,10 +59,7 @@ def _handshake(port: int, secret: bytes, body: dict) -> list[bytes]:
 def three(tmp_path):
     members = make_fleet(str(tmp_path), voters=3)
     try:
-        for m in members:
-            m.start(wait_ready=False)
-        for m in members:
-            m.wait_ready()
+        start_all(members)
         yield members
     finally:
         for m in members:
