@@ -196,7 +196,7 @@ def test_status_human_and_json(srv: Server) -> None:
     r = run(srv, "job", "status", "j1")
     assert r.exit_code == 0, r.output
     assert "running" in r.stdout and "1 done, 0 failed, 3 total" in r.stdout
-    assert srv.control.last() == {"op": "get", "id": "j1", "items": False, "wait_ms": 0}
+    assert srv.control.last() == {"op": "get", "id": "j1", "items": True, "wait_ms": 0}
     r = run(srv, "--json", "job", "status", "j1")
     assert json.loads(r.stdout)["id"] == "j1"
     assert srv.control.last()["items"] is True
@@ -210,7 +210,8 @@ def _with_items(srv: Server) -> list[dict]:
     items = [{"index": 1, "state": "done", "stdout": outs[1], "stderr": err},
              {"index": 0, "state": "done", "stdout": outs[0], "stderr": None},
              {"index": 2, "state": "failed", "stdout": None, "stderr": None}]
-    srv.control.answers["get"] = lambda r: Answer(200, job_record(r["id"], items=items))
+    srv.control.answers["get"] = lambda r: Answer(200, job_record(r["id"], items=items,
+                                                                  state="failed"))
     return items
 
 
@@ -218,23 +219,24 @@ def test_results_to_stdout_binary(srv: Server) -> None:
     """Items' stdout in item order, bytes untouched; --stderr adds their stderr on stderr."""
     _with_items(srv)
     r = run(srv, "job", "results", "j1")
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 1, r.output  # the job failed: what exists is printed all the same
     assert r.stdout_bytes == b"\x00zero\xffone"
+    assert r.stderr == "meshctl: job j1 failed; item(s) 2 failed (why: meshctl job status j1)\n"
     r = run(srv, "job", "results", "j1", "--stderr")
-    assert r.stdout_bytes == b"\x00zero\xffone" and r.stderr_bytes == b"oops"
+    assert r.stdout_bytes == b"\x00zero\xffone" and r.stderr_bytes.startswith(b"oops")
 
 
 def test_results_to_files(srv: Server, tmp_path: Path) -> None:
-    """--out writes <index>.out per item (empty without stdout), .err with --stderr."""
+    """--out writes <index>.out per item that has an output, .err with --stderr; an item
+    without one (item 2 failed before writing any) gets no file."""
     _with_items(srv)
     out = tmp_path / "o"
     r = run(srv, "job", "results", "j1", "--out", str(out), "--stderr")
-    assert r.exit_code == 0, r.output
-    assert sorted(p.name for p in out.iterdir()) == ["0.err", "0.out", "1.err", "1.out",
-                                                      "2.err", "2.out"]
+    assert r.exit_code == 1, r.output
+    assert sorted(p.name for p in out.iterdir()) == [
+        "0.out", "1.err", "1.out"]
     assert (out / "0.out").read_bytes() == b"\x00zero\xff"
     assert (out / "1.err").read_bytes() == b"oops"
-    assert (out / "2.out").read_bytes() == b""
 
 
 def test_results_missing_blob_is_4(srv: Server, tmp_path: Path) -> None:
@@ -362,9 +364,10 @@ def test_jobs_table_and_json(srv: Server) -> None:
     r = run(srv, "jobs", "--state", "running", "--tag", "t")
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
-    assert lines[0].split() == ["ID", "STATE", "DONE", "POOL", "PRIORITY", "TAGS"]
-    assert lines[1].split() == ["j1", "running", "1/3", "default", "0", "t"]
-    assert srv.control.last() == {"op": "list", "state": "running", "tag": "t"}
+    assert lines[0].split() == ["ID", "STATE", "DONE", "FAILED", "POOL", "PRIORITY", "SUBMITTED",
+                                "TAGS"]
+    assert lines[1].split()[:5] == ["j1", "running", "1/3", "0", "default"]
+    assert srv.control.last() == {"op": "list", "state": "running", "tag": "t", "limit": 100}
     r = run(srv, "jobs", "--json")
     assert [j["id"] for j in json.loads(r.stdout)] == ["j1", "j2"]
     assert run(srv, "jobs", "--state", "nope").exit_code == 2

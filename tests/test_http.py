@@ -145,10 +145,11 @@ def test_list_json_by_accept_and_by_format(srv: Server) -> None:
     """GET /jobs answers JSON when Accept prefers it or ?format=json, with op list."""
     status, body = srv.json("GET", "/jobs", headers={"Accept": "application/json"})
     assert status == 200 and [j["id"] for j in body] == ["j1", "j2"]
-    assert srv.control.last() == {"op": "list", "state": None, "tag": None}
-    status, body = srv.json("GET", "/jobs?format=json&state=running&tag=nightly")
+    assert srv.control.last() == {"op": "list", "state": None, "tag": None, "limit": 100}
+    status, body = srv.json("GET", "/jobs?format=json&state=running&tag=nightly&limit=7&after=12")
     assert status == 200
-    assert srv.control.last() == {"op": "list", "state": "running", "tag": "nightly"}
+    assert srv.control.last() == {"op": "list", "state": "running", "tag": "nightly",
+                                  "limit": 7, "after": "12"}
 
 
 def test_list_html_by_default_and_escaped(srv: Server) -> None:
@@ -169,7 +170,10 @@ def test_list_html_by_default_and_escaped(srv: Server) -> None:
     assert headers["Content-Type"].startswith("text/html")
 
 
-@pytest.mark.parametrize("query", ["state=sleeping", "format=xml", "tag=" + "x" * 65])
+@pytest.mark.parametrize("query", [
+    "state=sleeping", "format=xml", "tag=" + "x" * 65, "limit=0", "limit=-1", "limit=1001",
+    "limit=abc", "limit=1e3", "limit=%EF%BC%91", "limit=" + "9" * 40, "after=abc", "after=-1",
+    "after=1.5", "after=" + "1" * 21, "after=%EF%BC%91", "after=%00"])
 def test_list_bad_query(srv: Server, query: str) -> None:
     """A bad state, format or tag is a 400 and never reaches the control port."""
     status, body = srv.json("GET", "/jobs?" + query)
