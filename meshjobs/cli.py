@@ -872,18 +872,24 @@ def job_tone(ctx: click.Context, job_id: str, priority: int | None, hold: bool |
 
 def _table(header: list[str], rows: list[list[str]], width: int | None = None) -> None:
     """Columns padded to their widest cell; with `width`, the widest columns are cut (with
-    "…") until a line fits in it, the first column (the id) last."""
+    "…") until a line fits in it, the first column (the id) last; when every column is as
+    narrow as it may be, the last columns are left out."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     if width is not None:
-        floor = [max(len(h), 4) for h in header]
+        floor = [min(len(h), 4) + 1 for h in header]
         while sum(widths) + 2 * (len(widths) - 1) > width:
             cuttable = [i for i in range(1, len(widths)) if widths[i] > floor[i]]
-            if not cuttable:
-                if widths[0] <= 8:
-                    break
+            if not cuttable and widths[0] > 8:
                 cuttable = [0]
-            i = max(cuttable, key=lambda i: widths[i])
-            widths[i] -= 1
+            if cuttable:
+                i = max(cuttable, key=lambda i: widths[i])
+                widths[i] -= 1
+            elif len(widths) > 2:
+                widths.pop()
+            else:
+                break
+        header = header[: len(widths)]
+        rows = [r[: len(widths)] for r in rows]
 
     def fit(cell: str, w: int) -> str:
         return cell if len(cell) <= w else cell[: max(w - 1, 0)] + "…"
