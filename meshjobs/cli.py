@@ -1,7 +1,8 @@
 """meshctl: the command line of meshjobs, a small HTTP client of any member.
 
 Rules:
-- Exit codes say what happened: 0 ok, 1 the job failed or was cancelled (`job wait`), 2 bad
+- Exit codes say what happened: 0 ok, 1 the job failed or was cancelled (`job wait`, `job
+  results`), 5 the job has not finished (`job results`, which prints what exists), 2 bad
   usage or input, or a missing or refused token (HTTP 400/401/403/409/413/415/421), 3 no such
   job or forgotten (404), 4 no leader, or the member unreachable or its certificate not trusted
   (503, refused, timeout, TLS). Messages go to stderr and say what to do; the words come
