@@ -484,7 +484,11 @@ def job_status(ctx: click.Context, job_id: str, as_json: bool) -> None:
     with its items, and `failed_items` explained)."""
     want_json = _wants_json(ctx, as_json)
     client = _client(ctx)
-    record = client.json("GET", f"/jobs/{_q(job_id)}?items=1")
+    # Items are fetched when they are shown or explain something: a healthy big job's text
+    # status stays one small answer.
+    record = client.json("GET", f"/jobs/{_q(job_id)}" + ("?items=1" if want_json else ""))
+    if not want_json and record.get("items_failed"):
+        record = client.json("GET", f"/jobs/{_q(job_id)}?items=1")
     failed = _explain(client, record)
     if want_json:
         _print_json({**record, "failed_items": failed})

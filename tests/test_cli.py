@@ -196,12 +196,54 @@ def test_status_human_and_json(srv: Server) -> None:
     r = run(srv, "job", "status", "j1")
     assert r.exit_code == 0, r.output
     assert "running" in r.stdout and "1 done, 0 failed, 3 total" in r.stdout
-    assert srv.control.last() == {"op": "get", "id": "j1", "items": True, "wait_ms": 0}
+    assert srv.control.last() == {"op": "get", "id": "j1", "items": False, "wait_ms": 0}
     r = run(srv, "--json", "job", "status", "j1")
     assert json.loads(r.stdout)["id"] == "j1"
     assert srv.control.last()["items"] is True
     r = run(srv, "job", "status", "j1", "--json")
     assert srv.control.last()["items"] is True and json.loads(r.stdout)["state"] == "running"
+
+
+def test_status_explains_every_kind_of_failure(srv: Server) -> None:
+    """Each failed item says why (spawn error, signal, timeout, exit code), where, how often,
+    and the last lines of its stderr; past status_items_shown_max the rest are counted."""
+    err = srv.blobs.put(b"".join(b"line %d\n" % i for i in range(9)))
+    items = [{"index": 0, "state": "failed", "error": "could not start '/no/such/prog': gone",
+              "attempts": 1, "member": "m1", "stderr": None},
+             {"index": 1, "state": "failed", "signal": 9, "attempts": 3, "member": "m2",
+              "stderr": err},
+             {"index": 2, "state": "timeout", "signal": 9, "attempts": 1, "member": "m1"},
+             {"index": 3, "state": "failed", "rc": 7, "attempts": 1, "member": None,
+              "stderr": "f" * 64}]
+    items += [{"index": i, "state": "failed", "rc": 1, "attempts": 1} for i in range(4, 30)]
+    srv.control.answers["get"] = lambda r: Answer(200, job_record(
+        r["id"], state="failed", items=items, items_failed=len(items), runtime_s=0.5,
+        argv=["sh", "-c", "exit 1"]))
+    r = run(srv, "job", "status", "j1")
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    assert "argv       sh -c 'exit 1'" in out
+    assert "item 0: could not start '/no/such/prog': gone; attempts 1, member m1" in out
+    assert "item 1: killed by signal 9; attempts 3, member m2" in out
+    assert "    line 4\n    line 5\n    line 6\n    line 7\n    line 8\n" in out
+    assert "line 3" not in out
+    assert "item 2: timeout: killed after its runtime limit of 0.5 s" in out
+    assert "item 3: exit 7; attempts 1, member -" in out and "stderr not readable here" in out
+    assert "... and 10 more failed item(s)" in out
+    r = run(srv, "--json", "job", "status", "j1")
+    rec = json.loads(r.stdout)
+    assert len(rec["failed_items"]) == 20 and len(rec["items"]) == 30
+    assert rec["failed_items"][1]["stderr_tail"][-1] == "line 8"
+
+
+@pytest.mark.parametrize(("sep", "want"), [
+    ("\\n", b"\n"), ("\\0", b"\0"), ("a\\\\b", b"a\\b"), ("\\t|\\r", b"\t|\r"), ("é", "é".encode()),
+])
+def test_results_sep_escapes(srv: Server, sep: str, want: bytes) -> None:
+    _with_items(srv)
+    r = run(srv, "job", "results", "j1", "--sep", sep)
+    assert r.exit_code == 1, r.output
+    assert r.stdout_bytes == b"\x00zero\xff" + want + b"one" + want
 
 
 def _with_items(srv: Server) -> list[dict]:
