@@ -241,8 +241,10 @@ _PATHS: dict[str, Any] = {
                 {"name": "wait", "in": "query", "description": "Long-poll, in seconds.",
                  "schema": {"type": "number", "minimum": 0, "maximum": limits.http_wait_s_max}},
             ],
-            "responses": {"200": _json(_JOB, "The job."), "400": _BAD, "404": _NO_JOB,
-                          "503": _BUSY},
+            "responses": {"200": {"description": "The job (its page for a browser).",
+                                  "content": {"application/json": {"schema": _JOB},
+                                              "text/html": {"schema": {"type": "string"}}}},
+                          "400": _BAD, "404": _NO_JOB, "503": _BUSY},
         },
         "delete": {
             "summary": "Forget a finished or cancelled job: it leaves the table for good.",
