@@ -1,7 +1,8 @@
 """meshctl: the command line of meshjobs, a small HTTP client of any member.
 
 Rules:
-- Exit codes say what happened: 0 ok, 1 the job failed or was cancelled (`job wait`), 2 bad
+- Exit codes say what happened: 0 ok, 1 the job failed or was cancelled (`job wait`, `job
+  results`), 5 the job has not finished (`job results`, which prints what exists), 2 bad
   usage or input, or a missing or refused token (HTTP 400/401/403/409/413/415/421), 3 no such
   job or forgotten (404), 4 no leader, or the member unreachable or its certificate not trusted
   (503, refused, timeout, TLS). Messages go to stderr and say what to do; the words come
@@ -21,6 +22,8 @@ import http.client
 import io
 import json
 import os
+import shlex
+import shutil
 import ssl
 import sys
 import time
@@ -300,23 +303,37 @@ def _parse_env(values: tuple[str, ...]) -> dict[str, str]:
     return env
 
 
-def _items_from(path: str) -> list[Any]:
-    """Item payloads from a directory (one per regular file) or a file (one per line)."""
+def _items_from(path: str) -> tuple[list[Any], list[str] | None]:
+    """Item payloads from a directory (one per regular file) or a file (one per line), and for
+    a directory the files' names in item order: the job keeps them, so that `job results --out`
+    names its files after them (None when a name is one meshd would refuse: numbered then)."""
     if path == "-":
         raw = sys.stdin.buffer.read()
-        return _lines(raw, "standard input")
+        return _lines(raw, "standard input"), None
     p = Path(path)
     if p.is_dir():
         files = sorted((f for f in p.iterdir() if f.is_file()), key=lambda f: f.name)
         if not files:
             raise click.BadParameter(f"{path} has no regular files", param_hint="--items-from")
-        return [{"b64": base64.b64encode(f.read_bytes()).decode()} for f in files]
+        names: list[str] | None = [f.name for f in files]
+        if any(len(n) > limits.item_name_chars_max or not _utf8(n)
+               or any(ord(c) < 0x20 or ord(c) == 0x7F for c in n) for n in names or []):
+            names = None
+        return [{"b64": base64.b64encode(f.read_bytes()).decode()} for f in files], names
     try:
         raw = p.read_bytes()
     except OSError as e:
         raise click.BadParameter(f"cannot read {path}: {e.strerror or e}",
                                  param_hint="--items-from") from None
-    return _lines(raw, path)
+    return _lines(raw, path), None
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _lines(raw: bytes, where: str) -> list[Any]:
@@ -370,7 +387,9 @@ def job_submit(ctx: click.Context, job_id: str | None, pool: str | None, items_f
     if env:
         spec["env"] = _parse_env(env)
     if items_from is not None:
-        spec["items"] = _items_from(items_from)
+        spec["items"], names = _items_from(items_from)
+        if names is not None:
+            spec["names"] = names
     record = _client(ctx).json("POST", "/jobs", spec)
     if _wants_json(ctx, as_json):
         _print_json(record)
@@ -390,25 +409,106 @@ def _when(value: Any) -> str:
     return str(value)
 
 
+FAILED_ITEM_STATES = ("failed", "timeout")
+
+
+def _item_reason(item: dict, record: dict) -> str:
+    """Why an item failed, in words: the spawn error, the timeout, the signal or the exit code."""
+    if item.get("error"):
+        return str(item["error"])
+    if item.get("state") == "timeout":
+        limit = record.get("runtime_s")
+        return ("timeout: killed after its runtime limit" +
+                (f" of {limit:g} s" if isinstance(limit, (int, float)) else ""))
+    if item.get("signal"):
+        return f"killed by signal {item['signal']}"
+    if item.get("rc") is not None:
+        return f"exit {item['rc']}"
+    return "failed with no exit code (it did not run, or its member lost it)"
+
+
+def _stderr_tail(client: Client, digest: Any) -> tuple[list[str], str | None]:
+    """The last lines of a stderr blob, and a note when they could not be read."""
+    if not isinstance(digest, str):
+        return [], None
+    try:
+        with client.open("GET", f"/blobs/{digest}") as resp:
+            length = resp.headers.get("Content-Length")
+            if length is not None and length.isdigit() and int(length) > limits.status_stderr_read_bytes_max:
+                return [], f"stderr is {length} bytes: see meshctl job results ID --stderr --out DIR"
+            tail = b""
+            while True:
+                chunk = resp.read(COPY_CHUNK_BYTES)
+                if not chunk:
+                    break
+                tail = (tail + chunk)[-limits.status_stderr_bytes_max:]
+    except Failure as e:
+        return [], f"stderr not readable here: {e.message}"
+    except (OSError, http.client.HTTPException) as e:
+        return [], f"stderr not readable here: {type(e).__name__}"
+    lines = tail.decode("utf-8", "replace").rstrip("\n").split("\n")
+    lines = [line.rstrip("\r") for line in lines if line.strip()]
+    return lines[-limits.status_stderr_lines_max:], None
+
+
+def _explain(client: Client, record: dict) -> list[dict]:
+    """Each failed or timed-out item (up to status_items_shown_max): why, where, its stderr."""
+    shown = []
+    for item in sorted(record.get("items") or [], key=lambda it: it.get("index", 0)):
+        if item.get("state") not in FAILED_ITEM_STATES:
+            continue
+        if len(shown) == limits.status_items_shown_max:
+            break
+        tail, note = _stderr_tail(client, item.get("stderr"))
+        shown.append({
+            "index": item.get("index"), "state": item.get("state"), "rc": item.get("rc"),
+            "signal": item.get("signal"), "error": item.get("error"),
+            "reason": _item_reason(item, record), "attempts": item.get("attempts"),
+            "member": item.get("member"), "stderr_tail": tail, "stderr_note": note,
+        })
+    return shown
+
+
+def _shell_words(argv: Any) -> str:
+    if not isinstance(argv, list):
+        return str(argv)
+    return shlex.join(str(a) for a in argv)
+
+
 @job.command("status")
 @click.argument("job_id", metavar="ID")
 @json_option
 @click.pass_context
 def job_status(ctx: click.Context, job_id: str, as_json: bool) -> None:
-    """A job's state and counts (--json: the record with its items)."""
+    """A job's state, program and counts, and why each failed item failed (--json: the record
+    with its items, and `failed_items` explained)."""
     want_json = _wants_json(ctx, as_json)
-    path = f"/jobs/{_q(job_id)}" + ("?items=1" if want_json else "")
-    record = _client(ctx).json("GET", path)
+    client = _client(ctx)
+    # Items are fetched when they are shown or explain something: a healthy big job's text
+    # status stays one small answer.
+    record = client.json("GET", f"/jobs/{_q(job_id)}" + ("?items=1" if want_json else ""))
+    if not want_json and record.get("items_failed"):
+        record = client.json("GET", f"/jobs/{_q(job_id)}?items=1")
+    failed = _explain(client, record)
     if want_json:
-        _print_json(record)
+        _print_json({**record, "failed_items": failed})
         return
     tags = ", ".join(record.get("tags") or []) or "-"
     hold = " (on hold)" if record.get("hold") and record.get("state") != "held" else ""
+    items = record.get("items") or []
+    timed_out = sum(1 for it in items if it.get("state") == "timeout")
+    counts = (f"{record.get('items_done', 0)} done, {record.get('items_failed', 0)} failed"
+              + (f" ({timed_out} timed out)" if timed_out else "")
+              + (f", {record.get('items_running', 0)} running" if record.get("items_running") else "")
+              + (f", {record.get('items_pending', 0)} pending" if record.get("items_pending") else "")
+              + (f", {record.get('items_cancelled', 0)} cancelled"
+                 if record.get("items_cancelled") else "")
+              + f", {record.get('items_total', 0)} total")
     rows = [
         ("job", record.get("id")),
         ("state", f"{record.get('state')}{hold}"),
-        ("items", f"{record.get('items_done', 0)} done, {record.get('items_failed', 0)} failed, "
-                  f"{record.get('items_total', 0)} total"),
+        ("argv", _shell_words(record.get("argv"))),
+        ("items", counts),
         ("pool", record.get("pool")),
         ("priority", record.get("priority")),
         ("tags", tags),
@@ -417,22 +517,116 @@ def job_status(ctx: click.Context, job_id: str, as_json: bool) -> None:
     ]
     for name, value in rows:
         click.echo(f"{name:<10} {value}")
+    names = record.get("names") if isinstance(record.get("names"), list) else None
+    for f in failed:
+        i = f["index"]
+        label = f"item {i}" + (f" ({names[i]})" if names and isinstance(i, int)
+                               and 0 <= i < len(names) else "")
+        click.echo(f"{label}: {f['reason']}; attempts {f['attempts']}, "
+                   f"member {f['member'] or '-'}")
+        if f["stderr_tail"]:
+            click.echo("  stderr (last lines):")
+            for line in f["stderr_tail"]:
+                click.echo(f"    {line[:limits.status_stderr_bytes_max]}")
+        elif f["stderr_note"]:
+            click.echo(f"  ({f['stderr_note']})")
+    more = sum(1 for it in items if it.get("state") in FAILED_ITEM_STATES) - len(failed)
+    if more > 0:
+        click.echo(f"... and {more} more failed item(s): meshctl --json job status {job_id}")
+
+
+def _unescape(sep: str) -> bytes:
+    """--sep with backslash escapes (\\n, \\t, \\0, \\\\), as bytes."""
+    out = bytearray()
+    it = iter(sep)
+    for c in it:
+        if c != "\\":
+            out += c.encode("utf-8", "surrogateescape")
+            continue
+        nxt = next(it, None)
+        esc = {"n": b"\n", "t": b"\t", "0": b"\0", "r": b"\r", "\\": b"\\"}.get(nxt or "")
+        if esc is None:
+            raise click.BadParameter(f"unknown escape \\{nxt or ''} (use \\n, \\t, \\r, \\0 "
+                                     "or \\\\)", param_hint="--sep")
+        out += esc
+    if len(out) > limits.results_sep_bytes_max:
+        raise click.BadParameter(f"at most {limits.results_sep_bytes_max} bytes",
+                                 param_hint="--sep")
+    return bytes(out)
+
+
+def _file_name(index: Any, names: list | None) -> str:
+    """An item's file under --out: its input file's name when the job has names, else its
+    index. A name is a plain file name (meshd checks it), and is checked again here."""
+    if (names is not None and isinstance(index, int) and 0 <= index < len(names)
+            and isinstance(names[index], str) and names[index] not in ("", ".", "..")
+            and "/" not in names[index] and "\0" not in names[index]):
+        return names[index]
+    return str(index)
+
+
+def _shortfall(job_id: str, record: dict) -> tuple[int, str | None]:
+    """The exit code of `job results` for a job record, and what to say on stderr."""
+    state = record.get("state")
+    items = sorted(record.get("items") or [], key=lambda it: it.get("index", 0))
+    failed = [it.get("index") for it in items if it.get("state") in FAILED_ITEM_STATES]
+    missing = [it.get("index") for it in items if it.get("state") not in ("done", *FAILED_ITEM_STATES)]
+
+    def listed(indexes: list) -> str:
+        shown = ", ".join(str(i) for i in indexes[: limits.status_items_shown_max])
+        return shown + (f" and {len(indexes) - limits.status_items_shown_max} more"
+                        if len(indexes) > limits.status_items_shown_max else "")
+
+    parts = []
+    if failed:
+        parts.append(f"item(s) {listed(failed)} failed (why: meshctl job status {job_id})")
+    if missing:
+        parts.append(f"item(s) {listed(missing)} have no output"
+                     + (" yet" if state not in TERMINAL else ""))
+    if state in TERMINAL and state != "done":
+        code, head = 1, f"job {job_id} {state}"
+    elif state not in TERMINAL:
+        code, head = 5, (f"job {job_id} is {state}, not finished: this is what exists so far "
+                         f"(meshctl job wait {job_id}, then ask again)")
+    else:
+        return 0, None
+    return code, head + ("; " + "; ".join(parts) if parts else "")
 
 
 @job.command("results")
 @click.argument("job_id", metavar="ID")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Write DIR/<index>.out per item instead of standard output.")
+              help="Write DIR/<name>.out per finished item (name: the input file's, or the "
+                   "index) instead of standard output.")
 @click.option("--stderr", "with_stderr", is_flag=True,
-              help="Also the items' stderr: DIR/<index>.err with --out, else to standard error.")
+              help="Also the items' stderr: DIR/<name>.err with --out, else to standard error.")
+@click.option("--sep", metavar="STR",
+              help="Write STR between items' outputs (escapes: \\n \\t \\r \\0 \\\\).")
+@click.option("--json-lines", "json_lines", is_flag=True,
+              help="One JSON object per item: index, state, rc, stdout (text) or stdout_b64.")
 @json_option
 @click.pass_context
 def job_results(ctx: click.Context, job_id: str, out_dir: Path | None, with_stderr: bool,
-                as_json: bool) -> None:
-    """Every item's stdout in item order, to standard output or files under --out."""
+                sep: str | None, json_lines: bool, as_json: bool) -> None:
+    """Every finished item's stdout in item order, to standard output or files under --out.
+
+    Exits 1 when the job failed or was cancelled, 5 when it has not finished (what exists is
+    printed all the same); stderr names the items that failed or have no output."""
     client = _client(ctx)
     want_json = _wants_json(ctx, as_json)
-    if out_dir is None and not want_json:
+    chosen = [n for n, v in (("--out", out_dir is not None), ("--sep", sep is not None),
+                             ("--json-lines", json_lines)) if v]
+    if len(chosen) > 1:
+        raise click.UsageError(f"{' and '.join(chosen)} do not go together: choose one")
+    sep_bytes = None if sep is None else _unescape(sep)
+    # The record is read before any output: what it says finished is in what follows.
+    record = client.json("GET", f"/jobs/{_q(job_id)}?items=1")
+    items = sorted(record.get("items") or [], key=lambda it: it.get("index", 0))
+    finished = [it for it in items if it.get("state") in ("done", *FAILED_ITEM_STATES)]
+    code, why = _shortfall(job_id, record)
+    if sep_bytes is not None or json_lines:
+        _separated(client, items, sep_bytes, with_stderr)
+    elif out_dir is None and not want_json:
         for stream, out in (("stdout", "stdout"), ("stderr", "stderr"))[: 2 if with_stderr else 1]:
             sink = click.get_binary_stream(out)
             try:
@@ -441,27 +635,81 @@ def job_results(ctx: click.Context, job_id: str, out_dir: Path | None, with_stde
             except Cut as cut:
                 raise _why_cut(client, job_id, stream) or cut from None
             sink.flush()
-        return
-    record = client.json("GET", f"/jobs/{_q(job_id)}?items=1")
-    items = sorted(record.get("items") or [], key=lambda it: it.get("index", 0))
-    if out_dir is None:
+    elif out_dir is None:
         _print_json([{k: it.get(k) for k in ("index", "state", "rc", "stdout", "stderr")}
                      for it in items])
+    else:
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise Failure(f"cannot make {out_dir}: {e.strerror or e}", 2) from None
+        names = record.get("names") if isinstance(record.get("names"), list) else None
+        written = []
+        for it in finished:
+            entry: dict[str, Any] = {"index": it.get("index")}
+            base = _file_name(it.get("index"), names)
+            for stream, suffix in (("stdout", "out"), ("stderr", "err"))[: 2 if with_stderr else 1]:
+                if it.get(stream) is None:
+                    continue  # No output to write (the item never ran): no empty file.
+                path = out_dir / f"{base}.{suffix}"
+                _fetch_blob(client, it.get(stream), path, it.get("index"))
+                entry[stream] = str(path)
+            written.append(entry)
+        if want_json:
+            _print_json(written)
+    if why is not None:
+        click.echo(f"meshctl: {why}", err=True)
+    ctx.exit(code)
+
+
+def _separated(client: Client, items: list[dict], sep: bytes | None, with_stderr: bool) -> None:
+    """Items' outputs one by one: separated by `sep`, or as JSON lines (sep None)."""
+    sink = click.get_binary_stream("stdout")
+    first = True
+    for it in items:
+        if sep is not None:
+            if it.get("state") not in ("done", *FAILED_ITEM_STATES):
+                continue
+            if not first:
+                sink.write(sep)
+            first = False
+            _copy_blob(client, it.get("stdout"), sink, it.get("index"))
+            continue
+        line: dict[str, Any] = {"index": it.get("index"), "state": it.get("state"),
+                                "rc": it.get("rc")}
+        if it.get("signal"):
+            line["signal"] = it.get("signal")
+        if it.get("error"):
+            line["error"] = it.get("error")
+        for stream in ("stdout", "stderr")[: 2 if with_stderr else 1]:
+            buf = io.BytesIO()
+            _copy_blob(client, it.get(stream), buf, it.get("index"))
+            raw = buf.getvalue() if it.get(stream) is not None else None
+            if raw is None:
+                line[stream] = None
+            else:
+                try:
+                    line[stream] = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    line[stream + "_b64"] = base64.b64encode(raw).decode()
+        sink.write(json.dumps(line, sort_keys=True).encode() + b"\n")
+    sink.flush()
+
+
+def _copy_blob(client: Client, digest: Any, out: IO[bytes], index: Any) -> None:
+    """Copy one item's blob to `out`, checked against its digest (nothing when it has none)."""
+    if not isinstance(digest, str):
         return
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise Failure(f"cannot make {out_dir}: {e.strerror or e}", 2) from None
-    written = []
-    for it in items:
-        entry: dict[str, Any] = {"index": it.get("index")}
-        for stream, suffix in (("stdout", "out"), ("stderr", "err"))[: 2 if with_stderr else 1]:
-            path = out_dir / f"{it.get('index')}.{suffix}"
-            _fetch_blob(client, it.get(stream), path, it.get("index"))
-            entry[stream] = str(path)
-        written.append(entry)
-    if want_json:
-        _print_json(written)
+        with client.open("GET", f"/blobs/{digest}") as resp:
+            client.copy(resp, out, digest)
+    except Cut as cut:
+        raise _why_blob_cut(client, digest, index) or cut from None
+    except Failure as e:
+        if e.exit_code == 3:
+            raise Failure(f"item {index}: blob {digest} is not on meshd at {client.at} yet; "
+                          "try again or pass --at another member", 4) from None
+        raise
 
 
 def _why_cut(client: Client, job_id: str, stream: str) -> Failure | None:
@@ -581,7 +829,11 @@ def job_cancel(ctx: click.Context, job_id: str, as_json: bool) -> None:
 @click.pass_context
 def job_forget(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """Forget a finished or cancelled job for good."""
-    _change(ctx, "DELETE", f"/jobs/{_q(job_id)}", None, as_json)
+    answer = _client(ctx).json("DELETE", f"/jobs/{_q(job_id)}")
+    if _wants_json(ctx, as_json):
+        _print_json(answer)
+    else:
+        click.echo(f"{answer.get('id', job_id)}: forgotten")
 
 
 def _max_leases(value: str | None) -> int | None | str:
@@ -623,29 +875,80 @@ def job_tone(ctx: click.Context, job_id: str, priority: int | None, hold: bool |
     _change(ctx, "POST", f"/jobs/{_q(job_id)}/tone", body, as_json)
 
 
-def _table(header: list[str], rows: list[list[str]]) -> None:
+def _table(header: list[str], rows: list[list[str]], width: int | None = None) -> None:
+    """Columns padded to their widest cell; with `width`, the widest columns are cut (with
+    "…") until a line fits in it, the first column (the id) last; when every column is as
+    narrow as it may be, the last columns are left out."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    if width is not None:
+        floor = [min(len(h), 4) + 1 for h in header]
+        while sum(widths) + 2 * (len(widths) - 1) > width:
+            cuttable = [i for i in range(1, len(widths)) if widths[i] > floor[i]]
+            if not cuttable and widths[0] > 8:
+                cuttable = [0]
+            if cuttable:
+                i = max(cuttable, key=lambda i: widths[i])
+                widths[i] -= 1
+            elif len(widths) > 2:
+                widths.pop()
+            else:
+                break
+        header = header[: len(widths)]
+        rows = [r[: len(widths)] for r in rows]
+
+    def fit(cell: str, w: int) -> str:
+        return cell if len(cell) <= w else cell[: max(w - 1, 0)] + "…"
+
     for r in [header, *rows]:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+        click.echo("  ".join(fit(cell, w).ljust(w)
+                             for cell, w in zip(r, widths, strict=True)).rstrip())
 
 
 @cli.command("jobs")
 @click.option("--state", type=click.Choice(JOB_STATES))
 @click.option("--tag", help="Only jobs with this tag.")
+@click.option("--limit", type=click.IntRange(1, limits.jobs_list_max),
+              default=limits.jobs_list_default, show_default=True,
+              help="At most N jobs, newest first.")
+@click.option("--after", metavar="CURSOR",
+              help="The next page: the cursor the page before printed (on stderr).")
 @json_option
 @click.pass_context
-def jobs_cmd(ctx: click.Context, state: str | None, tag: str | None, as_json: bool) -> None:
-    """List jobs."""
-    query = {k: v for k, v in (("state", state), ("tag", tag)) if v}
+def jobs_cmd(ctx: click.Context, state: str | None, tag: str | None, limit: int,
+             after: str | None, as_json: bool) -> None:
+    """List jobs, newest first, a page at a time."""
+    query = {k: v for k, v in (("state", state), ("tag", tag), ("after", after)) if v}
+    query["limit"] = str(limit)
     query["format"] = "json"
-    listed = _client(ctx).json("GET", "/jobs?" + urllib.parse.urlencode(query))
+    client = _client(ctx)
+    with client.open("GET", "/jobs?" + urllib.parse.urlencode(query)) as resp:
+        nxt = resp.headers.get("X-Meshjobs-Next")
+        buf = io.BytesIO()
+        client.copy(resp, buf)
+    try:
+        listed = json.loads(buf.getvalue())
+    except ValueError:
+        raise Failure(f"meshd at {client.at} answered something that is not JSON", 1) from None
     if _wants_json(ctx, as_json):
         _print_json(listed)
-        return
-    rows = [[str(j.get("id")), str(j.get("state")),
-             f"{j.get('items_done', 0)}/{j.get('items_total', 0)}", str(j.get("pool")),
-             str(j.get("priority")), ",".join(j.get("tags") or [])] for j in listed]
-    _table(["ID", "STATE", "DONE", "POOL", "PRIORITY", "TAGS"], rows)
+    else:
+        rows = [[str(j.get("id")), str(j.get("state")),
+                 f"{j.get('items_done', 0)}/{j.get('items_total', 0)}",
+                 str(j.get("items_failed", 0)), str(j.get("pool")),
+                 str(j.get("priority")), _when(j.get("submitted_at")),
+                 ",".join(j.get("tags") or [])] for j in listed]
+        # The terminal's width (or $COLUMNS); none when piped, so that scripts get whole cells.
+        width = shutil.get_terminal_size((0, 0)).columns or None
+        _table(["ID", "STATE", "DONE", "FAILED", "POOL", "PRIORITY", "SUBMITTED", "TAGS"], rows,
+               width)
+    if nxt and nxt.isascii() and nxt.isdigit():
+        more: list[str] = []
+        if state:
+            more += ["--state", state]
+        if tag:
+            more += ["--tag", tag]
+        click.echo(f"meshctl: more jobs: meshctl jobs {shlex.join(more + ['--limit', str(limit)])}"
+                   f" --after {nxt}", err=True)
 
 
 @cli.command("fleet")

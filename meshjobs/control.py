@@ -47,7 +47,7 @@ ITEM_STATES = ("pending", "leased", "done", "failed", "timeout", "cancelled")
 
 SUBMIT_KEYS = frozenset(
     {"id", "argv", "pool", "priority", "retries", "runtime_s", "hold", "tags", "env", "cwd",
-     "items", "max_leases"}
+     "items", "max_leases", "names"}
 )
 TONE_KEYS = frozenset({"priority", "hold", "max_leases"})
 CHANGE_OPS = frozenset({"submit", "cancel", "forget", "tone"})  # the ops that are log entries
@@ -210,6 +210,9 @@ def parse_submit(body: object) -> dict:
         spec["cwd"] = cwd
     if body.get("max_leases") is not None:
         spec["max_leases"] = _int(body["max_leases"], "max_leases", 1, limits.max_leases_max)
+    if body.get("names") is not None:
+        # Only when given, so that a spec committed before names existed stays normalized.
+        spec["names"] = parse_names(body["names"])
     if "items" in body and body["items"] is not None:
         items = body["items"]
         if not isinstance(items, list) or not items:
@@ -227,7 +230,27 @@ def parse_submit(body: object) -> dict:
                 400, f"items[{i}] must be a string, {{\"b64\": \"...\"}} or {{\"blob\": \"<digest>\"}}"
             )
         spec["items"] = items
+    if "names" in spec and len(spec["names"]) != len(spec.get("items") or spec["names"]):
+        raise ControlError(400, "names must have one entry per item")
     return spec
+
+
+def parse_names(value: object) -> list[str]:
+    """Item names (the input files' names of `--items-from DIR`): file names, one per item."""
+    if not isinstance(value, list) or not value or len(value) > limits.items_max:
+        raise ControlError(400, f"names must be a non-empty list of at most {limits.items_max} "
+                                "file names, one per item")
+    for i, name in enumerate(value):
+        _str(name, f"names[{i}]", limits.item_name_chars_max)
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ControlError(400, f"names[{i}] is not valid Unicode text") from None
+        if (not name or name in (".", "..") or "/" in name
+                or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name)):
+            raise ControlError(400, f"names[{i}] must be a file name: not empty, not . or .., "
+                                    "no '/' and no control characters")
+    return list(value)
 
 
 def parse_tone(body: object) -> dict:
@@ -266,6 +289,8 @@ def parse_request(req: object) -> dict:
         for d in items:
             if d is not None and not is_digest(d):
                 raise ControlError(400, "an item's stdin must be a blob digest or null")
+        if "names" in spec and len(spec["names"]) != len(items):
+            raise ControlError(400, "names must have one entry per item")
         return {"op": "submit", "rid": parse_rid(req.get("rid")), "fp": parse_fp(req.get("fp")),
                 "spec": spec, "items": list(items)}
     if op in ("cancel", "forget"):
@@ -286,10 +311,26 @@ def parse_request(req: object) -> dict:
         tag = req.get("tag")
         if tag is not None:
             _str(tag, "tag", limits.tag_chars_max)
-        return {"op": "list", "state": state, "tag": tag}
+        out: dict[str, Any] = {"op": "list", "state": state, "tag": tag}
+        # A page, newest first: at most `limit` jobs submitted before the job `after` names
+        # (a cursor is the submit seq of the last job of the page before, opaque to clients).
+        if req.get("limit") is not None:
+            out["limit"] = _int(req.get("limit"), "limit", 1, limits.jobs_list_max)
+        if req.get("after") is not None:
+            out["after"] = parse_cursor(req.get("after"))
+        return out
     if op in ("fleet", "health", "metrics"):
         return {"op": op}
     raise ControlError(400, f"unknown control op {str(op)[:40]!r}")
+
+
+def parse_cursor(value: object) -> int:
+    """A paging cursor of the job list: the decimal submit seq of the last job shown."""
+    if (not isinstance(value, str) or not value or len(value) > limits.jobs_cursor_chars_max
+            or not value.isascii() or not value.isdigit()):
+        raise ControlError(400, "after must be a cursor from a previous page (its X-Meshjobs-Next "
+                                "header, or the hint of `meshctl jobs`); start again without it")
+    return int(value)
 
 
 def is_digest(value: object) -> bool:

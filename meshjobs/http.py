@@ -29,6 +29,7 @@ import math
 import re
 import resource
 import secrets
+import shlex
 import socket
 import ssl
 import threading
@@ -52,6 +53,7 @@ from meshjobs.control import (
     Answer,
     ControlError,
     is_digest,
+    parse_cursor,
     parse_job_id,
     parse_rid,
     parse_submit,
@@ -583,12 +585,37 @@ class HttpApi:
         if fmt not in (None, "json", "html"):
             raise HttpError(400, "format must be json or html")
         want_json = fmt == "json" or (fmt is None and _prefers_json(request.headers.get("Accept", "")))
-        answer = await self._ask({"op": "list", "state": state, "tag": tag})
-        if want_json or answer.status != 200 or not isinstance(answer.body, list):
+        limit = _parse_limit(q.get("limit"))
+        after = q.get("after") or None
+        if after is not None:
+            parse_cursor(after)  # refused here with the control's words, before any round trip
+        ask: dict[str, Any] = {"op": "list", "state": state, "tag": tag, "limit": limit}
+        if after is not None:
+            ask["after"] = after
+        answer = await self._ask(ask)
+        if answer.status != 200:
             return web.json_response(answer.body, status=answer.status)
+        # The node answers a page {"jobs", "next"}; clients get the list, and the cursor of the
+        # next page in a header (and a Link), so that the body keeps its shape.
+        body = answer.body
+        jobs, nxt = (body.get("jobs"), body.get("next")) if isinstance(body, dict) else (body, None)
+        if not isinstance(jobs, list):
+            return web.json_response(body, status=answer.status)
+        headers: dict[str, str] = {}
+        next_url = None
+        if isinstance(nxt, str):
+            query = {k: v for k, v in (("state", state), ("tag", tag), ("format", fmt)) if v}
+            query.update({"limit": str(limit), "after": nxt})
+            next_url = "/jobs?" + urllib.parse.urlencode(query)
+            headers = {"X-Meshjobs-Next": nxt, "Link": f'<{next_url}>; rel="next"'}
+        if want_json:
+            return web.json_response(jobs, headers=headers)
         csrf = auth.csrf_value(self._csrf_key, request.get(SESSION))
         nonce = secrets.token_urlsafe(16)
-        return _html(_jobs_page(self._member, answer.body, state, tag, csrf, nonce), nonce=nonce)
+        resp = _html(_jobs_page(self._member, jobs, state, tag, csrf, nonce, next_url),
+                     nonce=nonce)
+        resp.headers.update(headers)
+        return resp
 
     async def _submit(self, request: web.Request) -> web.Response:
         body = await self._body_json(request)
@@ -646,8 +673,58 @@ class HttpApi:
         job_id = self._job_id(request)
         items = _parse_flag(request.query.get("items"), "items")
         wait_ms = _parse_wait_ms(request.query.get("wait"))
+        fmt = request.query.get("format")
+        if fmt not in (None, "json", "html"):
+            raise HttpError(400, "format must be json or html")
+        accept = request.headers.get("Accept", "")
+        if fmt == "html" or (fmt is None and "text/html" in accept and not _prefers_json(accept)):
+            return await self._job_page(request, job_id)
         return await self._relay({"op": "get", "id": job_id, "items": items, "wait_ms": wait_ms},
                                  extra_ms=wait_ms)
+
+    async def _job_page(self, request: web.Request, job_id: str) -> web.Response:
+        """A browser's view of one job: its program, counts, and why each failed item failed
+        (with the last lines of its stderr); a Cancel button while it runs."""
+        answer = await self._ask({"op": "get", "id": job_id, "items": True, "wait_ms": 0})
+        if answer.status != 200 or not isinstance(answer.body, dict):
+            return web.json_response(answer.body, status=answer.status)
+        record = answer.body
+        failed = [it for it in sorted(record.get("items") or [], key=lambda it: it.get("index", 0))
+                  if isinstance(it, dict) and it.get("state") in ("failed", "timeout")]
+        shown = failed[: limits.status_items_shown_max]
+        tails = await self._blob_call(self._stderr_tails, [it.get("stderr") for it in shown])
+        csrf = auth.csrf_value(self._csrf_key, request.get(SESSION))
+        nonce = secrets.token_urlsafe(16)
+        return _html(_job_page(self._member, record, list(zip(shown, tails, strict=True)),
+                               len(failed), csrf, nonce), nonce=nonce)
+
+    def _stderr_tails(self, digests: list[Any]) -> list[str | None]:
+        """Runs in the executor: the last status_stderr_bytes_max bytes of each stderr blob (None
+        when absent, too long to read for its tail, or damaged: the page says so)."""
+        out: list[str | None] = []
+        for digest in digests:
+            tail: str | None = None
+            if isinstance(digest, str):
+                try:
+                    size = self._blobs.size(digest)
+                    chunks = self._blobs.open(digest) if size is not None and (
+                        size <= limits.status_stderr_read_bytes_max) else None
+                    if chunks is not None:
+                        raw = b""
+                        try:
+                            for chunk in chunks:
+                                raw = (raw + chunk)[-limits.status_stderr_bytes_max:]
+                        finally:
+                            close = getattr(chunks, "close", None)
+                            if close is not None:
+                                close()
+                        lines = [ln for ln in raw.decode("utf-8", "replace").split("\n")
+                                 if ln.strip()]
+                        tail = "\n".join(lines[-limits.status_stderr_lines_max:])
+                except (BlobCorrupt, BlobGone):
+                    tail = None
+            out.append(tail)
+        return out
 
     async def _cancel(self, request: web.Request) -> web.Response:
         job_id = self._job_id(request)
@@ -960,6 +1037,16 @@ def _parse_wait_ms(value: str | None) -> int:
     return int(wait * 1000)
 
 
+def _parse_limit(value: str | None) -> int:
+    """?limit=N of the job list: 1 to jobs_list_max, jobs_list_default when absent."""
+    if value is None or value == "":
+        return limits.jobs_list_default
+    if not (value.isascii() and value.isdigit() and len(value) <= 9
+            and 1 <= int(value) <= limits.jobs_list_max):
+        raise HttpError(400, f"limit must be a whole number from 1 to {limits.jobs_list_max}")
+    return int(value)
+
+
 def _decode_items(raw: list) -> list[bytes | tuple[str, int]]:
     """Item entries (shape checked by parse_submit) as bytes to store or (digest, index) refs."""
     out: list[bytes | tuple[str, int]] = []
@@ -1078,7 +1165,7 @@ for (const b of document.querySelectorAll("button.cancel")) {
 
 
 def _jobs_page(member: str, jobs: list, state: str | None, tag: str | None, csrf: str = "",
-               nonce: str = "") -> str:
+               nonce: str = "", next_url: str | None = None) -> str:
     e = html.escape
     rows = []
     for job in jobs:
@@ -1093,6 +1180,7 @@ def _jobs_page(member: str, jobs: list, state: str | None, tag: str | None, csrf
             f'<td class="{e(st)}">{e(st)}</td>'
             f"<td>{e(str(job.get('pool', '')))}</td>"
             f"<td class=\"n\">{e(str(job.get('items_done', 0)))}/{e(str(job.get('items_total', 0)))}</td>"
+            f"<td class=\"n\">{e(str(job.get('items_failed', 0)))}</td>"
             f"<td class=\"n\">{e(str(job.get('priority', 0)))}</td>"
             f"<td>{e(', '.join(str(t) for t in tags) if isinstance(tags, list) else str(tags))}</td>"
             f"<td>{e(_when(job.get('submitted_at')))}</td>"
@@ -1106,14 +1194,84 @@ def _jobs_page(member: str, jobs: list, state: str | None, tag: str | None, csrf
         f'<meta name="meshjobs-csrf" content="{e(csrf)}">'
         f"<title>meshjobs: jobs on {e(member)}</title><style>{_PAGE_STYLE}</style></head>\n"
         f"<body><h1>Jobs on {e(member)}</h1>\n"
-        f"<p>{len(rows)} job(s){' with ' + e(shown) if shown else ''}. "
+        f"<p>{len(rows)} job(s), newest first{' with ' + e(shown) if shown else ''}. "
         '<a href="/jobs?format=json">JSON</a> · <a href="/fleet">fleet</a> · '
         '<a href="/openapi.json">API</a></p>\n'
         "<table><thead><tr><th>id</th><th>state</th><th>pool</th><th>items done/total</th>"
+        "<th>failed</th>"
         "<th>priority</th><th>tags</th><th>submitted (UTC)</th><th></th></tr></thead>\n<tbody>\n"
         + "\n".join(rows)
         + "\n</tbody></table>\n"
-        f'<script nonce="{e(nonce)}">{_CANCEL_SCRIPT}</script></body></html>\n'
+        + (f'<p><a href="{e(next_url)}">older jobs</a></p>\n' if next_url else "")
+        + f'<script nonce="{e(nonce)}">{_CANCEL_SCRIPT}</script></body></html>\n'
+    )
+
+
+def _item_reason(item: dict, runtime_s: object) -> str:
+    """Why an item failed, in words (the same as `meshctl job status` says)."""
+    if item.get("error"):
+        return str(item["error"])
+    if item.get("state") == "timeout":
+        return "timeout: killed after its runtime limit" + (
+            f" of {runtime_s:g} s" if isinstance(runtime_s, (int, float)) else "")
+    if item.get("signal"):
+        return f"killed by signal {item['signal']}"
+    if item.get("rc") is not None:
+        return f"exit {item['rc']}"
+    return "failed with no exit code"
+
+
+def _job_page(member: str, record: dict, failed: list[tuple[dict, str | None]], n_failed: int,
+              csrf: str = "", nonce: str = "") -> str:
+    e = html.escape
+    jid = str(record.get("id", ""))
+    st = str(record.get("state", ""))
+    argv = record.get("argv")
+    argv_text = " ".join(shlex.quote(str(a)) for a in argv) if isinstance(argv, list) else str(argv)
+    tags = record.get("tags") or []
+    facts = [
+        ("state", f'<span class="{e(st)}">{e(st)}</span>'),
+        ("argv", f"<code>{e(argv_text)}</code>"),
+        ("pool", e(str(record.get("pool", "")))),
+        ("items", e(f"{record.get('items_done', 0)} done, {record.get('items_failed', 0)} failed, "
+                    f"{record.get('items_running', 0)} running, "
+                    f"{record.get('items_pending', 0)} pending, "
+                    f"{record.get('items_total', 0)} total")),
+        ("priority", e(str(record.get("priority", "")))),
+        ("tags", e(", ".join(str(t) for t in tags) if isinstance(tags, list) else str(tags))),
+        ("submitted (UTC)", e(_when(record.get("submitted_at")))),
+        ("finished (UTC)", e(_when(record.get("finished_at")))),
+    ]
+    rows = []
+    for item, tail in failed:
+        rows.append(
+            "<tr>"
+            f'<td class="n">{e(str(item.get("index", "")))}</td>'
+            f'<td class="failed">{e(str(item.get("state", "")))}</td>'
+            f"<td>{e(_item_reason(item, record.get('runtime_s')))}</td>"
+            f'<td class="n">{e(str(item.get("attempts", "")))}</td>'
+            f"<td>{e(str(item.get('member') or '-'))}</td>"
+            f"<td><pre>{e(tail) if tail else '-'}</pre></td>"
+            "</tr>")
+    more = (f"<p>… and {n_failed - len(failed)} more failed item(s): see "
+            f'<a href="/jobs/{e(urllib.parse.quote(jid, safe=""))}?items=1&amp;format=json">'
+            "the JSON</a>.</p>") if n_failed > len(failed) else ""
+    failed_html = (
+        "<h2>Failed items</h2>\n<table><thead><tr><th>item</th><th>state</th><th>why</th>"
+        "<th>attempts</th><th>member</th><th>stderr (last lines)</th></tr></thead>\n<tbody>\n"
+        + "\n".join(rows) + "\n</tbody></table>\n" + more) if rows else ""
+    cancel = (f'<p><button class="cancel" data-job="{e(jid)}">Cancel</button></p>\n'
+              if st not in TERMINAL_STATES else "")
+    return (
+        "<!doctype html>\n<html><head><meta charset=\"utf-8\">"
+        f'<meta name="meshjobs-csrf" content="{e(csrf)}">'
+        f"<title>meshjobs: job {e(jid)} on {e(member)}</title><style>{_PAGE_STYLE}</style>"
+        f"</head>\n<body><h1>Job {e(jid)}</h1>\n"
+        '<p><a href="/jobs">all jobs</a></p>\n'
+        "<table><tbody>\n"
+        + "\n".join(f"<tr><th>{e(k)}</th><td>{v}</td></tr>" for k, v in facts)
+        + "\n</tbody></table>\n" + cancel + failed_html
+        + f'<script nonce="{e(nonce)}">{_CANCEL_SCRIPT}</script></body></html>\n'
     )
 
 

@@ -18,6 +18,7 @@ tag_chars_max = 64  # one tag
 pool_chars_max = 64  # a pool name
 cwd_chars_max = 4096  # a working directory
 items_max = 1_000_000  # items of one job (an array job)
+item_name_chars_max = 255  # the name of one item (its input file's name, from --items-from DIR)
 priority_abs_max = 1_000_000  # priorities range over [-max, +max]
 retries_max = 100  # re-runs of one failing item
 runtime_s_max = 30 * 24 * 3600  # the longest runtime limit a job may ask for
@@ -26,6 +27,14 @@ max_leases_max = 1_000_000  # "at most N items of this job at once"
 # --- HTTP and the control path -----------------------------------------------------------------
 http_body_bytes_max = 64 * 1024 * 1024  # one request body (inline item payloads included)
 http_wait_s_max = 300  # the longest long-poll a client may ask for
+jobs_list_default = 100  # jobs in one page of GET /jobs when the client names no limit
+jobs_list_max = 1000  # the most jobs one page of GET /jobs may ask for
+jobs_cursor_chars_max = 20  # a paging cursor (the submit seq of the last job shown, decimal)
+status_stderr_bytes_max = 4096  # the tail of a failed item's stderr `job status` reads
+status_stderr_lines_max = 5  # lines of that tail shown
+results_sep_bytes_max = 4096  # the separator `job results --sep` writes between items
+status_stderr_read_bytes_max = 1024 * 1024  # a longer stderr is not read for its tail (it is named)
+status_items_shown_max = 20  # failed items `job status` and the job page explain one by one
 http_header_s_max = 10  # a connection must send a request's whole head within this (default)
 http_idle_s_max = 60  # a kept-alive connection with no request for this long is closed (default)
 # An answer of blobs up to this size is checked whole before its headers go out, so damage is

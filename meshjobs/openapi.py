@@ -100,6 +100,11 @@ _SCHEMAS: dict[str, Any] = {
             "items": {"type": ["array", "null"], "minItems": 1, "maxItems": limits.items_max,
                       "items": {"$ref": "#/components/schemas/ItemPayload"},
                       "description": "One entry per item; absent: one item with empty stdin."},
+            "names": {"type": ["array", "null"], "minItems": 1, "maxItems": limits.items_max,
+                      "items": {"type": "string", "minLength": 1,
+                                "maxLength": limits.item_name_chars_max, "pattern": "^[^/]+$"},
+                      "description": "The input file name of each item (one per item, no '/', "
+                                     "not . or ..): `job results --out` names files after them."},
         },
     },
     "Tone": {
@@ -125,6 +130,7 @@ _SCHEMAS: dict[str, Any] = {
             "member": {"type": ["string", "null"]},
             "epoch": {"type": ["integer", "null"]},
             "rc": {"type": ["integer", "null"]},
+            "signal": {"type": ["integer", "null"]},
             "stdout": {"oneOf": [{"$ref": "#/components/schemas/Digest"}, {"type": "null"}]},
             "stderr": {"oneOf": [{"$ref": "#/components/schemas/Digest"}, {"type": "null"}]},
             "error": {"type": ["string", "null"], "maxLength": limits.item_error_chars_max,
@@ -154,7 +160,16 @@ _SCHEMAS: dict[str, Any] = {
             "finished_at": {},
             "items": {"type": "array", "items": {"$ref": "#/components/schemas/Item"},
                       "description": "Only with ?items=1."},
+            "names": {"type": "array", "items": {"type": "string"},
+                      "description": "Only with ?items=1, for a job submitted with names: the "
+                                     "input file name of each item, in item order."},
         },
+    },
+    "Forgotten": {
+        "type": "object",
+        "required": ["id", "forgotten"],
+        "additionalProperties": False,
+        "properties": {"id": {"type": "string"}, "forgotten": {"const": True}},
     },
     "Fleet": {
         "type": "object",
@@ -186,9 +201,18 @@ _PATHS: dict[str, Any] = {
                 {"name": "tag", "in": "query",
                  "schema": {"type": "string", "maxLength": limits.tag_chars_max}},
                 {"name": "format", "in": "query", "schema": {"enum": ["json", "html"]}},
+                {"name": "limit", "in": "query", "description": "At most this many jobs, newest "
+                 f"first (default {limits.jobs_list_default}).",
+                 "schema": {"type": "integer", "minimum": 1, "maximum": limits.jobs_list_max}},
+                {"name": "after", "in": "query", "description": "The next page: the cursor of "
+                 "the page before's X-Meshjobs-Next header (opaque).",
+                 "schema": {"type": "string", "maxLength": limits.jobs_cursor_chars_max}},
             ],
             "responses": {
-                "200": {"description": "The jobs on this member's committed table.",
+                "200": {"description": "A page of the jobs on this member's committed table, "
+                                       "newest first. X-Meshjobs-Next (and a Link rel=next) "
+                                       "carry the cursor of the next page when there is one.",
+                        "headers": {"X-Meshjobs-Next": {"schema": {"type": "string"}}},
                         "content": {"application/json": {"schema": {"type": "array", "items": _JOB}},
                                     "text/html": {"schema": {"type": "string"}}}},
                 "400": _BAD,
@@ -213,23 +237,28 @@ _PATHS: dict[str, Any] = {
     },
     "/jobs/{id}": {
         "get": {
-            "summary": "A job record; with ?wait=S, answers when the job finishes or after S seconds.",
+            "summary": "A job record; with ?wait=S, answers when the job finishes or after S "
+                       "seconds. A browser (Accept: text/html) or ?format=html gets the job's page.",
             "operationId": "getJob",
             "parameters": [
                 _JOB_ID,
+                {"name": "format", "in": "query", "schema": {"enum": ["json", "html"]}},
                 {"name": "items", "in": "query", "description": "1: include the items.",
                  "schema": {"enum": ["0", "1", "true", "false"]}},
                 {"name": "wait", "in": "query", "description": "Long-poll, in seconds.",
                  "schema": {"type": "number", "minimum": 0, "maximum": limits.http_wait_s_max}},
             ],
-            "responses": {"200": _json(_JOB, "The job."), "400": _BAD, "404": _NO_JOB,
-                          "503": _BUSY},
+            "responses": {"200": {"description": "The job (its page for a browser).",
+                                  "content": {"application/json": {"schema": _JOB},
+                                              "text/html": {"schema": {"type": "string"}}}},
+                          "400": _BAD, "404": _NO_JOB, "503": _BUSY},
         },
         "delete": {
             "summary": "Forget a finished or cancelled job: it leaves the table for good.",
             "operationId": "forgetJob",
             "parameters": [_JOB_ID, _IDEMPOTENCY_KEY],
-            "responses": {"200": _json(_JOB, "The job, as it was forgotten."), "400": _BAD,
+            "responses": {"200": _json({"$ref": "#/components/schemas/Forgotten"},
+                                       "The job is forgotten."), "400": _BAD,
                           "404": _NO_JOB, "409": _CONFLICT, "503": _BUSY},
         },
     },

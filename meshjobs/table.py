@@ -82,7 +82,7 @@ class Job:
         "hold", "max_leases", "digest", "submitted_ms", "finished_ms", "cancelled", "n",
         "st", "attempts", "fails", "epoch", "member", "rc", "sig", "stdin", "out", "err",
         "started_ms", "ended_ms", "not_before", "queue", "n_pending", "n_leased", "n_done",
-        "n_failed", "n_cancelled", "started", "errors", "held",
+        "n_failed", "n_cancelled", "started", "errors", "held", "names",
     )
 
     def __init__(self, job_id: str, seq: int, spec: dict, digest: bytes, stdin: list, t: int) -> None:
@@ -99,6 +99,7 @@ class Job:
         self.priority: int = spec["priority"]
         self.hold: bool = spec["hold"]
         self.max_leases: int | None = spec["max_leases"]
+        self.names: list[str] | None = spec.get("names")  # input file names, when given
         self.digest = digest
         self.submitted_ms = t
         self.finished_ms = 0
@@ -153,6 +154,7 @@ class Job:
             "argv": self.argv, "pool": self.pool, "env": self.env, "cwd": self.cwd,
             "retries": self.retries, "runtime_s": self.runtime_s, "tags": self.tags,
             "priority": self.priority, "hold": self.hold, "max_leases": self.max_leases,
+            **({} if self.names is None else {"names": self.names}),
         }
 
 
@@ -601,6 +603,8 @@ class JobTable:
         }
         if items:
             rec["items"] = [self.item_record(job, i) for i in range(job.n)]
+            if job.names is not None:
+                rec["names"] = list(job.names)
         return rec
 
     def item_record(self, job: Job, i: int) -> dict:

@@ -204,13 +204,56 @@ def test_status_human_and_json(srv: Server) -> None:
     assert srv.control.last()["items"] is True and json.loads(r.stdout)["state"] == "running"
 
 
+def test_status_explains_every_kind_of_failure(srv: Server) -> None:
+    """Each failed item says why (spawn error, signal, timeout, exit code), where, how often,
+    and the last lines of its stderr; past status_items_shown_max the rest are counted."""
+    err = srv.blobs.put(b"".join(b"line %d\n" % i for i in range(9)))
+    items = [{"index": 0, "state": "failed", "error": "could not start '/no/such/prog': gone",
+              "attempts": 1, "member": "m1", "stderr": None},
+             {"index": 1, "state": "failed", "signal": 9, "attempts": 3, "member": "m2",
+              "stderr": err},
+             {"index": 2, "state": "timeout", "signal": 9, "attempts": 1, "member": "m1"},
+             {"index": 3, "state": "failed", "rc": 7, "attempts": 1, "member": None,
+              "stderr": "f" * 64}]
+    items += [{"index": i, "state": "failed", "rc": 1, "attempts": 1} for i in range(4, 30)]
+    srv.control.answers["get"] = lambda r: Answer(200, job_record(
+        r["id"], state="failed", items=items, items_failed=len(items), runtime_s=0.5,
+        argv=["sh", "-c", "exit 1"]))
+    r = run(srv, "job", "status", "j1")
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    assert "argv       sh -c 'exit 1'" in out
+    assert "item 0: could not start '/no/such/prog': gone; attempts 1, member m1" in out
+    assert "item 1: killed by signal 9; attempts 3, member m2" in out
+    assert "    line 4\n    line 5\n    line 6\n    line 7\n    line 8\n" in out
+    assert "line 3" not in out
+    assert "item 2: timeout: killed after its runtime limit of 0.5 s" in out
+    assert "item 3: exit 7; attempts 1, member -" in out and "stderr not readable here" in out
+    assert "... and 10 more failed item(s)" in out
+    r = run(srv, "--json", "job", "status", "j1")
+    rec = json.loads(r.stdout)
+    assert len(rec["failed_items"]) == 20 and len(rec["items"]) == 30
+    assert rec["failed_items"][1]["stderr_tail"][-1] == "line 8"
+
+
+@pytest.mark.parametrize(("sep", "want"), [
+    ("\\n", b"\n"), ("\\0", b"\0"), ("a\\\\b", b"a\\b"), ("\\t|\\r", b"\t|\r"), ("é", "é".encode()),
+])
+def test_results_sep_escapes(srv: Server, sep: str, want: bytes) -> None:
+    _with_items(srv)
+    r = run(srv, "job", "results", "j1", "--sep", sep)
+    assert r.exit_code == 1, r.output
+    assert r.stdout_bytes == b"\x00zero\xff" + want + b"one" + want
+
+
 def _with_items(srv: Server) -> list[dict]:
     outs = [srv.blobs.put(b) for b in (b"\x00zero\xff", b"one")]
     err = srv.blobs.put(b"oops")
     items = [{"index": 1, "state": "done", "stdout": outs[1], "stderr": err},
              {"index": 0, "state": "done", "stdout": outs[0], "stderr": None},
              {"index": 2, "state": "failed", "stdout": None, "stderr": None}]
-    srv.control.answers["get"] = lambda r: Answer(200, job_record(r["id"], items=items))
+    srv.control.answers["get"] = lambda r: Answer(200, job_record(r["id"], items=items,
+                                                                  state="failed"))
     return items
 
 
@@ -218,23 +261,24 @@ def test_results_to_stdout_binary(srv: Server) -> None:
     """Items' stdout in item order, bytes untouched; --stderr adds their stderr on stderr."""
     _with_items(srv)
     r = run(srv, "job", "results", "j1")
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 1, r.output  # the job failed: what exists is printed all the same
     assert r.stdout_bytes == b"\x00zero\xffone"
+    assert r.stderr == "meshctl: job j1 failed; item(s) 2 failed (why: meshctl job status j1)\n"
     r = run(srv, "job", "results", "j1", "--stderr")
-    assert r.stdout_bytes == b"\x00zero\xffone" and r.stderr_bytes == b"oops"
+    assert r.stdout_bytes == b"\x00zero\xffone" and r.stderr_bytes.startswith(b"oops")
 
 
 def test_results_to_files(srv: Server, tmp_path: Path) -> None:
-    """--out writes <index>.out per item (empty without stdout), .err with --stderr."""
+    """--out writes <index>.out per item that has an output, .err with --stderr; an item
+    without one (item 2 failed before writing any) gets no file."""
     _with_items(srv)
     out = tmp_path / "o"
     r = run(srv, "job", "results", "j1", "--out", str(out), "--stderr")
-    assert r.exit_code == 0, r.output
-    assert sorted(p.name for p in out.iterdir()) == ["0.err", "0.out", "1.err", "1.out",
-                                                      "2.err", "2.out"]
+    assert r.exit_code == 1, r.output
+    assert sorted(p.name for p in out.iterdir()) == [
+        "0.out", "1.err", "1.out"]
     assert (out / "0.out").read_bytes() == b"\x00zero\xff"
     assert (out / "1.err").read_bytes() == b"oops"
-    assert (out / "2.out").read_bytes() == b""
 
 
 def test_results_missing_blob_is_4(srv: Server, tmp_path: Path) -> None:
@@ -362,9 +406,10 @@ def test_jobs_table_and_json(srv: Server) -> None:
     r = run(srv, "jobs", "--state", "running", "--tag", "t")
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
-    assert lines[0].split() == ["ID", "STATE", "DONE", "POOL", "PRIORITY", "TAGS"]
-    assert lines[1].split() == ["j1", "running", "1/3", "default", "0", "t"]
-    assert srv.control.last() == {"op": "list", "state": "running", "tag": "t"}
+    assert lines[0].split() == ["ID", "STATE", "DONE", "FAILED", "POOL", "PRIORITY", "SUBMITTED",
+                                "TAGS"]
+    assert lines[1].split()[:5] == ["j1", "running", "1/3", "0", "default"]
+    assert srv.control.last() == {"op": "list", "state": "running", "tag": "t", "limit": 100}
     r = run(srv, "jobs", "--json")
     assert [j["id"] for j in json.loads(r.stdout)] == ["j1", "j2"]
     assert run(srv, "jobs", "--state", "nope").exit_code == 2

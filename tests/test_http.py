@@ -145,10 +145,11 @@ def test_list_json_by_accept_and_by_format(srv: Server) -> None:
     """GET /jobs answers JSON when Accept prefers it or ?format=json, with op list."""
     status, body = srv.json("GET", "/jobs", headers={"Accept": "application/json"})
     assert status == 200 and [j["id"] for j in body] == ["j1", "j2"]
-    assert srv.control.last() == {"op": "list", "state": None, "tag": None}
-    status, body = srv.json("GET", "/jobs?format=json&state=running&tag=nightly")
+    assert srv.control.last() == {"op": "list", "state": None, "tag": None, "limit": 100}
+    status, body = srv.json("GET", "/jobs?format=json&state=running&tag=nightly&limit=7&after=12")
     assert status == 200
-    assert srv.control.last() == {"op": "list", "state": "running", "tag": "nightly"}
+    assert srv.control.last() == {"op": "list", "state": "running", "tag": "nightly",
+                                  "limit": 7, "after": "12"}
 
 
 def test_list_html_by_default_and_escaped(srv: Server) -> None:
@@ -169,7 +170,57 @@ def test_list_html_by_default_and_escaped(srv: Server) -> None:
     assert headers["Content-Type"].startswith("text/html")
 
 
-@pytest.mark.parametrize("query", ["state=sleeping", "format=xml", "tag=" + "x" * 65])
+def test_job_page_escapes_what_items_say(srv: Server) -> None:
+    """The job page shows a failed item's error and stderr tail escaped, only for a browser
+    (Accept: text/html); */* and JSON clients get the record."""
+    err = srv.blobs.put(b"line1\n" * 10 + b"<script>alert(1)</script>\n")
+    items = [{"index": 0, "state": "failed", "rc": None, "signal": None, "attempts": 1,
+              "member": "<b>m1</b>", "error": "could not start '<img src=x onerror=alert(2)>'",
+              "stdout": None, "stderr": err},
+             {"index": 1, "state": "timeout", "rc": None, "signal": 9, "attempts": 2,
+              "member": "m2", "stdout": None, "stderr": None},
+             {"index": 2, "state": "done", "rc": 0, "stdout": None, "stderr": None}]
+    srv.control.answers["get"] = lambda r: Answer(200, job_record(
+        r["id"], items=items, argv=["sh", "-c", "echo '</code><script>'"], runtime_s=2.5,
+        items_failed=2))
+    status, headers, data = srv.request("GET", "/jobs/j1", headers={"Accept": "text/html"})
+    assert status == 200 and headers["Content-Type"].startswith("text/html")
+    page = data.decode()
+    assert "<script>alert" not in page and "<img" not in page and "<b>m1" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "could not start &#x27;&lt;img src=x onerror=alert(2)&gt;&#x27;" in page
+    assert "timeout: killed after its runtime limit of 2.5 s" in page
+    assert page.count("line1") == 4  # the last lines only
+    assert 'class="cancel" data-job="j1"' in page  # running: it can be cancelled
+    for accept in ("*/*", "application/json", "text/html;q=0.5,application/json"):
+        status, headers, data = srv.request("GET", "/jobs/j1", headers={"Accept": accept})
+        assert status == 200 and headers["Content-Type"].startswith("application/json"), accept
+    status, headers, _ = srv.request("GET", "/jobs/j1?format=html")
+    assert headers["Content-Type"].startswith("text/html")
+    status, _, _ = srv.request("GET", "/jobs/j1?format=pdf")
+    assert status == 400
+
+
+def test_list_page_next_link_and_failed_column(srv: Server) -> None:
+    """A page of the list carries the next page's cursor (header, Link, and a link on the
+    HTML page) and a failed-count column."""
+    srv.control.answers["list"] = Answer(200, {"jobs": [job_record("j9", items_failed=4)],
+                                               "next": "9"})
+    status, headers, data = srv.request("GET", "/jobs?limit=1&tag=t", headers={
+        "Accept": "application/json"})
+    assert status == 200 and [j["id"] for j in json.loads(data)] == ["j9"]
+    assert headers["X-Meshjobs-Next"] == "9"
+    assert headers["Link"] == '</jobs?tag=t&limit=1&after=9>; rel="next"'
+    status, headers, data = srv.request("GET", "/jobs?limit=1", headers={"Accept": "text/html"})
+    page = data.decode()
+    assert '<a href="/jobs?limit=1&amp;after=9">older jobs</a>' in page
+    assert '<td class="n">4</td>' in page and "<th>failed</th>" in page
+
+
+@pytest.mark.parametrize("query", [
+    "state=sleeping", "format=xml", "tag=" + "x" * 65, "limit=0", "limit=-1", "limit=1001",
+    "limit=abc", "limit=1e3", "limit=%EF%BC%91", "limit=" + "9" * 40, "after=abc", "after=-1",
+    "after=1.5", "after=" + "1" * 21, "after=%EF%BC%91", "after=%00"])
 def test_list_bad_query(srv: Server, query: str) -> None:
     """A bad state, format or tag is a 400 and never reaches the control port."""
     status, body = srv.json("GET", "/jobs?" + query)

@@ -228,8 +228,52 @@ def test_get_and_list_read_the_table() -> None:
     assert f.answer(4).body == [] and f.answer(5).body == []
 
 
+def test_list_pages_newest_first() -> None:
+    """list with a limit answers a page newest first and the cursor of the next; `after`
+    starts below it; without a limit the old answer (every job, oldest first) stays."""
+    f = Fleet1()
+    for i in range(5):
+        submitted(f, token=10 + i, rid=f"r{i}", job_id=f"j{i}", tags=["x"] if i != 2 else [])
+    f.ctl(1, {"op": "list", "limit": 2})
+    f.take()
+    page = f.answer(1).body
+    assert [r["id"] for r in page["jobs"]] == ["j4", "j3"] and page["next"] is not None
+    f.ctl(2, {"op": "list", "limit": 2, "after": page["next"], "tag": "x"})
+    f.take()
+    page = f.answer(2).body
+    assert [r["id"] for r in page["jobs"]] == ["j1", "j0"] and page["next"] is None
+    f.ctl(3, {"op": "list", "limit": 5})
+    f.take()
+    assert f.answer(3).body["next"] is None and len(f.answer(3).body["jobs"]) == 5
+    f.ctl(4, {"op": "list"})
+    f.take()
+    assert [r["id"] for r in f.answer(4).body] == ["j0", "j1", "j2", "j3", "j4"]
+
+
+def test_submit_names_kept_and_digested() -> None:
+    """names (item file names) are part of the spec: kept on the job, shown with its items,
+    and a resubmit with other names is another job (the spec digest covers them)."""
+    f = Fleet1()
+    submitted(f, n=2, names=["a.txt", "b.txt"])
+    f.ctl(2, {"op": "get", "id": "j1", "items": True})
+    f.ctl(3, {"op": "get", "id": "j1"})
+    f.take()
+    assert f.answer(2).body["names"] == ["a.txt", "b.txt"] and "names" not in f.answer(3).body
+    f.ctl(4, submit_req(rid="r2", n=2, names=["a.txt", "c.txt"]))
+    f.take()
+    assert f.answer(4).status == 409 and not f.pending_of("submit")
+
+
 @pytest.mark.parametrize("req", [
-    None, [], {}, {"op": "nope"}, {"op": "submit", "rid": "r", "spec": {}, "items": [None]},
+    None, [], {}, {"op": "nope"},
+    {"op": "list", "limit": 0}, {"op": "list", "limit": 1001}, {"op": "list", "limit": "5"},
+    {"op": "list", "limit": True}, {"op": "list", "limit": 2, "after": 3},
+    {"op": "list", "limit": 2, "after": "-1"}, {"op": "list", "after": "x"},
+    {"op": "list", "after": "1" * 21}, {"op": "list", "after": "\uff11"},
+    {"op": "submit", "rid": "r", "spec": {"argv": ["x"], "names": ["a", "b"]}, "items": [None]},
+    {"op": "submit", "rid": "r", "spec": {"argv": ["x"], "names": ["a/b"]}, "items": [None]},
+    {"op": "submit", "rid": "r", "spec": {"argv": ["x"], "names": ["\udc80"]}, "items": [None]},
+    {"op": "submit", "rid": "r", "spec": {"argv": ["x"], "names": "a"}, "items": [None]}, {"op": "submit", "rid": "r", "spec": {}, "items": [None]},
     {"op": "submit", "spec": {"argv": ["x"]}, "items": [None]},
     {"op": "submit", "rid": "r", "spec": {"argv": ["x"]}, "items": []},
     {"op": "submit", "rid": "r", "spec": {"argv": ["x"]}, "items": ["zz"]},

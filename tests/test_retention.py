@@ -70,7 +70,7 @@ def test_keep_jobs_bounds_the_table(tmp_path):
             m.wait_job(rec["id"])
             ids.append(rec["id"])
         _wait_for(lambda: len(m.request("GET", "/jobs")[1]) == 3, what="trim to 3 jobs")
-        assert [j["id"] for j in m.request("GET", "/jobs")[1]] == ids[3:]
+        assert [j["id"] for j in m.request("GET", "/jobs")[1]] == ids[3:][::-1]  # newest first
     finally:
         m.stop()
 

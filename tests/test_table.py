@@ -947,6 +947,20 @@ def test_snapshot_round_trip() -> None:
     t2.check()
 
 
+def test_item_names_kept_through_a_snapshot() -> None:
+    """A spec's names (item file names) are applied, shown with the items, and survive a
+    snapshot through msgpack; a spec without names has none (older logs stay valid)."""
+    log = Log()
+    log.submit("named", n=2, names=["a.txt", "b.txt"])
+    log.submit("plain", n=1, dg=b"dg-2")
+    raw = msgpack.packb(log.table.to_state(), use_bin_type=True)
+    t2 = JobTable.from_state(msgpack.unpackb(raw, raw=False, strict_map_key=False))
+    assert t2.record(t2.jobs["named"], items=True)["names"] == ["a.txt", "b.txt"]
+    assert "names" not in t2.record(t2.jobs["plain"], items=True)
+    assert "names" not in t2.record(t2.jobs["named"])
+    t2.check()
+
+
 def test_snapshot_msgpack_round_trip_and_carry_on() -> None:
     """Snapshot: through msgpack the table is the same, and applies later entries the same."""
     log = rich_history()

@@ -419,6 +419,26 @@ def test_cancel_button(open_member):
     assert open_member.request("GET", "/jobs/btn2")[1]["state"] == "held"
 
 
+def test_job_page_cancel_button(open_member):
+    """The job page of an unfinished job has a Cancel button carrying the page's anti-CSRF
+    value, under the same Content-Security-Policy as /jobs; its request cancels the job."""
+    assert open_member.request("POST", "/jobs", {"argv": ["true"], "id": "pg1",
+                                                 "hold": True})[0] == 201
+    status, h, page = open_member.raw_request("GET", "/jobs/pg1", None, {"Accept": "text/html"})
+    assert status == 200 and h["Content-Type"].startswith("text/html")
+    assert b'<button class="cancel" data-job="pg1">Cancel</button>' in page
+    assert "frame-ancestors 'none'" in h["Content-Security-Policy"]
+    nonce = re.search(r"'nonce-([^']+)'", h["Content-Security-Policy"]).group(1)
+    assert f'<script nonce="{nonce}">'.encode() in page
+    browser = {"Origin": origin(open_member), "Sec-Fetch-Site": "same-origin",
+               "Sec-Fetch-Mode": "cors", "Content-Type": "application/json",
+               "X-Meshjobs-Csrf": page_csrf(page)}
+    status, _, data = open_member.raw_request("POST", "/jobs/pg1/cancel", b"{}", browser)
+    assert status == 200 and json.loads(data)["state"] == "cancelled", data
+    status, _, page = open_member.raw_request("GET", "/jobs/pg1", None, {"Accept": "text/html"})
+    assert b'class="cancel"' not in page
+
+
 def test_login_cookie_and_csrf(closed):
     """A browser without a token is sent to /login; the login form sets an HttpOnly,
     SameSite=Strict session cookie; with it the page's Cancel works only with the page's CSRF

@@ -312,9 +312,7 @@ class JobNode(LeaderDuties, Following):
         if op == "get":
             self._get(token, req)
         elif op == "list":
-            self._reply(token, 200, [self.table.record(j) for j in self.table.jobs.values()
-                                     if (req["state"] is None or j.state == req["state"])
-                                     and (req["tag"] is None or req["tag"] in j.tags)])
+            self._list(token, req)
         elif op == "fleet":
             self._reply(token, 200, self.fleet())
         elif op == "health":
@@ -333,6 +331,33 @@ class JobNode(LeaderDuties, Following):
             self._change(token, req)
         else:
             self._forward(token, req)
+
+    def _list(self, token: int, req: dict) -> None:
+        """The job list. Without a limit (older callers): every matching job, oldest first, as
+        a list. With one: a page newest first, {"jobs": [...], "next": cursor or None}, where
+        the cursor is the submit seq of the page's last job (the next page is what came
+        before it)."""
+        state, tag = req["state"], req["tag"]
+
+        def wanted(j: Any) -> bool:
+            return (state is None or j.state == state) and (tag is None or tag in j.tags)
+
+        if "limit" not in req:
+            self._reply(token, 200, [self.table.record(j) for j in self.table.jobs.values()
+                                     if wanted(j)])
+            return
+        limit, after = req["limit"], req.get("after")
+        page: list[Any] = []
+        more = False
+        for j in sorted(self.table.jobs.values(), key=lambda j: j.seq, reverse=True):
+            if (after is not None and j.seq >= after) or not wanted(j):
+                continue
+            if len(page) == limit:
+                more = True
+                break
+            page.append(j)
+        self._reply(token, 200, {"jobs": [self.table.record(j) for j in page],
+                                 "next": str(page[-1].seq) if more else None})
 
     def _takes_no_work(self) -> bool:
         """Blob memory pressure or a full disk: this member takes no new leases."""
