@@ -81,6 +81,8 @@ driver_queue_max = 100_000  # commands queued to the driver
 driver_events_max = 100_000  # item ends queued back to the jobs thread
 cut_grace_ms = 2_000  # SIGTERM to a cut item's group, then SIGKILL after this
 env_pass_names_max = 256  # [items] env_pass: names of meshd's variables items may see
+# Lease times of runs remembered for the lease->start histogram (one per run not yet ended)
+run_stamps_max = driver_queue_max
 
 # Blob store limits live in blobstore/limits.py: that package stands alone.
 
