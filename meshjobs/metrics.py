@@ -151,7 +151,20 @@ RULES: tuple[Rule, ...] = (
     _g("blob_mover_sending", "meshjobs_blob_mover_sending", "Blob copies waiting or being streamed to peers."),
     _g("blob_mover_inflight", "meshjobs_blob_mover_inflight", "Blob copies sent and not yet acknowledged."),
     _g("blob_mover_copies_waiting", "meshjobs_blob_mover_copies_waiting", "Blob copies waiting to start."),
-    _c("blob_mover_", "meshjobs_blob_mover", "Blob mover work since start: {rest} (copies, chunks, acks, gets).", ""),
+    _c("blob_mover_copies_asked", "meshjobs_blob_mover_copies_asked", "Blob copies to peers asked of the mover."),
+    _c("blob_mover_copies_completed", "meshjobs_blob_mover_copies_completed", "Blob copies to peers completed (acknowledged)."),
+    _c("blob_mover_chunks_sent", "meshjobs_blob_mover_chunks_sent", "Blob chunks sent to peers."),
+    _c("blob_mover_chunks_received", "meshjobs_blob_mover_chunks_received", "Blob chunks received from peers."),
+    _c("blob_mover_blobs_sent", "meshjobs_blob_mover_blobs_sent", "Whole blobs sent to peers."),
+    _c("blob_mover_blobs_received", "meshjobs_blob_mover_blobs_received", "Whole blobs received from peers and stored."),
+    _c("blob_mover_acks_sent", "meshjobs_blob_mover_acks_sent", "Blob digests acknowledged to peers."),
+    _c("blob_mover_acks_received", "meshjobs_blob_mover_acks_received", "Blob digests peers acknowledged."),
+    _c("blob_mover_fetches", "meshjobs_blob_mover_fetches", "Fetches of a blob from peers started."),
+    _c("blob_mover_fetches_found", "meshjobs_blob_mover_fetches_found", "Fetches of a blob from peers that found it."),
+    _c("blob_mover_fetches_failed", "meshjobs_blob_mover_fetches_failed", "Fetches of a blob from peers that failed."),
+    _c("blob_mover_gets_served", "meshjobs_blob_mover_gets_served", "Blob gets from peers answered with the blob."),
+    _c("blob_mover_gets_missing", "meshjobs_blob_mover_gets_missing", "Blob gets from peers for a blob this member lacks."),
+    _c("blob_mover_", "meshjobs_blob_mover", "The blob mover's count {rest} (not yet described here).", ""),
 )
 
 # Families of the HTTP thread's own numbers (built by `http_families`).
