@@ -106,6 +106,18 @@ def test_registries_are_per_member() -> None:
     assert value(fb, "meshjobs_item_run_seconds", "meshjobs_item_run_seconds_count") == 0
 
 
+def test_node_counts_jobs_by_state_and_pool() -> None:
+    """The node's metrics answer breaks its jobs down by state, then pool (meshjobs_jobs)."""
+    from tests.test_node import Fleet1, submitted
+
+    f = Fleet1()
+    assert f.node.metrics()["jobs_by_state_pool"] == {}
+    submitted(f, token=1, rid="r1", job_id="j1")
+    submitted(f, token=2, rid="r2", job_id="j2", hold=True)
+    assert f.node.metrics()["jobs_by_state_pool"] == {"queued": {"default": 1},
+                                                      "held": {"default": 1}}
+
+
 # --- a real member ---------------------------------------------------------------------------
 
 
