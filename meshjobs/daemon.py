@@ -239,13 +239,15 @@ class Member:
                                   BlobsCopied(member, tuple(digests))))
         jobs = JobsThread(node, replica, driver, blobs, links=links, mover=mover)
         jobs.writers = writers
+        from meshjobs.metrics import MemberMetrics
+        timings = jobs.timings = MemberMetrics()
         http_blobs = _HttpBlobs(blobs, mover, fatal, watch)
         http = HttpApi(cfg.http[0], cfg.http[1], jobs, http_blobs, cfg.name, tls=tls,
                        names=(*cfg.http_names, *(v.http[0] for v in cfg.voters if v.http)),
                        auth=cfg.auth, conns_max=cfg.http_conns_max,
                        header_timeout_s=cfg.http_header_timeout_s,
                        idle_timeout_s=cfg.http_idle_timeout_s,
-                       body_timeout_s=cfg.http_body_timeout_s)
+                       body_timeout_s=cfg.http_body_timeout_s, timings=timings)
         del voters
 
         stop = threading.Event()

@@ -26,7 +26,6 @@ import datetime as dt
 import html
 import json
 import math
-import re
 import resource
 import secrets
 import shlex
@@ -44,7 +43,7 @@ import structlog
 from aiohttp import web
 
 from blobstore import BlobCorrupt, BlobGone, StoreFull
-from meshjobs import auth, httpconn, limits
+from meshjobs import auth, httpconn, limits, metrics
 from meshjobs.auth import AuthError, Caller, Sessions
 from meshjobs.config import Auth
 from meshjobs.connbook import conns_limit
@@ -59,13 +58,12 @@ from meshjobs.control import (
     parse_submit,
     parse_tone,
 )
+from meshjobs.metrics import MemberMetrics
 from meshjobs.openapi import openapi_document
 
 # The shortest answer a client gets when the jobs thread is slow: a change may wait up to
 # ctl_commit_ms_max for its commit, so the HTTP side waits that long plus some slack.
 CTL_SLACK_MS = 2_000
-
-_METRIC_NAME_BAD = re.compile(r"[^a-zA-Z0-9_]")
 
 
 TERMINAL_STATES = ("done", "failed", "cancelled")
@@ -158,8 +156,11 @@ class HttpApi:
         header_timeout_s: float = limits.http_header_s_max,
         idle_timeout_s: float = limits.http_idle_s_max,
         body_timeout_s: float = limits.http_body_s_max,
+        timings: MemberMetrics | None = None,
     ) -> None:
         self._host = host
+        # The member's metrics registry (histograms, process metrics); one of its own if alone.
+        self._timings = timings if timings is not None else MemberMetrics()
         self._port = port
         self._control = control
         self._blobs = blobs
@@ -939,10 +940,29 @@ class HttpApi:
         answer = await self._ask({"op": "metrics"})
         if answer.status != 200 or not isinstance(answer.body, dict):
             return web.json_response(answer.body, status=answer.status)
-        text = (_prometheus(answer.body, self._by_class, self._bad_requests, self._refused)
-                + _conn_metrics(self._gate) + _damage_metrics(self._damage))
-        return web.Response(body=text.encode(),
-                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        # Rendered on the loop thread: the numbers are copied here, where they are touched.
+        text = self._timings.render(metrics.member_families(answer.body),
+                                    metrics.http_families(self._http_numbers()))
+        return web.Response(body=text, headers={"Content-Type": metrics.CONTENT_TYPE})
+
+    def _http_numbers(self) -> dict[str, Any]:
+        """This thread's numbers, by family (see metrics.HTTP_RULES)."""
+        out: dict[str, Any] = {
+            "meshjobs_http_requests": dict(self._by_class),
+            "meshjobs_http_bad_requests": self._bad_requests,
+            "meshjobs_http_auth_refused": dict(self._refused),
+            "meshjobs_http_blobs_damaged": dict(self._damage),
+        }
+        gate = self._gate
+        if gate is not None:
+            out.update({
+                "meshjobs_http_conns_open": gate.open_conns,
+                "meshjobs_http_conns_max": gate.conns_max,
+                "meshjobs_http_conns_accepted": gate.accepted,
+                "meshjobs_http_conns_shed": dict(gate.shed),
+                "meshjobs_http_accept_errors": gate.accept_errors,
+            })
+        return out
 
     async def _openapi(self, request: web.Request) -> web.Response:
         return web.json_response(openapi_document())
@@ -1067,63 +1087,6 @@ def _decode_items(raw: list) -> list[bytes | tuple[str, int]]:
                 raise HttpError(400, f"items[{i}].blob must be a blob digest (64 lowercase hex characters)")
             out.append((digest, i))
     return out
-
-
-def _metric_name(name: str) -> str:
-    clean = _METRIC_NAME_BAD.sub("_", str(name))
-    return clean if clean.startswith("meshjobs_") else "meshjobs_" + clean
-
-
-def _prometheus(values: dict, by_class: dict[str, int], bad_requests: int,
-                refused: dict[str, int] | None = None) -> str:
-    lines: list[str] = []
-    for name in sorted(values, key=str):
-        v = values[name]
-        if isinstance(v, bool):
-            v = int(v)
-        if not isinstance(v, (int, float)):
-            continue  # Only numbers are metrics; anything else has no Prometheus form.
-        metric = _metric_name(name)
-        lines.append(f"# TYPE {metric} gauge")
-        lines.append(f"{metric} {_number(v)}")
-    lines.append("# TYPE meshjobs_http_requests_total counter")
-    for cls in sorted(by_class):
-        lines.append(f'meshjobs_http_requests_total{{class="{cls}"}} {by_class[cls]}')
-    lines.append("# TYPE meshjobs_http_bad_requests_total counter")
-    lines.append(f"meshjobs_http_bad_requests_total {bad_requests}")
-    lines.append("# TYPE meshjobs_http_auth_refused_total counter")
-    for reason in sorted(refused or {}):
-        lines.append(f'meshjobs_http_auth_refused_total{{reason="{reason}"}} {refused[reason]}')
-    return "\n".join(lines) + "\n"
-
-
-def _damage_metrics(damage: dict[str, int]) -> str:
-    lines = ["# TYPE meshjobs_http_blobs_damaged_total counter"]
-    lines += [f'meshjobs_http_blobs_damaged_total{{what="{w}"}} {n}' for w, n in sorted(damage.items())]
-    return "\n".join(lines) + "\n"
-
-
-def _conn_metrics(gate: httpconn.Gate | None) -> str:
-    if gate is None:
-        return ""
-    lines = ["# TYPE meshjobs_http_conns_open gauge", f"meshjobs_http_conns_open {gate.open_conns}",
-             "# TYPE meshjobs_http_conns_max gauge", f"meshjobs_http_conns_max {gate.conns_max}",
-             "# TYPE meshjobs_http_conns_accepted_total counter",
-             f"meshjobs_http_conns_accepted_total {gate.accepted}",
-             "# TYPE meshjobs_http_conns_shed_total counter"]
-    lines += [f'meshjobs_http_conns_shed_total{{reason="{r}"}} {n}' for r, n in gate.shed.items()]
-    lines += ["# TYPE meshjobs_http_accept_errors_total counter",
-              f"meshjobs_http_accept_errors_total {gate.accept_errors}"]
-    return "\n".join(lines) + "\n"
-
-
-def _number(v: float) -> str:
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "NaN"
-        if math.isinf(v):
-            return "+Inf" if v > 0 else "-Inf"
-    return repr(v)
 
 
 def _when(value: object) -> str:

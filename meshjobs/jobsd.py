@@ -206,6 +206,11 @@ class JobsThread:
         self._metrics_tokens: set[int] = set()
         self._next_publish_ms = 0
         self.writers: Any = None  # the blob writer threads, for their counters
+        # The member's latency histograms (meshjobs.metrics.MemberMetrics), set by the daemon.
+        self.timings: Any = None
+        self._submit_at: dict[int, float] = {}  # token of a submit -> when it was taken
+        # Run of this member -> wall time its lease reached the jobs thread (for lease->start).
+        self._run_at: dict[tuple[str, int, int], float] = {}
 
     def _data_dir(self) -> str | None:
         """The folder of the journal (where a full disk is looked for), if there is one."""
@@ -328,14 +333,19 @@ class JobsThread:
                 self._frame(req)
                 continue
             self._futures[token] = fut
-            if isinstance(req, dict) and req.get("op") == "metrics":
-                self._metrics_tokens.add(token)
+            if isinstance(req, dict):
+                if req.get("op") == "metrics":
+                    self._metrics_tokens.add(token)
+                elif req.get("op") == "submit" and self.timings is not None:
+                    self._submit_at[token] = time.monotonic()
             node.step(Ctl(token, req))
         while events < limits.events_batch_max:
             try:
                 ev = self.ends.get_nowait()
             except queue.Empty:
                 break
+            if isinstance(ev, ItemEnded) and self.timings is not None:
+                self._time_end(ev)
             node.step(ev)
             events += 1
         effects = node.take()
@@ -347,7 +357,10 @@ class JobsThread:
         # The gate: nothing below leaves this thread before the journal is durable.
         if replica.journal.dirty:
             try:
+                t0 = time.monotonic()
                 replica.journal_sync()
+                if self.timings is not None:
+                    self.timings.journal_fsync_s.observe(time.monotonic() - t0)
             except OSError as exc:
                 fail_stop(log, "the journal could not be made durable", exc, path=self._data_dir(),
                           **({"exit_fn": self._exit_fn} if self._exit_fn else {}))
@@ -387,6 +400,14 @@ class JobsThread:
                 self.node.step(BlobsCopied(self.node.cfg.member, digests))
             elif now >= deadline:
                 del self._awaiting_fetch[key]  # the node gives up on it too, and may ask again
+
+    def _time_end(self, ev: ItemEnded) -> None:
+        """Observe an item's lease->start and run time (clocks of the driver, wall ms)."""
+        leased_at = self._run_at.pop((ev.job_id, ev.index, ev.epoch), None)
+        if leased_at is not None and ev.started_ms:
+            self.timings.lease_start_s.observe(max(0.0, ev.started_ms / 1000.0 - leased_at))
+        if ev.error is None and ev.started_ms and ev.ended_ms >= ev.started_ms:
+            self.timings.item_run_s.observe((ev.ended_ms - ev.started_ms) / 1000.0)
 
     def edge_metrics(self) -> dict[str, float]:
         """Counters of the edges (journal, Raft port, links, blob store and writers, mover)."""
@@ -440,6 +461,9 @@ class JobsThread:
         if isinstance(eff, Reply):
             fut = self._futures.pop(eff.token, None)
             answer = eff.answer
+            taken_at = self._submit_at.pop(eff.token, None)
+            if taken_at is not None and 200 <= answer.status < 300:
+                self.timings.submit_commit_s.observe(time.monotonic() - taken_at)
             if eff.token in self._metrics_tokens:
                 self._metrics_tokens.discard(eff.token)
                 if answer.status == 200 and isinstance(answer.body, dict):
@@ -451,6 +475,10 @@ class JobsThread:
         elif isinstance(eff, Run):
             item = RunItem(eff.job_id, eff.index, eff.epoch, eff.argv, eff.env, eff.cwd,
                            eff.stdin, eff.runtime_s, eff.kind)
+            if self.timings is not None:
+                if len(self._run_at) >= limits.run_stamps_max:
+                    del self._run_at[next(iter(self._run_at))]  # the oldest: its end was lost
+                self._run_at[item.key] = time.time()
             if eff.stdin is not None and self.mover is not None and not self.blobs.has(eff.stdin):
                 self.mover.prefetch(eff.stdin)
                 self._awaiting_input[item.key] = (item, time.monotonic() + limits.blob_fetch_s_max)

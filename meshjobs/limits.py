@@ -93,6 +93,8 @@ cut_grace_ms = 2_000  # SIGTERM to a cut item's group, then SIGKILL after this
 env_pass_names_max = 256  # [items] env_pass: names of meshd's variables items may see
 orphan_reap_ms = 1_000  # a member that is PID 1 or a subreaper reaps orphans' zombies this often
 item_error_chars_max = 1_024  # why an item failed without running, kept with its result (longer: cut)
+# Lease times of runs remembered for the lease->start histogram (one per run not yet ended)
+run_stamps_max = driver_queue_max
 
 # Blob store limits live in blobstore/limits.py: that package stands alone.
 

@@ -345,9 +345,13 @@ _PATHS: dict[str, Any] = {
     },
     "/metrics": {
         "get": {
-            "summary": "Metrics in the Prometheus text format.",
+            "summary": "Metrics in the Prometheus text exposition format 0.0.4.",
+            "description": "Rendered by prometheus_client: every family has HELP and TYPE; "
+                           "counters end in _total; latency histograms (submit->commit, "
+                           "lease->start, item run time, journal fsync, in seconds), jobs by "
+                           "state and pool, process metrics. The query string is ignored.",
             "operationId": "metrics",
-            "responses": {"200": {"description": "Gauges and counters.",
+            "responses": {"200": {"description": "Counters, gauges and histograms.",
                                   "content": {"text/plain": {"schema": {"type": "string"}}}},
                           "503": _BUSY},
         },

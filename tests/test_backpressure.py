@@ -36,8 +36,8 @@ def test_pressure_stops_leases_then_resumes(tmp_path):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             mt = _metrics(m)
-            samples.append((mt.get("meshjobs_node_pressure_on", 0), mt.get("meshjobs_node_pressure_off", 0),
-                            mt.get("meshjobs_blob_pressure", 0), mt.get("meshjobs_table_leases_granted", 0)))
+            samples.append((mt.get("meshjobs_node_pressure_on_total", 0), mt.get("meshjobs_node_pressure_off_total", 0),
+                            mt.get("meshjobs_blob_pressure", 0), mt.get("meshjobs_table_leases_granted_total", 0)))
             if m.request("GET", f"/jobs/{rec['id']}")[1]["state"] == "done":
                 break
             time.sleep(0.01)
@@ -46,8 +46,8 @@ def test_pressure_stops_leases_then_resumes(tmp_path):
         assert done["state"] == "done"
         assert saw_pressure, "pressure never went on"
         mt = _metrics(m)
-        assert mt.get("meshjobs_node_pressure_on", 0) >= 1
-        assert mt.get("meshjobs_node_pressure_off", 0) >= 1
+        assert mt.get("meshjobs_node_pressure_on_total", 0) >= 1
+        assert mt.get("meshjobs_node_pressure_off_total", 0) >= 1
         status, out = m.request("GET", f"/jobs/{rec['id']}/results")
         assert out == b"".join(b"x" * 10000 + f"{i}\n".encode() for i in range(24))
     finally:

@@ -128,7 +128,7 @@ def test_disk_full_failpoint_passes_and_the_member_resumes(meshd_factory):
     status, rec = m.request("POST", "/jobs", {"argv": ["sh", "-c", "echo after"]})
     assert status == 201, rec
     assert m.wait_job(rec["id"])["state"] == "done"
-    assert first is True or m.metrics()["meshjobs_node_disk_full_off"] >= 1
+    assert first is True or m.metrics()["meshjobs_node_disk_full_off_total"] >= 1
 
 
 # --- point 7: a full disk, for real (tmpfs) -------------------------------------------------------
@@ -218,7 +218,7 @@ def test_disk_free_min_backpressure(small_disk, tmp_path):
         _wait(lambda: m.request("GET", "/healthz")[1]["disk_full"], "disk_free_min to bite")
         status, body = m.request("POST", "/jobs", {"argv": ["true"]})
         assert status == 507 and "disk_free_min" in body["error"], body
-        granted = m.metrics().get("meshjobs_table_leases_granted", 0)
+        granted = m.metrics().get("meshjobs_table_leases_granted_total", 0)
         # Released while the disk is low: a change is still taken (the journal has room), but
         # no item is leased.
         status, toned = m.request("POST", f"/jobs/{rec['id']}/tone", {"hold": False})
@@ -229,7 +229,7 @@ def test_disk_free_min_backpressure(small_disk, tmp_path):
         assert status == 200, toned
         status, job = m.request("GET", f"/jobs/{rec['id']}")
         assert job["state"] != "done"
-        assert m.metrics().get("meshjobs_table_leases_granted", 0) == granted
+        assert m.metrics().get("meshjobs_table_leases_granted_total", 0) == granted
         os.unlink(filler)
         _wait(lambda: not m.request("GET", "/healthz")[1]["disk_full"], "the member to resume")
         assert m.wait_job(rec["id"])["state"] == "done"
@@ -421,7 +421,7 @@ def test_items_of_a_crashed_run_are_not_rerun_on_a_full_disk(meshd_factory):
     # ... and a change committed after it shows the leader went round without leasing it.
     status, _toned = m.request("POST", f"/jobs/{rec['id']}/tone", {"priority": 1})
     assert status == 200
-    runs = m.metrics().get("meshjobs_node_runs_started", 0)
+    runs = m.metrics().get("meshjobs_node_runs_started_total", 0)
     assert m.request("GET", "/healthz")[1]["disk_full"] is True, "the disk came back too soon"
     assert runs == 0
     done = m.wait_job(rec["id"])  # space is back after twenty looks: it runs

@@ -166,7 +166,7 @@ def _big_entry(m) -> dict:
 def _wait_metric(m, name: str, at_least: float, timeout_s: float = 60.0) -> float:
     deadline = time.monotonic() + timeout_s
     while True:
-        value = m.metrics().get(f"meshjobs_{name}", 0.0)
+        value = m.metrics().get(f"meshjobs_{name}_total", 0.0)
         if value >= at_least:
             return value
         assert time.monotonic() < deadline, f"{name} stayed at {value}, below {at_least}"
@@ -193,7 +193,7 @@ def test_failed_dump_fsync_is_retried_and_compaction_resumes(meshd_factory):
     while os.path.getsize(_journal(m)) >= limits.log_compaction_bytes_min:
         assert time.monotonic() < deadline, "the journal was not compacted after the dump"
         time.sleep(0.05)
-    assert m.metrics()["meshjobs_dump_failures"] == 3
+    assert m.metrics()["meshjobs_dump_failures_total"] == 3
     assert not os.path.exists(os.path.join(m.data, "raft.dump.tmp"))
     assert m.terminate() == 0
     m.extra_env = {}
@@ -212,7 +212,7 @@ def test_failed_dump_never_stops_the_member_and_the_journal_keeps_everything(mes
     _wait_metric(m, "dump_failures", 2)
     ids = _fill(m, 5)
     assert m.proc.poll() is None
-    assert m.metrics().get("meshjobs_dumps_written", 0) == 0
+    assert m.metrics().get("meshjobs_dumps_written_total", 0) == 0
     assert m.terminate() == 0
     m.extra_env = {}
     m.start()

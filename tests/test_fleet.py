@@ -94,8 +94,8 @@ def test_follower_forwards_changes_and_reads_locally(fleet):
     done = follower.wait_job("fwd")
     assert done["state"] == "done"
     m = metrics(follower)
-    assert m.get("meshjobs_node_ctl_forwarded", 0) >= 1
-    assert metrics(leader).get("meshjobs_node_frames_in_F_CTL", 0) >= 1
+    assert m.get("meshjobs_node_ctl_forwarded_total", 0) >= 1
+    assert metrics(leader).get('meshjobs_frames_in_total{type="F_CTL"}', 0) >= 1
     for member in members:
         assert wait_for(lambda member=member: member.request("GET", "/jobs/fwd")[1].get("state") == "done",
                         what=f"{member.name} sees the job done")
@@ -303,16 +303,16 @@ def test_frame_routing_of_every_frame_type(fleet):
         assert status == 200 and out == b"".join(f"routed-{i}\n".encode() for i in range(12))
     lm, wm = metrics(leader), metrics(worker)
     followers = [metrics(m) for m in members[:3] if m is not leader]
-    assert lm.get("meshjobs_node_frames_in_F_JOB_HAVE", 0) >= 1
-    assert lm.get("meshjobs_node_frames_in_F_CTL", 0) >= 1
-    assert lm.get("meshjobs_node_frames_in_F_RESULT", 0) >= 1
-    assert wm.get("meshjobs_node_frames_in_F_CTL_REPLY", 0) >= 1
-    assert wm.get("meshjobs_node_frames_in_F_JOB_STATE", 0) >= 1
-    assert wm.get("meshjobs_node_frames_in_F_LEASE", 0) >= 1
+    assert lm.get('meshjobs_frames_in_total{type="F_JOB_HAVE"}', 0) >= 1
+    assert lm.get('meshjobs_frames_in_total{type="F_CTL"}', 0) >= 1
+    assert lm.get('meshjobs_frames_in_total{type="F_RESULT"}', 0) >= 1
+    assert wm.get('meshjobs_frames_in_total{type="F_CTL_REPLY"}', 0) >= 1
+    assert wm.get('meshjobs_frames_in_total{type="F_JOB_STATE"}', 0) >= 1
+    assert wm.get('meshjobs_frames_in_total{type="F_LEASE"}', 0) >= 1
     every = [lm, wm, *followers]
-    assert sum(m.get("meshjobs_blob_mover_chunks_received", 0) for m in every) >= 1  # F_BLOB_PUT
-    assert sum(m.get("meshjobs_blob_mover_gets_served", 0)
-               + m.get("meshjobs_blob_mover_gets_missing", 0) for m in every) >= 1  # F_BLOB_GET
+    assert sum(m.get("meshjobs_blob_mover_chunks_received_total", 0) for m in every) >= 1  # F_BLOB_PUT
+    assert sum(m.get("meshjobs_blob_mover_gets_served_total", 0)
+               + m.get("meshjobs_blob_mover_gets_missing_total", 0) for m in every) >= 1  # F_BLOB_GET
 
 
 def test_large_array_job_replicates(fleet):
@@ -389,7 +389,7 @@ def test_silent_member_does_not_hold_inputs_back(fleet, tmp_path):
                 timeout_s=limits.proposal_retry_ms / 1000)
             assert status == 201, (m.name, status, rec)
         for m in rest:
-            assert metrics(m).get("meshjobs_node_inputs_not_copied", 0) == 0
+            assert metrics(m).get("meshjobs_node_inputs_not_copied_total", 0) == 0
     finally:
         with contextlib.suppress(subprocess.CalledProcessError):
             subprocess.run([_iptables(), "-D", *rule], check=True, capture_output=True)

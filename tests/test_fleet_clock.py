@@ -52,8 +52,8 @@ def test_members_minutes_apart_link_and_finish_jobs(skewed):
     assert {"v1", "w1"} <= ran_on, ran_on  # the skewed members ran items too
     for m in members:
         mt = metrics(m)
-        refused = {k: v for k, v in mt.items() if k.startswith("meshjobs_links_dropped_")
-                   and k != "meshjobs_links_dropped_discovery"}
+        refused = {k: v for k, v in mt.items() if k.startswith("meshjobs_links_dropped_total{")
+                   and k != 'meshjobs_links_dropped_total{reason="discovery"}'}
         assert refused == {}, (m.name, refused)
     assert "link_clock_skew" in skewed["v2"].log_tail(200_000)
     assert "link_refused" not in "".join(m.log_tail(200_000) for m in members)

@@ -93,12 +93,12 @@ def test_hostile_bytes_on_member_ports(three):
     time.sleep(1.0)
     for m in three:
         mt = wait_for(lambda m=m: metrics(m), what="metrics")
-        assert mt.get("meshjobs_links_dropped_magic", 0) >= 1, m.name
-        assert mt.get("meshjobs_links_dropped_length", 0) >= 1, m.name
-        assert mt.get("meshjobs_links_dropped_mac", 0) >= 1, m.name
-        assert mt.get("meshjobs_links_dropped_proof", 0) >= 1, m.name
-        assert mt.get("meshjobs_raft_dropped_oversized", 0) >= 2, m.name
-        assert mt.get("meshjobs_raft_dropped_garbage", 0) >= 1, m.name
+        assert mt.get('meshjobs_links_dropped_total{reason="magic"}', 0) >= 1, m.name
+        assert mt.get('meshjobs_links_dropped_total{reason="length"}', 0) >= 1, m.name
+        assert mt.get('meshjobs_links_dropped_total{reason="mac"}', 0) >= 1, m.name
+        assert mt.get('meshjobs_links_dropped_total{reason="proof"}', 0) >= 1, m.name
+        assert mt.get('meshjobs_raft_dropped_total{reason="oversized"}', 0) >= 2, m.name
+        assert mt.get('meshjobs_raft_dropped_total{reason="garbage"}', 0) >= 1, m.name
         status, h = m.request("GET", "/healthz")
         assert status == 200 and h["ok"]
     leader = leader_of(three)

@@ -60,8 +60,10 @@ class RecordingControl:
             "fleet": Answer(200, {"term": 3, "leader": "m1", "members": [
                 {"name": "m1", "role": "leader", "alive": True}]}),
             "health": Answer(200, {"ok": True, "member": "m1", "leader": "m1"}),
-            "metrics": Answer(200, {"jobs_running": 2, "meshjobs_items_pending": 7.5,
-                                    "leader": True, "note": "not a number"}),
+            "metrics": Answer(200, {"items_running": 2, "mystery_pending": 7.5,
+                                    "is_leader": True, "note": "not a number",
+                                    "node_frames_in_F_CTL": 4,
+                                    "jobs_by_state_pool": {"running": {"default": 1}}}),
         }
 
     def last(self) -> dict:
@@ -560,18 +562,23 @@ def test_unanswered_control_is_503(srv: Server, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_metrics_prometheus_text(srv: Server) -> None:
-    """Numbers become gauges named meshjobs_*; the HTTP layer adds its counters."""
+    """The member's numbers become typed, described families (meshjobs/metrics.py); the HTTP
+    layer adds its counters."""
     srv.request("GET", "/jobs?state=nope")  # one bad request, counted
     status, headers, data = srv.request("GET", "/metrics")
     assert status == 200 and headers["Content-Type"].startswith("text/plain")
     text = data.decode()
-    assert "# TYPE meshjobs_jobs_running gauge\nmeshjobs_jobs_running 2\n" in text
-    assert "# TYPE meshjobs_items_pending gauge\nmeshjobs_items_pending 7.5\n" in text
-    assert "meshjobs_leader 1\n" in text
+    assert "# TYPE meshjobs_items_running gauge\nmeshjobs_items_running 2.0\n" in text
+    assert "# TYPE meshjobs_mystery_pending gauge\nmeshjobs_mystery_pending 7.5\n" in text
+    assert "# TYPE meshjobs_frames_in_total counter\n" in text
+    assert 'meshjobs_frames_in_total{type="F_CTL"} 4.0\n' in text
+    assert 'meshjobs_jobs{pool="default",state="running"} 1.0\n' in text or \
+        'meshjobs_jobs{state="running",pool="default"} 1.0\n' in text
+    assert "meshjobs_is_leader 1.0\n" in text
     assert "note" not in text
     assert 'meshjobs_http_requests_total{class="4xx"}' in text
     bad = [ln for ln in text.splitlines() if ln.startswith("meshjobs_http_bad_requests_total ")]
-    assert len(bad) == 1 and int(bad[0].split()[1]) >= 1
+    assert len(bad) == 1 and float(bad[0].split()[1]) >= 1
     for line in text.splitlines():
         if not line.startswith("#"):
             float(line.rsplit(" ", 1)[1])

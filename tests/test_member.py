@@ -314,7 +314,7 @@ def test_idempotency_key_is_bound_to_its_request(meshd):
     meshd.start()
     s, body = meshd.request("POST", "/jobs/b/tone", {"priority": 9}, headers=k)
     assert s == 422
-    assert meshd.metrics().get("meshjobs_node_ctl_rid_reused", 0) >= 1
+    assert meshd.metrics().get("meshjobs_node_ctl_rid_reused_total", 0) >= 1
 
 
 def test_program_that_cannot_start_says_why(meshd):

@@ -27,7 +27,7 @@ def health(m) -> dict:
 
 
 def seam(m, name: str) -> float:
-    return m.metrics().get(f"meshjobs_raft_{name}", 0.0)
+    return m.metrics().get(f"meshjobs_raft_{name}_total", 0.0)
 
 
 @pytest.fixture

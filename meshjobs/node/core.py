@@ -867,7 +867,7 @@ class JobNode(LeaderDuties, Following):
         return True
 
     def metrics(self) -> dict:
-        m: dict[str, float] = {"table_" + k: v for k, v in self.table.counts.items()}
+        m: dict[str, Any] = {"table_" + k: v for k, v in self.table.counts.items()}
         m.update({"node_" + k: v for k, v in self.counts.items()})
         m["jobs"] = len(self.table.jobs)
         m["jobs_forgotten_total"] = len(self.table.forgotten)
@@ -881,4 +881,10 @@ class JobNode(LeaderDuties, Following):
         m["blob_pressure"] = 1 if self._pressure else 0
         m["disk_full"] = 1 if self._disk_full else 0
         m["disk_free_bytes"] = self._disk_free
+        # Jobs by state, then pool: {"running": {"default": 2}, ...} (labels of meshjobs_jobs).
+        by: dict[str, dict[str, int]] = {}
+        for j in self.table.jobs.values():
+            pools = by.setdefault(j.state, {})
+            pools[j.pool] = pools.get(j.pool, 0) + 1
+        m["jobs_by_state_pool"] = by
         return m
