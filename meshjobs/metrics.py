@@ -89,6 +89,10 @@ RULES: tuple[Rule, ...] = (
     _c("node_leases_proposed", "meshjobs_node_leases_proposed", "Leases the leader proposed."),
     _c("node_results_proposed", "meshjobs_node_results_proposed", "Item results the leader proposed."),
     _c("node_expiries_proposed", "meshjobs_node_expiries_proposed", "Job expiries the leader proposed."),
+    _c("node_recopy_walks", "meshjobs_node_recopy_walks", "Walks of the table for outputs a lost member held (leader)."),
+    _c("node_recopies_", "meshjobs_node_recopies", "Outputs copied again after a member was lost, by step.", "step"),
+    _c("node_state_hints", "meshjobs_node_state_hints", "Table updates from a member other than the leader (hints: who leads; never freshness)."),
+    _c("node_ctl_replies_of_another_request", "meshjobs_node_ctl_replies_of_another_request", "Forwarded answers whose request id names another request, dropped."),
     _c("node_", "meshjobs_node", "The job node's count {rest} (not yet described here).", ""),
     # --- the job table (meshjobs/table.py), counts of applied entries ---
     _c("table_refused_", "meshjobs_table_refused", "Log entries the job table refused, by reason.", "reason"),
@@ -105,6 +109,7 @@ RULES: tuple[Rule, ...] = (
     _c("table_jobs_cancelled", "meshjobs_table_jobs_cancelled", "Jobs cancelled."),
     _c("table_jobs_forgotten", "meshjobs_table_jobs_forgotten", "Jobs forgotten on request."),
     _c("table_jobs_expired", "meshjobs_table_jobs_expired", "Finished jobs expired."),
+    _c("table_tombstones_dropped", "meshjobs_table_tombstones_dropped", "Forgotten ids dropped past forgotten_ids_max, oldest first."),
     _c("table_", "meshjobs_table", "The job table's count {rest} (not yet described here).", ""),
     # --- the node's state now ---
     _g("jobs_forgotten_total", "meshjobs_jobs_forgotten", "Forgotten job ids the table remembers (to refuse their reuse)."),
@@ -120,6 +125,7 @@ RULES: tuple[Rule, ...] = (
     _g("disk_free_bytes", "meshjobs_disk_free_bytes", "Free bytes on the member's data disk when last looked at."),
     # --- the edges (meshjobs/jobsd.py edge_metrics) ---
     _c("journal_syncs", "meshjobs_journal_syncs", "fsyncs of the Raft journal by the jobs thread."),
+    _c("driver_orphans_reaped", "meshjobs_driver_orphans_reaped", "Zombies of orphaned processes reaped (meshd as PID 1 or a subreaper)."),
     _c("journal_compactions", "meshjobs_journal_compactions", "Compactions of the Raft journal."),
     _c("dumps_written", "meshjobs_dumps_written", "Raft snapshots (dumps) written."),
     _c("dump_failures", "meshjobs_dump_failures", "Raft snapshots (dumps) that failed and were retried."),
