@@ -1,6 +1,6 @@
 """The Raft replica: pysyncobj holding the job table, with meshjobs' durability at its seams.
 
-What pysyncobj does not do for us (docs/durability.md, ../shared/notes/pysyncobj.md), and where
+What pysyncobj does not do for us (docs/durability.md), and where
 this module makes up for it:
 
 - Its journal never fsyncs and has no checksums: `createJournal` is replaced by
