@@ -134,6 +134,7 @@ link_io_bytes = 256 * 1024  # one recv or send call on a member link
 # --- The fleet ---------------------------------------------------------------------------------
 member_dead_ms = 3_000  # a member not heard from for this long has its leases revoked
 member_lost_ms = 60_000  # and for this long, the copies of outputs it held are made again elsewhere
+recopy_retry_ms = 10_000  # a re-copy not confirmed by then is asked again (the table walked again)
 blob_copies = 2  # members that hold a result's blobs before the result is proposed
 copy_spares = 1  # members asked for a copy at once beyond the blob_copies - 1 needed (one silent delays nothing)
 result_holders_max = 16  # members a result row names as holding copies of its outputs

@@ -1060,6 +1060,11 @@ def test_lost_holder_of_anothers_outputs_makes_the_leader_fetch_them() -> None:
     assert [(e.owner, e.digests) for e in effects if isinstance(e, FetchBlobs)] == [
         ("j1", (DIGEST_OUT,))]
     assert not [e for e in effects if isinstance(e, CopyBlobs)]
+    # The fetch is not confirmed (no holder answered then): it is asked again, not given up.
+    effects = _live_for(f, limits.recopy_retry_ms + limits.have_ms, ("m2",))
+    assert [(e.owner, e.digests) for e in effects if isinstance(e, FetchBlobs)] == [
+        ("j1", (DIGEST_OUT,))]
+    assert f.node.counts["recopies_retried"] == 1
 
 
 def test_copies_asked_of_no_more_than_needed_plus_spares() -> None:

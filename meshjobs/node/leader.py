@@ -311,13 +311,17 @@ class LeaderDuties:
         if self.cfg.blob_copies <= 1:
             return
         now = self.now_ms
+        retry = False
         for key, (sent, _digests) in list(self._recopies.items()):
-            if now - sent >= limits.blob_copy_wait_ms:
-                del self._recopies[key]  # never confirmed: given up (a later walk may retry)
-                self._count("recopies_given_up")
+            if now - sent >= limits.recopy_retry_ms:
+                # Not confirmed (the fetch found no holder then, or a copy was lost on the way):
+                # forget it and walk again, so that it is asked once more.
+                del self._recopies[key]
+                self._count("recopies_retried")
+                retry = True
         lost = self._lost_members()
-        if lost - self._lost:
-            # Someone newly lost: walk the whole table (again) for what it held.
+        if lost - self._lost or (retry and not self._scan and lost):
+            # Someone newly lost, or a re-copy to ask again: walk the whole table (again).
             self._scan = list(self.table.jobs)
             self._scan_at = (0, 0)
             self._count("recopy_walks")
