@@ -961,9 +961,35 @@ def fleet_cmd(ctx: click.Context, as_json: bool) -> None:
         _print_json(fleet)
         return
     click.echo(f"term {fleet.get('term')}  leader {fleet.get('leader') or '(none)'}")
-    rows = [[str(m.get("name")), str(m.get("role")), "yes" if m.get("alive") else "no"]
+    if fleet.get("partial"):
+        click.echo("(this member's own view: the leader's could not be had; members it does "
+                   "not hear from show as unknown)")
+
+    def alive(m: dict) -> str:
+        return {True: "yes", False: "no"}.get(m.get("alive"), "?")
+
+    def seen(m: dict) -> str:
+        t = m.get("last_seen")
+        return _when(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else "-"
+
+    rows = [[str(m.get("name")), str(m.get("role")), alive(m), str(m.get("slots", 0)),
+             str(m.get("running", 0)), _size(m.get("blob_bytes")),
+             "disk full" if m.get("disk_full") else ("pressure" if m.get("blob_pressure") else ""),
+             seen(m)]
             for m in fleet.get("members") or []]
-    _table(["MEMBER", "ROLE", "ALIVE"], rows)
+    _table(["MEMBER", "ROLE", "ALIVE", "SLOTS", "RUNNING", "BLOBS", "STATE", "LAST SEEN"], rows)
+
+
+def _size(n: object) -> str:
+    """A byte count for people: 512 B, 3.4 MiB, ..."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
 
 
 def main() -> NoReturn:

@@ -167,6 +167,7 @@ join_s_max = 60  # a worker member keeps trying to reach the member it joins thr
 # compressed and then encrypted (Fernet's base64 adds a third).
 raft_message_bytes_max = 3 * entry_bytes_max
 raft_connect_retry_s = 0.25  # a voter dials a voter it is not connected to this often
+fleet_ask_ms = 2_000  # the fleet view asked of the leader; unanswered by then, a member gives its own
 ctl_resend_ms = 500  # a forwarded change not answered by then is sent to the leader again
 py_request_bytes_max = 64 << 20  # an item's stdin payload handed to a python worker
 py_result_bytes_max = 64 << 20  # a python call's output and captured prints together

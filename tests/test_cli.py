@@ -419,7 +419,9 @@ def test_fleet_table_and_json(srv: Server) -> None:
     r = run(srv, "fleet")
     assert r.exit_code == 0, r.output
     assert r.stdout.splitlines()[0] == "term 3  leader m1"
-    assert r.stdout.splitlines()[2].split() == ["m1", "leader", "yes"]
+    assert r.stdout.splitlines()[1].split()[:5] == ["MEMBER", "ROLE", "ALIVE", "SLOTS", "RUNNING"]
+    # Fields the member did not give show as 0 or "-", never a traceback.
+    assert r.stdout.splitlines()[2].split() == ["m1", "leader", "yes", "0", "0", "-", "-"]
     r = run(srv, "--json", "fleet")
     assert json.loads(r.stdout)["members"][0]["name"] == "m1"
 

@@ -346,19 +346,27 @@ def test_fleet_view_shows_every_member(fleet):
     submit(leader, {"argv": ["sh", "-c", "echo some-output"], "id": "out"})
     leader.wait_job("out")
 
-    def complete():
-        view = json.loads(leader.ctl("--json", "fleet").stdout)
+    def complete(asked=leader):
+        view = json.loads(asked.ctl("--json", "fleet").stdout)
         rows = {r["name"]: r for r in view["members"]}
         ok = (set(rows) == {"v1", "v2", "v3", "w1"} and all(r["alive"] for r in rows.values())
               and sum(r.get("blob_bytes", 0) for r in rows.values()) > 0)
         return (view, rows) if ok else None
 
-    view, rows = wait_for(complete, what="every member reported")
-    assert view["leader"] == leader.name and view["term"] >= 1
-    assert rows[leader.name]["role"] == "leader" and rows["w1"]["role"] == "worker"
-    assert sorted(r["role"] for r in rows.values()) == ["follower", "follower", "leader", "worker"]
-    for r in rows.values():
-        assert r["slots"] == 2 and r["last_seen"] is not None
+    # Any member answers with the whole fleet (a follower and a worker ask the leader).
+    for asked in [leader, *(m for m in members if m is not leader)]:
+        view, rows = wait_for(lambda asked=asked: complete(asked),
+                              what=f"every member reported, as {asked.name} says")
+        assert view["leader"] == leader.name and view["term"] >= 1 and not view.get("partial")
+        assert rows[leader.name]["role"] == "leader" and rows["w1"]["role"] == "worker"
+        assert sorted(r["role"] for r in rows.values()) == ["follower", "follower", "leader",
+                                                            "worker"]
+        for r in rows.values():
+            assert r["slots"] == 2 and r["last_seen"] is not None
+    # The text output shows what the JSON has.
+    text = members[-1].ctl("fleet").stdout.decode()
+    assert "SLOTS" in text and "RUNNING" in text and "BLOBS" in text and "LAST SEEN" in text
+    assert all(name in text for name in ("v1", "v2", "v3", "w1")), text
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or _iptables() is None,

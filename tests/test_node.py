@@ -1128,3 +1128,49 @@ def test_late_reply_to_an_earlier_request_under_the_key_is_ignored() -> None:
                                               "body": {"id": "j1"}, "index": 0}))
     f.take()
     assert f.answer(1).status == 200
+
+
+# --- the fleet view from any member -----------------------------------------------------------
+
+
+def test_fleet_view_is_asked_of_the_leader() -> None:
+    """Only the leader hears every member's reports: a member that does not lead asks it for
+    the fleet view (F_CTL) and answers with what the leader says; unanswered within
+    fleet_ask_ms, or with no leader known, it answers its own view (marked partial when it
+    asked in vain)."""
+    f = Fleet1(voters=("m1", "m2", "m3"))
+    f.node.step(View(term=3, leader="m2", is_leader=False, ready=True))
+    f.ctl(1, {"op": "fleet"})
+    [ask] = [e for e in f.take() if isinstance(e, Send) and e.ftype == "F_CTL"]
+    assert ask.to == "m2" and ask.body["req"] == {"op": "fleet"} and ask.body["rid"].startswith("#")
+    assert 1 not in f.replies
+    view = {"term": 3, "leader": "m2", "members": [{"name": n, "role": "x", "alive": True}
+                                                   for n in ("m1", "m2", "m3", "w1")]}
+    f.node.step(FrameIn("m2", "F_CTL_REPLY", {"rid": ask.body["rid"], "fp": None, "status": 200,
+                                              "body": view, "index": 0}))
+    f.take()
+    assert f.answer(1) == Answer(200, view)
+    # The leader does not answer: after fleet_ask_ms, this member's own view, said partial.
+    f.ctl(2, {"op": "fleet"})
+    f.take()
+    f.tick(limits.fleet_ask_ms + 1)
+    f.take()
+    own = f.answer(2)
+    assert own.status == 200 and own.body["partial"] is True
+    assert {m["name"] for m in own.body["members"]} >= {"m1", "m2", "m3"}
+    # No leader known: its own view at once, asking nobody.
+    f.node.step(View(term=4, leader=None, is_leader=False, ready=False))
+    f.ctl(3, {"op": "fleet"})
+    effects = f.take()
+    assert not [e for e in effects if isinstance(e, Send) and e.ftype == "F_CTL"]
+    assert f.answer(3).status == 200 and "partial" not in f.answer(3).body
+
+
+def test_leader_answers_a_forwarded_fleet_ask_with_its_view() -> None:
+    """At the leader, a fleet view asked by another member (F_CTL) is answered with the
+    leader's own view in an F_CTL_REPLY, never asked further."""
+    f = Fleet1(voters=("m1", "m2", "m3"))
+    f.node.step(FrameIn("m2", "F_CTL", {"rid": "#fleet.m2.1", "req": {"op": "fleet"}}))
+    [reply] = [e for e in f.take() if isinstance(e, Send) and e.ftype == "F_CTL_REPLY"]
+    assert reply.to == "m2" and reply.body["rid"] == "#fleet.m2.1" and reply.body["status"] == 200
+    assert reply.body["body"]["leader"] == "m1" and "partial" not in reply.body["body"]

@@ -128,6 +128,7 @@ class JobNode(LeaderDuties, Following):
         # token -> (member, rid, fingerprint) of a change another member forwarded here
         self._remote: dict[int, tuple[str, str, str | None]] = {}
         self._next_remote = 0
+        self._next_fleet_ask = 0  # numbers the fleet views asked of the leader
         self._waiters: dict[str, list[tuple[int, bool, int]]] = {}
         self._inflight: dict[tuple[str, int], tuple[int, str, str]] = {}  # grant -> (ms, pool, member)
         self._running: dict[tuple[str, int, int], bool] = {}  # run -> ended
@@ -314,7 +315,8 @@ class JobNode(LeaderDuties, Following):
         elif op == "list":
             self._list(token, req)
         elif op == "fleet":
-            self._reply(token, 200, self.fleet())
+            if self._leading() or forwarded or not self._ask_leader_for_fleet(token):
+                self._reply(token, 200, self.fleet())
         elif op == "health":
             self._reply(token, 200, self.health())
         elif op == "metrics":
@@ -702,6 +704,10 @@ class JobNode(LeaderDuties, Following):
                             self._reply(token, 422, {"error": RID_REUSED})
                         else:
                             self._answer_change(token, ch.op, ch.job_id, seen)
+                elif ch.deadline_ms <= now and ch.op == "fleet":
+                    del pending[rid]  # the leader did not answer in time: what this member knows
+                    for token in ch.tokens:
+                        self._reply(token, 200, self._partial_fleet())
                 elif ch.deadline_ms <= now:
                     del pending[rid]
                     self._count("ctl_timeouts")
@@ -720,7 +726,10 @@ class JobNode(LeaderDuties, Following):
             # Changes this member forwarded before it came to lead: its own to propose now.
             for rid, ch in list(self._forwarded.items()):
                 del self._forwarded[rid]
-                if ch.req is not None:
+                if ch.op == "fleet":
+                    for token in ch.tokens:  # this member leads now: its own view is whole
+                        self._reply(token, 200, self.fleet())
+                elif ch.req is not None:
                     for token in ch.tokens:
                         self._change(token, ch.req)
             self._lead()
@@ -794,6 +803,27 @@ class JobNode(LeaderDuties, Following):
         if name in self.cfg.voters or (name == self.cfg.member and self.cfg.role == "voter"):
             return "follower"
         return "worker"
+
+    def _ask_leader_for_fleet(self, token: int) -> bool:
+        """Only the leader hears every member's reports, so a member that does not lead asks it
+        for the fleet view (F_CTL), falling back to its own partial view when no leader is
+        known or none answers within `fleet_ask_ms`. True when the answer is on its way."""
+        leader = self.view.leader
+        if leader is None or leader == self.cfg.member:
+            return False
+        self._next_fleet_ask += 1
+        rid = f"#fleet.{self.cfg.member}.{self._next_fleet_ask}"  # no client request id has "#"
+        req = {"op": "fleet"}
+        ch = self._new_change([token], "fleet", None, req)
+        ch.deadline_ms = self.now_ms + limits.fleet_ask_ms
+        ch.sent_ms = self.now_ms
+        self._forwarded[rid] = ch
+        self._out.append(Send(leader, "F_CTL", {"rid": rid, "req": req}))
+        return True
+
+    def _partial_fleet(self) -> dict:
+        """This member's own fleet view, said to be partial (the leader's was not to be had)."""
+        return {**self.fleet(), "partial": True}
 
     def fleet(self) -> dict:
         running = sum(1 for ended in self._running.values() if not ended)
