@@ -1174,3 +1174,35 @@ def test_leader_answers_a_forwarded_fleet_ask_with_its_view() -> None:
     [reply] = [e for e in f.take() if isinstance(e, Send) and e.ftype == "F_CTL_REPLY"]
     assert reply.to == "m2" and reply.body["rid"] == "#fleet.m2.1" and reply.body["status"] == 200
     assert reply.body["body"]["leader"] == "m1" and "partial" not in reply.body["body"]
+
+
+def test_no_known_holder_left_fetch_then_copy_on() -> None:
+    """Every holder the table names is lost: the leader fetches the outputs (a spare may hold
+    them), and once it holds them it copies them on, so that blob_copies members hold them
+    again, not just the leader."""
+    f = Fleet1(slots=0, voters=("m1", "m2", "m3", "m4", "m5"), blob_copies=2, lost_ms=20_000)
+    for peer in ("m2", "m3", "m4"):
+        f.node.step(PeerLink(peer, True))
+        _have(f, peer)
+    f.node.step(FrameIn("m2", "F_JOB_HAVE", {"boot": "m2b", "role": "voter", "pos": 0,
+                                             "pools": {"default": 1}}))
+    submitted(f, n=1)
+    f.settle()
+    [(jid, i, epoch)] = [(j, i, f.table.jobs[j].epoch[i]) for (j, i) in f.table.leased]
+    row = [jid, i, epoch, 2, 0, None, bytes.fromhex(DIGEST_OUT), None, f.now - 5, f.now,
+           None, ["m3"]]
+    f.node.step(FrameIn("m2", "F_RESULT", {"r": [row]}))
+    f.settle()
+    assert f.table.item_record(f.table.jobs["j1"], 0)["copies"] == ["m3"]
+    effects = _live_for(f, 21_000, ("m4",))  # m2 (ran it) and m3 (its copy) are lost
+    assert [(e.owner, e.digests) for e in effects if isinstance(e, FetchBlobs)] == [
+        ("j1", (DIGEST_OUT,))]
+    assert f.node.counts["recopies_no_known_holder"] == 1
+    f.node.step(BlobsCopied("m1", (DIGEST_OUT,)))  # the fetch found a copy: m1 holds it now
+    effects = f.take()
+    assert [(e.to, e.digests) for e in effects if isinstance(e, CopyBlobs)] == [
+        ("m4", (DIGEST_OUT,))]
+    assert "recopies_done" not in f.node.counts
+    f.node.step(BlobsCopied("m4", (DIGEST_OUT,)))
+    f.take()
+    assert f.node.counts["recopies_done"] == 1 and not f.node._recopies

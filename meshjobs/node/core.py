@@ -157,7 +157,8 @@ class JobNode(LeaderDuties, Following):
         self._lost: set[str] = set()
         self._scan: list[str] = []
         self._scan_at = (0, 0)
-        self._recopies: dict[tuple[str, int], tuple[int, frozenset[str]]] = {}
+        # (job, item) -> (when asked, its output digests, members known to hold them now)
+        self._recopies: dict[tuple[str, int], tuple[int, frozenset[str], frozenset[str]]] = {}
         self.members: dict[str, Member] = {}
         # Recent committed entries (prev table index, index, entry), to catch workers up.
         # Kept only while the leader knows of worker members; bounded by entries and by rows.

@@ -312,7 +312,7 @@ class LeaderDuties:
             return
         now = self.now_ms
         retry = False
-        for key, (sent, _digests) in list(self._recopies.items()):
+        for key, (sent, _digests, _have) in list(self._recopies.items()):
             if now - sent >= limits.recopy_retry_ms:
                 # Not confirmed (the fetch found no holder then, or a copy was lost on the way):
                 # forget it and walk again, so that it is asked once more.
@@ -366,34 +366,43 @@ class LeaderDuties:
         if not alive:
             # Every holder the table knows is gone. A spare asked for a copy may still hold
             # them (its confirmation came after the result committed, so the table does not
-            # name it): fetch, which asks every linked member; if nobody has them, they are lost.
+            # name it): the leader fetches, which asks every linked member, then copies on.
             self._count("recopies_no_known_holder")
-            self._recopies[key] = (self.now_ms, frozenset(digests))
-            self._count("recopies_fetched")
-            self._out.append(FetchBlobs(job.id, digests))
+        self._recopy_step(key, digests, frozenset(alive))
+
+    def _recopy_step(self, key: tuple[str, int], digests: tuple[str, ...],
+                     have: frozenset[str]) -> None:
+        """The next step of restoring one item's copies, `have` being the members known to hold
+        its outputs now: done once they are blob_copies; else copied from this member to
+        others when it holds them, or fetched to this member first (which then copies on)."""
+        if len(have) >= self.cfg.blob_copies:
+            self._recopies.pop(key, None)
+            self._count("recopies_done")
             return
-        if self.cfg.member in alive:
+        if self.cfg.member in have:
             targets = sorted(p for p, up in self._links.items()
-                             if up and p != self.cfg.member and p not in lost and p not in holders)
+                             if up and p != self.cfg.member and p not in self._lost
+                             and p not in have)
             if not targets:
+                self._recopies.pop(key, None)  # nobody to copy to now; a later walk may retry
                 return
-            self._recopies[key] = (self.now_ms, frozenset(digests))
+            self._recopies[key] = (self.now_ms, frozenset(digests), have)
             self._count("recopies_asked")
             for to in targets:
-                self._out.append(CopyBlobs(to, job.id, digests))
+                self._out.append(CopyBlobs(to, key[0], digests))
         else:
-            self._recopies[key] = (self.now_ms, frozenset(digests))
+            self._recopies[key] = (self.now_ms, frozenset(digests), have)
             self._count("recopies_fetched")
-            self._out.append(FetchBlobs(job.id, digests))
+            self._out.append(FetchBlobs(key[0], digests))
 
     def _recopied(self, member: str, got: set[str]) -> None:
-        """A copy (or a fetch, confirmed as this member's own) of re-copied outputs is durable."""
+        """A copy (or a fetch, confirmed as this member's own) of re-copied outputs is durable:
+        one more holder, and the next step."""
         if not self._recopies:
             return
-        for key, (_sent, digests) in list(self._recopies.items()):
-            if digests <= got:
-                del self._recopies[key]
-                self._count("recopies_done")
+        for key, (_sent, digests, have) in list(self._recopies.items()):
+            if digests <= got and member not in have:
+                self._recopy_step(key, tuple(sorted(digests)), have | {member})
 
     # --- worker members' tables --------------------------------------------------------------------
 
