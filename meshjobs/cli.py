@@ -752,18 +752,7 @@ def _fetch_blob(client: Client, digest: str | None, path: Path, index: Any) -> N
     tmp = path.with_name(path.name + ".part")
     try:
         with open(tmp, "wb") as f:
-            if digest is not None:
-                try:
-                    with client.open("GET", f"/blobs/{digest}") as resp:
-                        client.copy(resp, f, digest)
-                except Cut as cut:
-                    raise _why_blob_cut(client, digest, index) or cut from None
-                except Failure as e:
-                    if e.exit_code == 3:
-                        raise Failure(f"item {index}: blob {digest} is not on meshd at "
-                                      f"{client.at} yet; try again or pass --at another member",
-                                      4) from None
-                    raise
+            _copy_blob(client, digest, f, index)
         os.replace(tmp, path)
     except OSError as e:
         raise Failure(f"cannot write {path}: {e.strerror or e}", 2) from None

@@ -41,31 +41,30 @@ def tokens_toml() -> str:
     return "tokens = [ " + ", ".join(token_line(n, r, t) for n, (r, t) in TOKENS.items()) + " ]\n"
 
 
-@pytest.fixture(scope="module")
-def closed(tmp_path_factory):
-    """A member with tokens, no anonymous access, /metrics closed, and one more name."""
-    top = str(tmp_path_factory.mktemp("closed"))
-    cfg = write_config(top, "closed", tokens_toml() + 'metrics = "read"\n',
-                       http=f"names = {NAMES}")
-    m = Meshd(os.path.join(top, "closed"), name="closed", config=cfg, token=ROLE_TOKEN["admin"])
+def _running(tmp_path_factory, name: str, auth: str, http: str = ""):
+    """A started member named `name` with `auth` as its [auth] table; stopped after use."""
+    top = str(tmp_path_factory.mktemp(name))
+    cfg = write_config(top, name, auth, http=http)
+    m = Meshd(os.path.join(top, name), name=name, config=cfg, token=ROLE_TOKEN["admin"])
     try:
         m.start()
         yield m
     finally:
         m.stop()
+
+
+@pytest.fixture(scope="module")
+def closed(tmp_path_factory):
+    """A member with tokens, no anonymous access, /metrics closed, and one more name."""
+    yield from _running(tmp_path_factory, "closed", tokens_toml() + 'metrics = "read"\n',
+                        http=f"names = {NAMES}")
 
 
 @pytest.fixture(scope="module")
 def anon(tmp_path_factory):
     """A member with tokens that lets a request without one read (and /metrics open)."""
-    top = str(tmp_path_factory.mktemp("anon"))
-    cfg = write_config(top, "anon", tokens_toml() + 'allow_anonymous = true\nanonymous_role = "read"\n')
-    m = Meshd(os.path.join(top, "anon"), name="anon", config=cfg, token=ROLE_TOKEN["admin"])
-    try:
-        m.start()
-        yield m
-    finally:
-        m.stop()
+    yield from _running(tmp_path_factory, "anon",
+                        tokens_toml() + 'allow_anonymous = true\nanonymous_role = "read"\n')
 
 
 @pytest.fixture(scope="module")
