@@ -82,7 +82,7 @@ class Job:
         "hold", "max_leases", "digest", "submitted_ms", "finished_ms", "cancelled", "n",
         "st", "attempts", "fails", "epoch", "member", "rc", "sig", "stdin", "out", "err",
         "started_ms", "ended_ms", "not_before", "queue", "n_pending", "n_leased", "n_done",
-        "n_failed", "n_cancelled", "started", "errors", "held", "names",
+        "n_failed", "n_cancelled", "started", "errors", "held", "names", "version",
     )
 
     def __init__(self, job_id: str, seq: int, spec: dict, digest: bytes, stdin: list, t: int) -> None:
@@ -132,6 +132,9 @@ class Job:
         # committed (the member that ran it holds them too): made for the first item that has
         # some, one shared tuple per set of members.
         self.held: list[tuple[str, ...] | None] | None = None
+        # The log index of the last committed entry that changed the job: the same on every
+        # member, so a client may carry it from one member to the next (`?since=`).
+        self.version = 0
 
     @property
     def finished(self) -> bool:
@@ -253,6 +256,7 @@ class JobTable:
         if (frm, to) not in TRANSITIONS[kind]:
             raise AssertionError(f"illegal item move {kind}: {frm}->{to} for {job.id}[{i}]")
         job.st[i] = to
+        job.version = self.applied_index
         for state, d in ((frm, -1), (to, +1)):
             if state == PENDING:
                 job.n_pending += d
@@ -352,6 +356,7 @@ class JobTable:
         shared: dict[bytes, bytes] = {}
         stdin = [None if d is None else shared.setdefault(d, d) for d in stdin]
         job = self.jobs[job_id] = Job(job_id, self.seq, spec, digest, stdin, t)
+        job.version = index
         self._ready(job)
         self._count("jobs_submitted")
         self._count("items_submitted", len(stdin))
@@ -471,6 +476,7 @@ class JobTable:
                 self._move("cancel", job, i, CANCELLED)
                 job.ended_ms[i] = t
         job.cancelled = True
+        job.version = index
         job.finished_ms = max(t, 1)
         self.finished[job.id] = job.finished_ms
         self._count("jobs_cancelled")
@@ -532,6 +538,7 @@ class JobTable:
             raise Refused(400, "nothing to change", "malformed")
         for k, v in changes.items():
             setattr(job, k, v)
+        job.version = index
         self._ready(job)
         return {"ok": True, "id": job.id}
 
@@ -582,6 +589,7 @@ class JobTable:
         rec = {
             "id": job.id,
             "state": job.state,
+            "version": job.version,
             "priority": job.priority,
             "hold": job.hold,
             "tags": list(job.tags),
@@ -655,6 +663,9 @@ class JobTable:
             "leased": [[k[0], k[1], v[0], v[1]] for k, v in self.leased.items()],
             "rids": list(self.rids.items()),
             "counts": self.counts,
+            # Each job's version, in the order of "jobs" (a list of its own, so that a
+            # snapshot made before versions existed still loads).
+            "versions": [j.version for j in self.jobs.values()],
         }
 
     @classmethod
@@ -702,6 +713,15 @@ class JobTable:
         t.leased = {(a, b): (c, d) for a, b, c, d in s["leased"]}
         t.rids = dict((k, v) for k, v in s["rids"])
         t.counts = dict(s["counts"])
+        versions = s.get("versions")
+        if versions is None:
+            # A snapshot from before versions: every job counts as changed at the snapshot's
+            # index (later changes still come with higher ones).
+            versions = [t.applied_index] * len(t.jobs)
+        if len(versions) != len(t.jobs):
+            raise ValueError(f"snapshot has {len(versions)} job versions for {len(t.jobs)} jobs")
+        for j, v in zip(t.jobs.values(), versions, strict=True):
+            j.version = v
         for j in sorted((j for j in t.jobs.values() if j.finished_ms), key=lambda j: (j.finished_ms, j.seq)):
             t.finished[j.id] = j.finished_ms
         for j in t.jobs.values():
@@ -740,6 +760,7 @@ class JobTable:
                 assert j.errors, f"{jid}: an empty error dict is kept as None"
                 assert all(0 <= i < j.n and isinstance(e, str) for i, e in j.errors.items()), \
                     f"{jid}: an item error of no item"
+            assert 0 < j.version <= self.applied_index, f"{jid}: version {j.version} out of the log"
             done = j.n_done + j.n_failed + j.n_cancelled == j.n
             assert bool(j.finished_ms) == (done or j.cancelled), f"{jid}: finished mark"
         assert leased_seen == set(self.leased), "lease map and item states disagree"

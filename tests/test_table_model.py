@@ -507,6 +507,25 @@ class TableMachine(RuleBasedStateMachine):
                 self.epochs[(jid, i)] = j.epoch[i]
 
     @invariant()
+    def versions_grow_with_changes(self) -> None:
+        """A job's version is the log index of an entry that changed it: it never goes back,
+        it grows whenever what a client sees of the job changes, and it is not ahead of the
+        table."""
+        seen = getattr(self, "_versions", {})
+        now = {}
+        for jid, j in self.table.jobs.items():
+            rec = self.table.record(j, items=True)
+            version = rec.pop("version")
+            assert 0 < version <= self.table.applied_index, (jid, version)
+            old = seen.get((jid, j.seq))
+            if old is not None:
+                assert version >= old[0], (jid, "version went back")
+                if rec != old[1]:
+                    assert version > old[0], (jid, "changed without a new version")
+            now[(jid, j.seq)] = (version, rec)
+        self._versions = now
+
+    @invariant()
     def one_result_per_epoch(self) -> None:
         assert self.table.counts.get("results_accepted", 0) == len(self.model.accepted)
 
