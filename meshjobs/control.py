@@ -302,8 +302,12 @@ def parse_request(req: object) -> dict:
                 "id": parse_job_id(req.get("id")), **parse_tone(fields)}
     if op == "get":
         wait_ms = req.get("wait_ms", 0)
+        since = req.get("since")
         return {"op": "get", "id": parse_job_id(req.get("id")), "items": bool(req.get("items")),
-                "wait_ms": _int(wait_ms, "wait_ms", 0, limits.http_wait_s_max * 1000)}
+                "wait_ms": _int(wait_ms, "wait_ms", 0, limits.http_wait_s_max * 1000),
+                "since": None if since is None else _int(since, "since", 0, limits.version_max)}
+    if op == "changes":
+        return parse_changes(req)
     if op == "list":
         state = req.get("state")
         if state is not None and state not in JOB_STATES:
@@ -322,6 +326,56 @@ def parse_request(req: object) -> dict:
     if op in ("fleet", "health", "metrics"):
         return {"op": op}
     raise ControlError(400, f"unknown control op {str(op)[:40]!r}")
+
+
+def parse_version(value: str, name: str = "since") -> int:
+    """A job version a client names in a query (since=, Last-Event-ID): a decimal integer."""
+    if (not value or len(value) > len(str(limits.version_max)) or not value.isascii()
+            or not value.isdigit() or int(value) > limits.version_max):
+        raise ControlError(400, f"{name} must be a version: a whole number from 0 to "
+                                f"{limits.version_max} (a job's \"version\", or the id of the last "
+                                f"event seen), not {value[:40]!r}")
+    return int(value)
+
+
+def parse_changes(req: dict) -> dict:
+    """The node's "changes" op: the committed changes after version `since` (None: none, only
+    the current version), waiting up to `wait_ms` for one, for jobs that pass every filter
+    given (job ids, tags, states, pools; a job passes a filter when it matches any value)."""
+    since = req.get("since")
+    out: dict[str, Any] = {
+        "op": "changes",
+        "since": None if since is None else _int(since, "since", 0, limits.version_max),
+        "wait_ms": _int(req.get("wait_ms", 0), "wait_ms", 0, limits.http_wait_s_max * 1000),
+    }
+    checks = {"jobs": parse_job_id, "tags": lambda v: _str(v, "tag", limits.tag_chars_max),
+              "states": _state, "pools": _pool}
+    for name, check in checks.items():
+        values = req.get(name)
+        if values is None:
+            out[name] = None
+            continue
+        if not isinstance(values, list) or not values:
+            raise ControlError(400, f"{name} must be a non-empty list")
+        if len(values) > limits.events_filter_values_max:
+            raise ControlError(400, f"at most {limits.events_filter_values_max} {name} in one "
+                                    "filter")
+        out[name] = frozenset(check(v) for v in values)
+    return out
+
+
+def _state(value: object) -> str:
+    if value not in JOB_STATES:
+        raise ControlError(400, f"unknown state {str(value)[:40]!r}: use one of "
+                                f"{', '.join(JOB_STATES)}")
+    return str(value)
+
+
+def _pool(value: object) -> str:
+    if not isinstance(value, str) or not POOL_RE.fullmatch(value):
+        raise ControlError(400, f"bad pool {str(value)[:40]!r}: use 1 to {limits.pool_chars_max} "
+                                "letters, digits, '.', '_' or '-'")
+    return value
 
 
 def parse_cursor(value: object) -> int:

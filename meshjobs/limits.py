@@ -179,3 +179,13 @@ py_workers_max = 256  # worker processes of one member's python pools together
 ctl_batch_max = 1024  # control changes the leader puts in one entry
 state_resend_ms = 1_000  # a worker behind what was sent, not moving this long, is sent it again
 http_store_batch_max = 4_096  # distinct inline payloads of a submit stored per write transaction
+
+# --- Following committed changes (GET /jobs/{id}?since=, GET /events) ------------------------
+version_max = 2**53 - 1  # the largest job version a client may name in since= (JSON's safe integers)
+events_ring_changes_max = 8_192  # recent (version, job) changes a member keeps for /events to resume from
+events_answer_max = 256  # job events in one answer of the node's "changes" op (the rest come next)
+events_filter_values_max = 32  # values of one /events filter (job, tag, state or pool)
+events_waiters_max = 1_024  # "changes" long-polls waiting in the node at once; more are answered 503
+events_streams_max = 64  # /events streams one member serves at once; more are answered 503
+events_keepalive_s = 15  # an /events stream with nothing to say sends a comment this often
+events_check_ms = 500  # an /events stream looks this often for its client gone or the member stopping

@@ -29,7 +29,8 @@ FORBIDDEN = frozenset({
 PURE_SIBLINGS = frozenset({"meshjobs", "meshjobs.limits", "meshjobs.table", "meshjobs.control",
                            "meshjobs.frames",
                            "meshjobs.node", "meshjobs.node.events", "meshjobs.node.core",
-                           "meshjobs.node.leader", "meshjobs.node.follow"})
+                           "meshjobs.node.leader", "meshjobs.node.follow",
+                           "meshjobs.node.feed"})
 # What a module may use of `random`: the type name, never a call.
 RANDOM_TYPE_ONLY = {"node": {"Random"}}
 

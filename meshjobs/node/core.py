@@ -58,6 +58,7 @@ from meshjobs.node.events import (
     View,
     spec_digest,
 )
+from meshjobs.node.feed import Feeding
 from meshjobs.node.follow import Following
 from meshjobs.node.leader import LeaderDuties, Member
 from meshjobs.table import DONE, FAILED, RID_REUSED, TIMEOUT, JobTable
@@ -108,7 +109,7 @@ def _rows(e: Any) -> int:
     return n
 
 
-class JobNode(LeaderDuties, Following):
+class JobNode(LeaderDuties, Following, Feeding):
     """One member's job node. Feed it with `step`, collect its effects with `take`."""
 
     def __init__(self, table: JobTable, config: NodeConfig, rng: random.Random) -> None:
@@ -129,7 +130,16 @@ class JobNode(LeaderDuties, Following):
         self._remote: dict[int, tuple[str, str, str | None]] = {}
         self._next_remote = 0
         self._next_fleet_ask = 0  # numbers the fleet views asked of the leader
-        self._waiters: dict[str, list[tuple[int, bool, int]]] = {}
+        # job id -> (token, items, deadline, since) of each read waiting for the job to end
+        # (since None) or to change after version `since`.
+        self._waiters: dict[str, list[tuple[int, bool, int, int | None]]] = {}
+        # The feed of committed changes (`changes` op, GET /events): (version, job id) of recent
+        # changes in log order, complete after version `_feed_floor`; `_feed_last` is the
+        # index of the last entry seen, to tell a gap (a snapshot installed) from a sequence.
+        self._feed: deque[tuple[int, str]] = deque()
+        self._feed_floor = table.applied_index
+        self._feed_last = table.applied_index
+        self._change_waiters: list[tuple[int, dict, int]] = []  # (token, request, deadline)
         self._inflight: dict[tuple[str, int], tuple[int, str, str]] = {}  # grant -> (ms, pool, member)
         self._running: dict[tuple[str, int, int], bool] = {}  # run -> ended
         self._results: dict[tuple[str, int, int], list] = {}
@@ -258,6 +268,7 @@ class JobNode(LeaderDuties, Following):
         ds = [c.deadline_ms for c in self._changes.values()]
         ds += [c.deadline_ms for c in self._forwarded.values()]
         ds += [w[2] for ws in self._waiters.values() for w in ws]
+        ds += [w[2] for w in self._change_waiters]
         ds += [p[3] for p in self._parked]
         ds += [c.deadline_ms for c in self._awaiting_copies.values() if c.then is not None]
         if self._ctl_entries and self._props:
@@ -313,6 +324,8 @@ class JobNode(LeaderDuties, Following):
         self._count("ctl_" + op)
         if op == "get":
             self._get(token, req)
+        elif op == "changes":
+            self._changes_op(token, req)
         elif op == "list":
             self._list(token, req)
         elif op == "fleet":
@@ -396,9 +409,10 @@ class JobNode(LeaderDuties, Following):
         if job is None:
             self._not_found(token, req["id"])
             return
-        if req["wait_ms"] and not job.finished:
+        since = req.get("since")
+        if req["wait_ms"] and not job.finished and (since is None or job.version <= since):
             self._waiters.setdefault(job.id, []).append(
-                (token, req["items"], self.now_ms + req["wait_ms"]))
+                (token, req["items"], self.now_ms + req["wait_ms"], since))
             return
         self._reply(token, 200, self.table.record(job, items=req["items"]))
 
@@ -525,9 +539,15 @@ class JobNode(LeaderDuties, Following):
             while (len(self._ring) > limits.state_ring_entries_max
                    or self._ring_rows > limits.state_ring_rows_max):
                 self._ring_rows -= self._ring.popleft()[3]
+        if ev.prev is not None:
+            if ev.prev != self._feed_last:
+                self._feed_gap(ev.prev)
+            self._feed_last = ev.index
         if not isinstance(e, dict):
             return
         kind = e.get("k")
+        if out.get("ok") and kind != "batch":
+            self._feed_note(ev.index, kind, e, out)
         if kind == "batch":
             self._props.pop(e.get("p"), None)  # type: ignore[arg-type]
             outcomes = out.get("outcomes")
@@ -739,6 +759,7 @@ class JobNode(LeaderDuties, Following):
         self._follow_own_leases()
 
     def _answer_waiters(self) -> None:
+        self._answer_change_waiters()
         if not self._waiters:
             return
         now = self.now_ms
@@ -746,13 +767,14 @@ class JobNode(LeaderDuties, Following):
             job = self.table.jobs.get(job_id)
             ws = self._waiters[job_id]
             keep = []
-            for token, items, deadline in ws:
+            for token, items, deadline, since in ws:
                 if job is None:
                     self._not_found(token, job_id)
-                elif job.finished or deadline <= now:
+                elif (job.finished or deadline <= now
+                      or (since is not None and job.version > since)):
                     self._reply(token, 200, self.table.record(job, items=items))
                 else:
-                    keep.append((token, items, deadline))
+                    keep.append((token, items, deadline, since))
             if keep:
                 self._waiters[job_id] = keep
             else:
