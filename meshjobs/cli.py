@@ -268,8 +268,10 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Machine-read
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--at", envvar="MESHJOBS_AT", default=DEFAULT_AT, show_default=True,
-              help="URL of any meshd (env MESHJOBS_AT).")
+@click.option("--at", "ats", envvar="MESHJOBS_AT", multiple=True, default=(DEFAULT_AT,),
+              show_default=True,
+              help="URL of any meshd (env MESHJOBS_AT). Repeat it, or separate URLs with commas, "
+                   "to name several: `job wait` moves to the next when one cannot answer.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--token-file", metavar="FILE",
               help="Read the token from FILE's first line (else env MESHJOBS_TOKEN).")
@@ -277,15 +279,27 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Machine-read
               help="Trust this CA or self-signed certificate for https:// (env MESHJOBS_CACERT).")
 @click.version_option("0.1.0", prog_name="meshctl")
 @click.pass_context
-def cli(ctx: click.Context, at: str, as_json: bool, token_file: str | None,
+def cli(ctx: click.Context, ats: tuple[str, ...], as_json: bool, token_file: str | None,
         cacert: str | None) -> None:
     """Drive a meshjobs fleet through any of its members."""
-    parsed = urllib.parse.urlsplit(at)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise click.BadParameter(f"{at!r} is not an http:// or https:// URL", param_hint="--at")
-    ctx.obj = {"at": at, "json": as_json, "key": uuid.uuid4().hex,
+    urls = _urls(ats)
+    https = any(urllib.parse.urlsplit(u).scheme == "https" for u in urls)
+    # "at" is the member every command talks to; "ats" all of them, in the order given.
+    ctx.obj = {"at": urls[0], "ats": urls, "json": as_json, "key": uuid.uuid4().hex,
                "token": _read_token(token_file),
-               "tls": _tls(cacert) if parsed.scheme == "https" else None}
+               "tls": _tls(cacert) if https else None}
+
+
+def _urls(ats: tuple[str, ...]) -> list[str]:
+    """The member URLs of --at (repeated, or comma-separated), each checked."""
+    urls = [u.strip() for a in ats for u in a.split(",") if u.strip()]
+    if not urls:
+        raise click.BadParameter("give the URL of a meshd", param_hint="--at")
+    for at in urls:
+        parsed = urllib.parse.urlsplit(at)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise click.BadParameter(f"{at!r} is not an http:// or https:// URL", param_hint="--at")
+    return urls
 
 
 @cli.group()
@@ -767,32 +781,100 @@ def _fetch_blob(client: Client, digest: str | None, path: Path, index: Any) -> N
 @json_option
 @click.pass_context
 def job_wait(ctx: click.Context, job_id: str, timeout: float | None, as_json: bool) -> None:
-    """Wait until a job ends: exit 0 when done, 1 when failed or cancelled."""
-    client = _client(ctx)
+    """Wait until a job ends: exit 0 when done, 1 when failed or cancelled.
+
+    Each answer comes at the job's next change (an item started or ended), so the progress
+    line on a terminal is current. A member that cannot answer (down, restarting, no leader)
+    is asked again with backoff, and the next --at is tried, until the --timeout (or, without
+    one, for up to cli_wait_retry_s_max seconds in a row)."""
+    obj = ctx.find_root().obj
+    clients = [Client(at, obj["key"], obj.get("token"), obj.get("tls"))
+               for at in obj.get("ats") or [obj["at"]]]
     deadline = None if timeout is None else time.monotonic() + timeout
     progress = sys.stderr.isatty() and not _wants_json(ctx, as_json)
+    shown = _Progress(job_id, progress)
     wait = 0.0
+    since: int | None = None
+    turn = 0
+    failing: tuple[float, int] | None = None  # (since when, how many tries) members cannot answer
     while True:
-        record = client.json("GET", f"/jobs/{_q(job_id)}?wait={wait:g}", timeout=wait + TIMEOUT_S)
+        client = clients[turn % len(clients)]
+        path = f"/jobs/{_q(job_id)}?wait={wait:g}"
+        if since is not None:
+            path += f"&since={since}"
+        try:
+            record = client.json("GET", path, timeout=wait + TIMEOUT_S)
+        except Failure as e:
+            if e.exit_code != 4:
+                shown.end()
+                raise
+            now = time.monotonic()
+            first, tries = failing or (now, 0)
+            failing = (first, tries + 1)
+            stop = deadline if deadline is not None else first + limits.cli_wait_retry_s_max
+            pause = min(limits.cli_wait_backoff_s_base * 2 ** tries, limits.cli_wait_backoff_s_max)
+            if now + pause >= stop:
+                shown.end()
+                raise
+            turn += 1
+            shown.retrying(clients[turn % len(clients)].at)
+            time.sleep(pause)
+            wait = 0.0  # the first ask of a member: what it has now
+            continue
+        failing = None
         state = record.get("state")
-        if progress:
-            click.echo(f"\r{job_id}: {state} {record.get('items_done', 0)}/"
-                       f"{record.get('items_total', 0)}\x1b[K", nl=False, err=True)
+        version = record.get("version")
+        if type(version) is int and version >= 0:
+            since = version  # servers without versions: no since, the wait lasts to the end
+        shown.show(record)
         if state in TERMINAL:
             break
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
-            if progress:
-                click.echo("", err=True)
+            shown.end()
             raise Failure(f"job {job_id} is still {state} after {timeout:g} s", 1)
         wait = float(WAIT_POLL_S) if left is None else max(0.0, min(float(WAIT_POLL_S), left))
-    if progress:
-        click.echo("", err=True)
+    shown.end()
     if _wants_json(ctx, as_json):
         _print_json(record)
     elif not progress:
         click.echo(f"{job_id}: {state}")
     ctx.exit(0 if state == "done" else 1)
+
+
+class _Progress:
+    """The one progress line of `job wait` on a terminal, rewritten in place; ended (a newline)
+    before anything else is printed, so that an error never shares its line."""
+
+    def __init__(self, job_id: str, on: bool) -> None:
+        self.job_id = job_id
+        self.on = on
+        self.open = False
+        self.last = ""
+
+    def _put(self, text: str) -> None:
+        if self.on:
+            click.echo(f"\r{text}\x1b[K", nl=False, err=True)
+            self.open = True
+
+    def show(self, record: dict) -> None:
+        done, total = record.get("items_done", 0), record.get("items_total", 0)
+        text = f"{self.job_id}: {record.get('state')} {done}/{total}"
+        running, failed = record.get("items_running"), record.get("items_failed")
+        if record.get("state") == "running" and running is not None:
+            text += f" done, {running} running"
+        if failed:
+            text += f", {failed} failed"
+        self.last = text
+        self._put(text)
+
+    def retrying(self, at: str) -> None:
+        self._put(f"{self.last or self.job_id} (member not answering; asking {at})")
+
+    def end(self) -> None:
+        if self.open:
+            click.echo("", err=True)
+            self.open = False
 
 
 def _change(ctx: click.Context, method: str, path: str, body: Any, as_json: bool) -> None:

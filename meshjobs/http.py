@@ -57,7 +57,9 @@ from meshjobs.control import (
     parse_rid,
     parse_submit,
     parse_tone,
+    parse_version,
 )
+from meshjobs.eventstream import EventStreams
 from meshjobs.metrics import MemberMetrics
 from meshjobs.openapi import openapi_document
 
@@ -199,6 +201,7 @@ class HttpApi:
         self._logged_in_window = 0
         self._not_logged = 0
         self.error: BaseException | None = None
+        self._event_streams = EventStreams(self._ask, self._stopping.is_set)
 
     @property
     def scheme(self) -> str:
@@ -257,6 +260,7 @@ class HttpApi:
         r.add_get("/jobs", self._list_jobs)
         r.add_post("/jobs", self._submit)
         r.add_get("/jobs/{id}", self._get_job)
+        r.add_get("/events", self._events)
         r.add_delete("/jobs/{id}", self._forget)
         r.add_get("/jobs/{id}/results", self._results)
         r.add_post("/jobs/{id}/cancel", self._cancel)
@@ -680,8 +684,17 @@ class HttpApi:
         accept = request.headers.get("Accept", "")
         if fmt == "html" or (fmt is None and "text/html" in accept and not _prefers_json(accept)):
             return await self._job_page(request, job_id)
-        return await self._relay({"op": "get", "id": job_id, "items": items, "wait_ms": wait_ms},
-                                 extra_ms=wait_ms)
+        ask: dict[str, Any] = {"op": "get", "id": job_id, "items": items, "wait_ms": wait_ms}
+        since = request.query.get("since")
+        if since is not None:
+            # Answered at once when the job's version is past `since` (or it has ended), else at
+            # its next change, or after `wait` seconds.
+            ask["since"] = parse_version(since)
+        return await self._relay(ask, extra_ms=wait_ms)
+
+    async def _events(self, request: web.Request) -> web.StreamResponse:
+        """Committed changes as server-sent events (meshjobs/eventstream.py)."""
+        return await self._event_streams.handle(request)
 
     async def _job_page(self, request: web.Request, job_id: str) -> web.Response:
         """A browser's view of one job: its program, counts, and why each failed item failed

@@ -148,6 +148,10 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {
             "id": {"type": "string"},
             "state": {"enum": list(JOB_STATES)},
+            "version": {"type": "integer", "minimum": 0,
+                        "description": "Grows with every committed change of the job (its "
+                                       "last change's log index, the same on every member): "
+                                       "pass it as ?since= to wait for the next change."},
             "priority": {"type": "integer"},
             "hold": {"type": "boolean"},
             "tags": {"type": "array", "items": {"type": "string"}},
@@ -238,7 +242,9 @@ _PATHS: dict[str, Any] = {
     "/jobs/{id}": {
         "get": {
             "summary": "A job record; with ?wait=S, answers when the job finishes or after S "
-                       "seconds. A browser (Accept: text/html) or ?format=html gets the job's page.",
+                       "seconds; with ?wait=S&since=V, as soon as the job's version is past V "
+                       "(an item started or ended) or it has finished, else after S seconds. A "
+                       "browser (Accept: text/html) or ?format=html gets the job's page.",
             "operationId": "getJob",
             "parameters": [
                 _JOB_ID,
@@ -247,6 +253,10 @@ _PATHS: dict[str, Any] = {
                  "schema": {"enum": ["0", "1", "true", "false"]}},
                 {"name": "wait", "in": "query", "description": "Long-poll, in seconds.",
                  "schema": {"type": "number", "minimum": 0, "maximum": limits.http_wait_s_max}},
+                {"name": "since", "in": "query",
+                 "description": "A version of the job seen before: the long-poll ends at the "
+                                "first change after it.",
+                 "schema": {"type": "integer", "minimum": 0, "maximum": limits.version_max}},
             ],
             "responses": {"200": {"description": "The job (its page for a browser).",
                                   "content": {"application/json": {"schema": _JOB},
@@ -320,6 +330,41 @@ _PATHS: dict[str, Any] = {
                           "400": _BAD, "404": _err("No such blob on this member."),
                           "500": _err("The blob is damaged on this member and no other member "
                                       "had a good copy.")},
+        },
+    },
+    "/events": {
+        "get": {
+            "summary": "Committed changes as server-sent events, from any member. Each event: "
+                       "`id: <version>`, `event: job` with `data:` the job's list row (as an "
+                       "element of GET /jobs), `event: forget` with {id, version} of a forgotten "
+                       "job, or `event: reset` with {version} when the changes after the version "
+                       "asked for are no longer kept here (reload, then go on from it). A "
+                       "`: keepalive` comment at least every "
+                       f"{limits.events_keepalive_s} s. Filters: a job passes when it matches "
+                       "any value of a filter, and every filter given; forget events pass the "
+                       "job filter only.",
+            "operationId": "events",
+            "parameters": [
+                {"name": "job", "in": "query", "description": "Job ids (repeat, or commas).",
+                 "schema": {"type": "string"}},
+                {"name": "tag", "in": "query", "description": "Tags (repeat, or commas).",
+                 "schema": {"type": "string"}},
+                {"name": "state", "in": "query", "description": "Job states (repeat, or commas).",
+                 "schema": {"type": "string"}},
+                {"name": "pool", "in": "query", "description": "Pools (repeat, or commas).",
+                 "schema": {"type": "string"}},
+                {"name": "since", "in": "query",
+                 "description": "Send the changes after this version (Last-Event-ID wins).",
+                 "schema": {"type": "integer", "minimum": 0, "maximum": limits.version_max}},
+                {"name": "Last-Event-ID", "in": "header",
+                 "description": "The id of the last event seen: the stream resumes after it.",
+                 "schema": {"type": "string"}},
+            ],
+            "responses": {"200": {"description": "The stream.",
+                                  "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+                          "400": _BAD,
+                          "503": _err("This member serves events_streams_max streams already, "
+                                      "or is busy.")},
         },
     },
     "/fleet": {
