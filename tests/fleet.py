@@ -573,3 +573,60 @@ def submit_anywhere(members: list[Meshd], spec: dict, timeout_s: float = 60.0) -
                 return m, rec["id"]
         return None
     return wait_until(attempt, timeout_s, "a submit")
+
+
+class EventStream:
+    """A client of GET /events on one member (a raw socket, so that a test may also drop it):
+    `next()` gives the next event as {"id", "event", "data"} (data decoded from JSON), or a
+    comment as {"comment": text}."""
+
+    def __init__(self, m: Meshd, query: str = "", headers: dict[str, str] | None = None,
+                 timeout_s: float = WAIT_S_MAX) -> None:
+        import http.client
+        import urllib.parse
+        u = urllib.parse.urlsplit(m.url)
+        self.conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout_s)
+        sent = {"Accept": "text/event-stream"}
+        if m.token is not None:
+            sent["Authorization"] = f"Bearer {m.token}"
+        sent.update(headers or {})
+        self.conn.request("GET", "/events" + (f"?{query}" if query else ""), headers=sent)
+        self.resp = self.conn.getresponse()
+        self.status = self.resp.status
+        self.headers = self.resp.headers
+        self.body = b"" if self.status == 200 else self.resp.read()
+
+    def next(self) -> dict:
+        """The next event or comment (the socket's timeout bounds the wait)."""
+        fields: dict[str, Any] = {}
+        while True:
+            line = self.resp.readline()
+            if not line:
+                raise EOFError("the event stream ended")
+            text = line.decode().rstrip("\n")
+            if text == "":
+                if fields:
+                    if "data" in fields:
+                        fields["data"] = json.loads(fields["data"])
+                    return fields
+                continue
+            if text.startswith(":"):
+                if not fields:
+                    return {"comment": text[1:].strip()}
+                continue
+            name, _, value = text.partition(": ")
+            fields[name] = value
+
+    def until(self, pred: Any, what: str = "an event") -> tuple[dict, list[dict]]:
+        """Read events until one passes `pred`: (that event, every event read before it)."""
+        seen: list[dict] = []
+        while True:
+            ev = self.next()
+            if "comment" not in ev and pred(ev):
+                return ev, seen
+            seen.append(ev)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.sock.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
+        self.conn.close()
