@@ -28,6 +28,7 @@ def test_roles_are_the_configs() -> None:
     ("GET", "/jobs", "open", "read"),
     ("HEAD", "/blobs/{digest}", "open", "read"),
     ("GET", "/jobs/{id}/results", "open", "read"),
+    ("GET", "/events", "open", "read"),
     ("GET", None, "open", "read"),  # an unknown path: a read all the same
     ("POST", "/jobs", "open", "submit"),
     ("POST", "/jobs/{id}/cancel", "open", "submit"),
