@@ -93,6 +93,9 @@ RULES: tuple[Rule, ...] = (
     _c("node_recopies_", "meshjobs_node_recopies", "Outputs copied again after a member was lost, by step.", "step"),
     _c("node_state_hints", "meshjobs_node_state_hints", "Table updates from a member other than the leader (hints: who leads; never freshness)."),
     _c("node_ctl_replies_of_another_request", "meshjobs_node_ctl_replies_of_another_request", "Forwarded answers whose request id names another request, dropped."),
+    _c("node_feed_gaps", "meshjobs_node_feed_gaps", "Times the feed of changes (/events) restarted after a snapshot was installed."),
+    _c("node_feed_resets", "meshjobs_node_feed_resets", "Answers of the changes op that told a client to reload (since older than the ring)."),
+    _c("node_changes_waiters_full", "meshjobs_node_changes_waiters_full", "Changes long-polls refused because events_waiters_max waited already."),
     _c("node_", "meshjobs_node", "The job node's count {rest} (not yet described here).", ""),
     # --- the job table (meshjobs/table.py), counts of applied entries ---
     _c("table_refused_", "meshjobs_table_refused", "Log entries the job table refused, by reason.", "reason"),

@@ -112,7 +112,8 @@ class Feeding:
             else:
                 # Nothing up to here passes its filters: the next round looks only at what
                 # comes after.
-                keep.append((token, {**req, "since": self.table.applied_index}, deadline))
+                since = max(req["since"], self.table.applied_index)
+                keep.append((token, {**req, "since": since}, deadline))
         self._change_waiters = keep
 
     def _changes_body(self, events: list[dict], version: int, reset: bool = False) -> dict:
