@@ -226,3 +226,20 @@ def test_changes_waiters_bounded() -> None:
     f.settle()
     assert f.answer(2).body["events"][0]["data"]["id"] == "jz"
     assert f.answer(3).body["events"][0]["data"]["id"] == "jz"
+
+
+def test_changes_since_ahead_of_this_member_waits() -> None:
+    """changes: a since past this member's table (the client came from a member further on)
+    waits for changes after it, and sends nothing it already had."""
+    f = Fleet1()
+    submitted(f, token=1, rid="a", job_id="j1", n=1)
+    f.settle()
+    ahead = f.table.applied_index + 2
+    changes(f, 2, ahead, wait_ms=60_000)
+    f.end(f.runs[0])
+    f.settle()  # the result lands at an index at or below `ahead`
+    assert 2 not in f.replies or all(e["version"] > ahead for e in f.answer(2).body["events"])
+    submitted(f, token=3, rid="b", job_id="j2", n=1)
+    f.settle()
+    events = f.answer(2).body["events"]
+    assert events and all(e["version"] > ahead for e in events)
