@@ -77,8 +77,10 @@ def fleet3(tmp_path):
 
 def test_versions_grow_and_agree_on_every_member(fleet3, tmp_path) -> None:
     """A job's version grows with its changes and is the same number on the leader and the
-    followers; a follower answers wait&since at an item's end, before the job ends."""
+    followers; a follower answers wait&since at an item's end, before the job ends, and its
+    /events stream carries the job through to done with the same versions."""
     gate = str(tmp_path / "gate")
+    streams = {m.name: EventStream(m) for m in fleet3}
     _, job_id = submit_anywhere(fleet3, gated(gate, 2))
 
     def versions() -> list[int]:
@@ -98,6 +100,10 @@ def test_versions_grow_and_agree_on_every_member(fleet3, tmp_path) -> None:
                       and all(m.request("GET", f"/jobs/{job_id}")[1]["state"] == "done"
                               for m in fleet3) and v, what="the job done everywhere")
     assert done[0] > rec["version"]
+    for name, s in streams.items():
+        ev, _ = s.until(lambda e: e["data"]["id"] == job_id and e["data"]["state"] == "done")
+        assert int(ev["id"]) == ev["data"]["version"] == done[0], name
+        s.close()
     # In the list rows too.
     for m in fleet3:
         status, rows = m.request("GET", "/jobs")
