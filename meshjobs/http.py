@@ -165,6 +165,7 @@ class HttpApi:
         self._host = host
         # Live output of running items (meshjobs.itemlogs.ItemLogs); None: only stored output.
         self._item_logs = item_logs
+        self._item_streams = 0  # answers of an item's output being sent (event loop only)
         # The member's metrics registry (histograms, process metrics); one of its own if alone.
         self._timings = timings if timings is not None else MemberMetrics()
         self._port = port
@@ -774,6 +775,13 @@ class HttpApi:
         so far to its spool file, here or on the member running it; once it ended: its stored
         blob. With ?follow=1 the answer stays open and new bytes follow as they are written,
         until the item ends (or log_follow_s_max passes, or its lease moves to another run)."""
+        self._item_streams += 1
+        try:
+            return await self._item_output_of(request)
+        finally:
+            self._item_streams -= 1
+
+    async def _item_output_of(self, request: web.Request) -> web.StreamResponse:
         job_id = self._job_id(request)
         n = _parse_item_index(request.match_info["n"])
         stream = "stdout" if request.path.endswith("/stdout") else "stderr"
@@ -797,9 +805,12 @@ class HttpApi:
         resp = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8",
                                            "Cache-Control": "no-store",
                                            "X-Content-Type-Options": "nosniff"})
+        epoch = item.get("epoch")
+        if isinstance(epoch, int):
+            # The run whose output this is: a client that resumes knows whether it is the same.
+            resp.headers["X-Meshjobs-Item-Epoch"] = str(epoch)
         if follow:
             await resp.prepare(request)  # headers at once: bytes may be long in coming
-        epoch = item.get("epoch")
         follow_until = loop.time() + limits.log_follow_s_max
         settle_until = loop.time() + limits.log_settle_ms_max / 1000
         unreachable: str | None = None
@@ -836,6 +847,8 @@ class HttpApi:
             if follow and loop.time() >= follow_until:
                 break
             if not await self._log_pause(request):
+                if not resp.prepared:
+                    raise HttpError(503, "member is stopping; try another member")
                 break
             if piece is None or piece.error is not None:
                 item = await self._item_of(job_id, n)
@@ -843,8 +856,9 @@ class HttpApi:
             if unreachable is not None:
                 raise HttpError(503, f"member {unreachable}, which runs item {n} of job "
                                      f"{job_id}, does not answer; try again shortly")
-            await resp.prepare(request)
         with contextlib.suppress(ConnectionResetError):
+            if not resp.prepared:
+                await resp.prepare(request)
             await resp.write_eof()
         return resp
 
@@ -1118,6 +1132,7 @@ class HttpApi:
             "meshjobs_http_bad_requests": self._bad_requests,
             "meshjobs_http_auth_refused": dict(self._refused),
             "meshjobs_http_blobs_damaged": dict(self._damage),
+            "meshjobs_http_item_streams": self._item_streams,
         }
         gate = self._gate
         if gate is not None:

@@ -191,6 +191,7 @@ HTTP_RULES: Mapping[str, tuple[str, str, str | None]] = {
     "meshjobs_http_conns_accepted": (COUNTER, "HTTP connections accepted.", None),
     "meshjobs_http_conns_shed": (COUNTER, "HTTP connections closed by the gate, by reason.", "reason"),
     "meshjobs_http_accept_errors": (COUNTER, "Errors accepting HTTP connections (out of descriptors...).", None),
+    "meshjobs_http_item_streams": (GAUGE, "Answers of an item's output (GET /jobs/{id}/items/{n}/stdout) being sent now.", None),
 }
 
 JOBS_FAMILY = "meshjobs_jobs"
