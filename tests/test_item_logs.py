@@ -4,6 +4,7 @@ item runs, followed, after it ended, from another member of a fleet) and `meshct
 from __future__ import annotations
 
 import http.client
+import os
 import socket
 import subprocess
 import sys
@@ -13,7 +14,17 @@ import urllib.parse
 import pytest
 
 from meshjobs import limits
-from tests.fleet import env_with_path, free_port, make_fleet, start_all, submit_anywhere, wait_until
+from tests.fleet import (
+    Meshd,
+    env_with_path,
+    free_port,
+    make_cert,
+    make_fleet,
+    start_all,
+    submit_anywhere,
+    token_line,
+    wait_until,
+)
 
 FINAL = ("done", "failed", "timeout", "cancelled")
 
@@ -333,3 +344,32 @@ def test_openapi_describes_the_routes(meshd):
         assert {"id", "n", "follow", "offset"} <= names
         assert {"200", "400", "404", "409", "503"} <= set(op["responses"])
 
+
+
+def test_meshctl_job_logs_with_tokens_and_https(tmp_path):
+    """Over HTTPS with tokens: a read token is enough for job logs (also -f); no token is
+    exit 2 saying to set one; without --cacert it is exit 4 saying to pass it."""
+    top = str(tmp_path)
+    cert, key = make_cert(os.path.join(top, "pki"))
+    cfg = os.path.join(top, "m.toml")
+    with open(cfg, "w") as f:
+        f.write('name = "m"\n[pools.default]\nslots = 2\n'
+                f'[http]\ntls_cert = "{cert}"\ntls_key = "{key}"\n'
+                "[auth]\ntokens = [ " + token_line("reader", "read", "tok-read-1234") + ", "
+                + token_line("ci", "submit", "tok-submit-5678") + " ]\n")
+    m = Meshd(os.path.join(top, "m"), name="m", config=cfg, token="tok-submit-5678", cacert=cert)
+    try:
+        m.start()
+        status, rec = m.request("POST", "/jobs", {"argv": ["echo", "secret-free"],
+                                                  "items": [""], "id": "tls"})
+        assert status == 201, rec
+        m.wait_job("tls")
+        for extra in ([], ["-f"]):
+            r = m.ctl("job", "logs", "tls", *extra, env={"MESHJOBS_TOKEN": "tok-read-1234"})
+            assert (r.returncode, r.stdout) == (0, b"secret-free\n"), r.stderr
+        r = m.ctl("job", "logs", "tls", env={"MESHJOBS_TOKEN": ""})
+        assert r.returncode == 2 and b"MESHJOBS_TOKEN" in r.stderr, r.stderr
+        r = m.ctl("job", "logs", "tls", env={"MESHJOBS_CACERT": ""})
+        assert r.returncode == 4 and b"--cacert" in r.stderr, r.stderr
+    finally:
+        m.stop()
