@@ -240,7 +240,7 @@ class Member:
         jobs = JobsThread(node, replica, driver, blobs, links=links, mover=mover)
         jobs.writers = writers
         from meshjobs.itemlogs import ItemLogs
-        item_logs = jobs.logs = ItemLogs(cfg.name, driver.spool, links)
+        item_logs = jobs.logs = ItemLogs(cfg.name, driver, links)
         from meshjobs.metrics import MemberMetrics
         timings = jobs.timings = MemberMetrics()
         http_blobs = _HttpBlobs(blobs, mover, fatal, watch)

@@ -263,6 +263,11 @@ class Driver:
         with self._lock:
             return self._spools.get(key)
 
+    def accepted(self, key: RunKey) -> bool:
+        """Whether a run is accepted and its end not yet reported (waiting or running)."""
+        with self._lock:
+            return key in self._accepted
+
     def stop(self) -> None:
         """Make run() kill every group (SIGKILL), reap them and return, reporting nothing more."""
         with self._lock:

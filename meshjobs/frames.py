@@ -470,8 +470,9 @@ def _unpack_body(packed: bytes, size_max: int) -> dict[Any, Any] | None:
 
 LOG_STREAMS = ("stdout", "stderr")
 # Why an F_LOG_PUT carries no bytes: "unknown" the member runs no such item under that lease
-# epoch now (not started yet, ended and its output stored, or leased elsewhere); "unavailable"
-# the item runs there but its output cannot be read while it runs (a python item, a read error).
+# epoch now (ended and its output stored, or leased elsewhere); "unavailable" the run is there
+# but its output cannot be read while it runs (a python item, a command not spawned yet, a read
+# error).
 LOG_ERRORS = ("unknown", "unavailable")
 _U63 = (1 << 63) - 1
 

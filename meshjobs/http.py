@@ -840,6 +840,8 @@ class HttpApi:
                     if not follow:
                         break
                     settle_until = loop.time() + limits.log_settle_ms_max / 1000
+                elif piece.error == "unavailable" and not follow:
+                    break  # nothing to show while it runs (a python item, or not spawned yet)
             # Not yet spawned, ended and being stored, or the member did not answer: look at
             # the record again a little later.
             if not follow and loop.time() >= settle_until:

@@ -32,7 +32,6 @@ import itertools
 import os
 import threading
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
@@ -50,8 +49,6 @@ from meshjobs.frames import (
     parse_log_piece,
 )
 
-SpoolOf = Callable[[tuple[str, int, int]], "tuple[str, str, bool] | None"]
-
 # The item-log thread wakes this often when idle (to notice stop).
 _IDLE_S = 0.5
 
@@ -63,12 +60,12 @@ def _resolve(fut: Future, value: LogPiece | None) -> None:
 
 class ItemLogs:
     """Reads running items' output here and asks other members for theirs. See the module's
-    rules. `spool_of(key)` is the driver's `spool`; `links` is None on a fleet of one."""
+    rules. `driver` is this member's driver (its `spool` and `accepted`); `links` is None on a
+    fleet of one."""
 
-    def __init__(self, member: str, spool_of: SpoolOf, links: Any = None,
-                 log: Any = None) -> None:
+    def __init__(self, member: str, driver: Any, links: Any = None, log: Any = None) -> None:
         self.member = member
-        self._spool_of = spool_of
+        self._driver = driver
         self.links = links
         self._log = log if log is not None else structlog.get_logger(__name__)
         self._lock = threading.Lock()
@@ -85,11 +82,14 @@ class ItemLogs:
 
     def read_local(self, ask: LogAsk) -> LogPiece:
         """Up to `ask.size` bytes of a run's output on this member from `ask.offset` (blocking
-        file IO: call it off the event loop). "unknown" when this member runs no such process
-        now (not spawned yet, a python item, ended and stored, or another epoch)."""
-        spool = self._spool_of((ask.job, ask.index, ask.epoch))
+        file IO: call it off the event loop). "unavailable" when the run is here but has no
+        spool file (a python item, or a command not spawned yet); "unknown" when this member
+        has no such run now (ended and stored, or another epoch)."""
+        key = (ask.job, ask.index, ask.epoch)
+        spool = self._driver.spool(key)
         if spool is None:
-            return LogPiece(ask.q, b"", False, "unknown")
+            error = "unavailable" if self._driver.accepted(key) else "unknown"
+            return LogPiece(ask.q, b"", False, error)
         path = spool[0] if ask.stream == "stdout" else spool[1]
         ended = spool[2]  # read before the file: once ended, the file is complete
         try:

@@ -334,6 +334,59 @@ def test_output_from_another_member_of_a_fleet(tmp_path):
             m.stop()
 
 
+@pytest.mark.fleet
+def test_follow_ends_when_the_member_running_the_item_dies(tmp_path):
+    """A follow from another member does not hang when the member running the item is killed:
+    once the item's lease moves to a new run, the answer ends, meshctl -f says the output
+    starts again, and the new run's output is served."""
+    members = make_fleet(str(tmp_path / "fleet"), voters=3, dead_ms=1000)
+    try:
+        start_all(members)
+        gate = str(tmp_path / "gate")
+        _m, job_id = submit_anywhere(members, gated_spec(gate, "moved"))
+
+        def running_on():
+            for m in members:
+                it = item_of(m, job_id)
+                if it["state"] == "leased" and it["member"]:
+                    return it
+            return None
+        first = wait_until(running_on, 60, "the item leased to a member")
+        runner = next(m for m in members if m.name == first["member"])
+        other = next(m for m in members if m is not runner)
+        wait_until(output_is(other, "/jobs/moved/items/0/stdout", b"first\n"), 60,
+                   "first line from another member")
+        follow = Follow(other.url, "/jobs/moved/items/0/stdout?follow=1")
+        proc = subprocess.Popen([sys.executable, "-m", "meshjobs.cli", "--at", other.url, "job",
+                                 "logs", "moved", "-f"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env_with_path())
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline() == b"first\n"
+            wait_until(lambda: follow.got() == b"first\n", what="the follow's first line")
+            assert follow.headers["X-Meshjobs-Item-Epoch"] == str(first["epoch"])
+            runner.kill9()
+            assert follow.ended.wait(120), "the follow must end once the lease moved"
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert follow.error is None and follow.got() == b"first\n"
+        assert proc.returncode == 0 and out == b"" and b"runs again" in err, err
+        again = item_of(other, job_id)
+        assert again["epoch"] != first["epoch"] and again["member"] != runner.name
+        wait_until(output_is(other, "/jobs/moved/items/0/stdout", b"first\n"), 60,
+                   "the new run's first line")
+        open(gate, "w").close()
+        assert other.wait_job(job_id, timeout_s=120)["state"] == "done"
+        status, body = other.request("GET", "/jobs/moved/items/0/stdout")
+        assert (status, body) == (200, b"first\nsecond\n")
+    finally:
+        for m in members:
+            m.stop()
+
+
 def test_openapi_describes_the_routes(meshd):
     """The OpenAPI document has both routes with their parameters."""
     status, doc = meshd.request("GET", "/openapi.json")
