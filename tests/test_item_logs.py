@@ -387,6 +387,39 @@ def test_follow_ends_when_the_member_running_the_item_dies(tmp_path):
             m.stop()
 
 
+def test_a_python_items_output_shows_once_it_ended(tmp_path):
+    """A python item has no spool file: while it runs its output is empty (200, no wait for
+    it), a follow delivers it once the item ended."""
+    funcs = tmp_path / "funcs"
+    funcs.mkdir()
+    gate = tmp_path / "gate"
+    (funcs / "gated.py").write_text(
+        "import os, time\n"
+        "def wait(data):\n"
+        "    while not os.path.exists(os.environ['GATE']):\n"
+        "        time.sleep(0.05)\n"
+        "    return 'py-done'\n")
+    cfg = tmp_path / "m.toml"
+    cfg.write_text('name = "m"\n[pools.py]\nkind = "python"\nslots = 1\n'
+                   '[pools.default]\nslots = 1\n')
+    m = Meshd(str(tmp_path / "m"), name="m", config=str(cfg))
+    try:
+        m.start()
+        status, rec = m.request("POST", "/jobs", {
+            "pool": "py", "argv": ["gated:wait"], "cwd": str(funcs), "env": {"GATE": str(gate)},
+            "items": ["x"], "id": "py"})
+        assert status == 201, rec
+        wait_until(lambda: item_of(m, "py")["state"] == "leased", what="the python item runs")
+        assert m.request("GET", "/jobs/py/items/0/stdout") == (200, b"")
+        follow = Follow(m.url, "/jobs/py/items/0/stdout?follow=1")
+        wait_until(lambda: m.metrics()["meshjobs_http_item_streams"] == 1, what="the follow")
+        gate.write_text("")
+        assert follow.ended.wait(60)
+        assert follow.error is None and follow.got() == b"py-done"
+    finally:
+        m.stop()
+
+
 def test_openapi_describes_the_routes(meshd):
     """The OpenAPI document has both routes with their parameters."""
     status, doc = meshd.request("GET", "/openapi.json")
