@@ -329,6 +329,22 @@ def test_output_from_another_member_of_a_fleet(tmp_path):
             status, body = m.request("GET", "/jobs/far/items/0/stdout")
             assert (status, body) == (200, b"first\nsecond\n")
         assert sum(m.metrics().get("meshjobs_item_logs_served_total", 0) for m in members) >= 1
+        # More than one F_LOG_PUT's worth, written before the item waits: served whole.
+        big_gate = str(tmp_path / "big-gate")
+        size = 3 * limits.log_frame_bytes_max + 123
+        _m, big = submit_anywhere(members, {
+            "argv": ["sh", "-c", f"head -c {size} /dev/zero | tr '\\0' a; "
+                                 f"while [ ! -e {big_gate} ]; do sleep 0.05; done"],
+            "items": [""], "id": "big"})
+        runner = wait_until(lambda: next((item_of(m, big)["member"] for m in members
+                                          if item_of(m, big)["state"] == "leased"), None),
+                            60, "the big item leased")
+        other = next(m for m in members if m.name != runner)
+        wait_until(output_is(other, "/jobs/big/items/0/stdout", b"a" * size), 60,
+                   "the big output from another member")
+        status, body = other.request("GET", f"/jobs/big/items/0/stdout?offset={size - 5}")
+        assert (status, body) == (200, b"aaaaa")
+        open(big_gate, "w").close()
     finally:
         for m in members:
             m.stop()
