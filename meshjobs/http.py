@@ -853,7 +853,12 @@ class HttpApi:
                     raise HttpError(503, "member is stopping; try another member")
                 break
             if piece is None or piece.error is not None:
-                item = await self._item_of(job_id, n)
+                try:
+                    item = await self._item_of(job_id, n)
+                except HttpError:
+                    if not resp.prepared:
+                        raise
+                    break  # forgotten meanwhile, or the member is busy: end what was sent
         if not resp.prepared:
             if unreachable is not None:
                 raise HttpError(503, f"member {unreachable}, which runs item {n} of job "

@@ -151,6 +151,25 @@ def test_follow_waits_for_an_item_that_has_not_started(meshd, tmp_path):
     assert follow.got() == b"first\nsecond\n"
 
 
+def test_cancel_ends_a_follow(meshd, tmp_path):
+    """A follow of an item whose job is cancelled ends (with what the item wrote), and the
+    job forgotten afterwards answers 404."""
+    gate = str(tmp_path / "gate")
+    status, rec = meshd.request("POST", "/jobs", gated_spec(gate, "stopme"))
+    assert status == 201, rec
+    follow = Follow(meshd.url, "/jobs/stopme/items/0/stdout?follow=1")
+    wait_until(lambda: follow.got() == b"first\n", what="the follow's first line")
+    status, body = meshd.request("POST", "/jobs/stopme/cancel")
+    assert status == 200, body
+    assert follow.ended.wait(60)
+    assert follow.error is None and follow.got() == b"first\n"
+    assert meshd.wait_job("stopme")["state"] == "cancelled"
+    status, body = meshd.request("DELETE", "/jobs/stopme")
+    assert status == 200, body
+    status, body = meshd.request("GET", "/jobs/stopme/items/0/stdout")
+    assert status == 404, body
+
+
 @pytest.mark.parametrize("path,status,words", [
     ("/jobs/ended/items/1/stdout", 404, "no item 1"),
     ("/jobs/ended/items/999999/stdout", 404, "no item 999999"),
