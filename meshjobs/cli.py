@@ -946,6 +946,64 @@ def job_tone(ctx: click.Context, job_id: str, priority: int | None, hold: bool |
     _change(ctx, "POST", f"/jobs/{_q(job_id)}/tone", body, as_json)
 
 
+@job.command("logs")
+@click.argument("job_id", metavar="ID")
+@click.option("--item", "index", type=click.IntRange(0, limits.items_max - 1), default=0,
+              show_default=True, metavar="N", help="The item whose output to show.")
+@click.option("--stderr", "use_stderr", is_flag=True, help="Its stderr instead of its stdout.")
+@click.option("-f", "--follow", is_flag=True,
+              help="Keep printing what the item writes until it ends.")
+@click.pass_context
+def job_logs(ctx: click.Context, job_id: str, index: int, use_stderr: bool,
+             follow: bool) -> None:
+    """Print one item's output (stdout, or --stderr) as written so far, from any member, while
+    it runs or after; with -f, go on until the item ends."""
+    client = _client(ctx)
+    stream = "stderr" if use_stderr else "stdout"
+    path = f"/jobs/{_q(job_id)}/items/{index}/{stream}"
+    sink = click.get_binary_stream("stdout")
+    offset = 0
+    while True:
+        query = f"?offset={offset}" + ("&follow=1" if follow else "")
+        # A follow waits up to log_start_wait_s_max for an item that has not started.
+        timeout = TIMEOUT_S + (limits.log_start_wait_s_max if follow else 0)
+        epoch = None
+        try:
+            with client.open("GET", path + query, timeout=timeout) as resp:
+                epoch = resp.headers.get("X-Meshjobs-Item-Epoch")
+                while True:
+                    try:
+                        chunk = resp.read1(COPY_CHUNK_BYTES)
+                    except TimeoutError:
+                        if not follow:
+                            raise
+                        break  # a quiet item: ask again from where we are
+                    if not chunk:
+                        break
+                    sink.write(chunk)
+                    sink.flush()
+                    offset += len(chunk)
+        except (http.client.HTTPException, TimeoutError, ConnectionError) as e:
+            raise Cut(f"the output from meshd at {client.at} broke off after {offset} bytes "
+                      f"({type(e).__name__}); try again (-f goes on from where it was with "
+                      "--item and the same ID)", 4) from None
+        if not follow:
+            return
+        # The stream ended: the item ended, or a follow that lasted log_follow_s_max or went
+        # quiet past our timeout (ask again from the offset), or its lease moved to a new run.
+        record = client.json("GET", f"/jobs/{_q(job_id)}?items=1")
+        items = record.get("items") or []
+        item = items[index] if index < len(items) and isinstance(items[index], dict) else {}
+        if item.get("state") != "leased":
+            return
+        if epoch is not None and str(item.get("epoch")) != epoch:
+            click.echo(f"meshctl: item {index} of job {job_id} runs again (its lease moved to "
+                       f"member {item.get('member')}): its output starts again; run this "
+                       "command again to see it", err=True)
+            return
+        time.sleep(limits.log_poll_ms / 1000)  # (never a tight loop of empty answers)
+
+
 def _table(header: list[str], rows: list[list[str]], width: int | None = None) -> None:
     """Columns padded to their widest cell; with `width`, the widest columns are cut (with
     "…") until a line fits in it, the first column (the id) last; when every column is as

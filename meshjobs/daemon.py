@@ -239,6 +239,8 @@ class Member:
                                   BlobsCopied(member, tuple(digests))))
         jobs = JobsThread(node, replica, driver, blobs, links=links, mover=mover)
         jobs.writers = writers
+        from meshjobs.itemlogs import ItemLogs
+        item_logs = jobs.logs = ItemLogs(cfg.name, driver, links)
         from meshjobs.metrics import MemberMetrics
         timings = jobs.timings = MemberMetrics()
         http_blobs = _HttpBlobs(blobs, mover, fatal, watch)
@@ -247,7 +249,8 @@ class Member:
                        auth=cfg.auth, conns_max=cfg.http_conns_max,
                        header_timeout_s=cfg.http_header_timeout_s,
                        idle_timeout_s=cfg.http_idle_timeout_s,
-                       body_timeout_s=cfg.http_body_timeout_s, timings=timings)
+                       body_timeout_s=cfg.http_body_timeout_s, timings=timings,
+                       item_logs=item_logs)
         del voters
 
         stop = threading.Event()
@@ -281,6 +284,8 @@ class Member:
             extra.append(guarded("links", links.run))
         if mover is not None:
             extra.append(guarded("blobmover", mover.run))
+        if links is not None:
+            extra.append(guarded("itemlogs", item_logs.run))
         for t in extra:
             t.start()
         http_ready = threading.Event()
@@ -326,6 +331,7 @@ class Member:
         writers.close()
         if mover is not None:
             mover.stop()
+        item_logs.stop()
         if links is not None:
             links.stop()
         for t in extra:

@@ -196,6 +196,9 @@ class Driver:
         self._starts: deque[RunItem] = deque()
         self._cuts: set[RunKey] = set()
         self._accepted: set[RunKey] = set()  # started and not yet reported ended
+        # The stdout and stderr spool files of each running process, and whether it has
+        # ended (its files are then complete), for live output (meshjobs.itemlogs).
+        self._spools: dict[RunKey, tuple[str, str, bool]] = {}
         self._stopping = False
         self._closed = False  # the wake-up pipe is closed; nobody may write to it
         self._wake_r, self._wake_w = os.pipe()
@@ -251,6 +254,19 @@ class Driver:
         """The runs accepted and not yet reported ended (waiting to spawn or running)."""
         with self._lock:
             return set(self._accepted)
+
+    def spool(self, key: RunKey) -> tuple[str, str, bool] | None:
+        """The stdout and stderr spool files of a run (live output), and whether the run has
+        ended; None when it has no process yet, had none (a python item), or its end was
+        reported. The files may be gone by the time they are opened (stored in the blob
+        store): a reader then looks for the output in the item's blob."""
+        with self._lock:
+            return self._spools.get(key)
+
+    def accepted(self, key: RunKey) -> bool:
+        """Whether a run is accepted and its end not yet reported (waiting or running)."""
+        with self._lock:
+            return key in self._accepted
 
     def stop(self) -> None:
         """Make run() kill every group (SIGKILL), reap them and return, reporting nothing more."""
@@ -422,6 +438,8 @@ class Driver:
             deadline = time.monotonic() + item.runtime_s
         run = _Run(item, proc, pidfd, paths, started_ms, deadline)
         self._runs[item.key] = run
+        with self._lock:
+            self._spools[item.key] = (paths[1], paths[2], False)
         self._sel.register(pidfd, selectors.EVENT_READ, run)
         self._log.debug("item_started", job=item.job_id, index=item.index, epoch=item.epoch,
                         pid=proc.pid)
@@ -484,6 +502,9 @@ class Driver:
         Kept in one place so the puts can move to the blob writer threads.
         """
         item = run.item
+        with self._lock:
+            if item.key in self._spools:
+                self._spools[item.key] = (run.paths[1], run.paths[2], True)
         rc: int | None = returncode
         sig: int | None = None
         if returncode < 0:
@@ -641,6 +662,7 @@ class Driver:
         with self._lock:
             self._accepted.discard(key)
             self._cuts.discard(key)
+            self._spools.pop(key, None)
 
     def _shutdown(self) -> None:
         if self._pool is not None:
@@ -660,6 +682,7 @@ class Driver:
             self._starts.clear()
             self._cuts.clear()
             self._accepted.clear()
+            self._spools.clear()
             os.close(self._wake_r)
             os.close(self._wake_w)
 

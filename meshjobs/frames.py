@@ -98,6 +98,8 @@ class FrameType(enum.IntEnum):
     F_CHALLENGE = 11  # acceptor -> dialler: who I am, my nonce, proof that I hold the secret
     F_PROOF = 12  # dialler -> acceptor: proof that I hold the secret
     F_VOTERS = 13  # acceptor -> a joining worker that said hello to "*": the fleet's voters
+    F_LOG_GET = 14  # member -> member: asks for bytes of a running item's output (`LogAsk`)
+    F_LOG_PUT = 15  # member -> member: the answer, bytes of that output (`LogPiece`)
 
 
 HANDSHAKE_TYPES = frozenset({FrameType.F_HELLO, FrameType.F_CHALLENGE, FrameType.F_PROOF})
@@ -456,3 +458,109 @@ def _unpack_body(packed: bytes, size_max: int) -> dict[Any, Any] | None:
     except Exception:
         return None
     return body if isinstance(body, dict) else None
+
+
+# --- Live item output: the bodies of F_LOG_GET and F_LOG_PUT ----------------------------------
+#
+# A member serving `GET /jobs/{id}/items/{n}/stdout` for an item that runs on another member
+# asks that member for the bytes written so far to the item's spool file, from an offset; the
+# answer carries at most `log_frame_bytes_max` of them and says whether the output is complete.
+# These functions check a body field by field; anything else raises FrameError("body", why).
+# Keys a body has beyond these are ignored (a newer member may add some).
+
+LOG_STREAMS = ("stdout", "stderr")
+# Why an F_LOG_PUT carries no bytes: "unknown" the member runs no such item under that lease
+# epoch now (ended and its output stored, or leased elsewhere); "unavailable" the run is there
+# but its output cannot be read while it runs (a python item, a command not spawned yet, a read
+# error).
+LOG_ERRORS = ("unknown", "unavailable")
+_U63 = (1 << 63) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class LogAsk:
+    """F_LOG_GET: `size` bytes (at most) of an item's `stream` from `offset`, of the run of
+    (`job`, `index`) under lease `epoch`; `q` is the asker's id of the request."""
+
+    q: int
+    job: str
+    index: int
+    epoch: int
+    stream: str
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogPiece:
+    """F_LOG_PUT: the answer to the ask `q`: `data` from its offset, `end` when `data` reaches
+    the end of the item's whole output (the run has ended), or `error` (one of LOG_ERRORS) and
+    no data."""
+
+    q: int
+    data: bytes
+    end: bool
+    error: str | None = None
+
+
+def _int_in(body: dict[Any, Any], key: str, lo: int, hi: int) -> int:
+    v = body.get(key)
+    if type(v) is not int or not lo <= v <= hi:
+        raise FrameError("body", f"{key} must be an integer from {lo} to {hi}")
+    return v
+
+
+def log_ask_body(a: LogAsk) -> dict[str, Any]:
+    """The body of an F_LOG_GET. A field out of its range is the caller's bug (ValueError)."""
+    body = {"q": a.q, "j": a.job, "i": a.index, "e": a.epoch, "s": a.stream, "o": a.offset,
+            "n": a.size}
+    try:
+        parse_log_ask(body)
+    except FrameError as e:
+        raise ValueError(f"not a good F_LOG_GET: {e.detail}") from None
+    return body
+
+
+def parse_log_ask(body: Any) -> LogAsk:
+    """An F_LOG_GET body from a peer, checked; FrameError("body") if it is not a good one."""
+    if not isinstance(body, dict):
+        raise FrameError("body", "an F_LOG_GET body is a map")
+    job = body.get("j")
+    if (not isinstance(job, str) or not 1 <= len(job) <= limits.job_id_chars_max
+            or not job.isascii() or not job.isprintable()):
+        raise FrameError("body", f"j must be a job id of 1 to {limits.job_id_chars_max} "
+                                 "printable ASCII characters")
+    stream = body.get("s")
+    if stream not in LOG_STREAMS:
+        raise FrameError("body", "s must be stdout or stderr")
+    return LogAsk(_int_in(body, "q", 0, _U63), job, _int_in(body, "i", 0, limits.items_max - 1),
+                  _int_in(body, "e", 0, _U63), stream,
+                  _int_in(body, "o", 0, limits.log_offset_bytes_max),
+                  _int_in(body, "n", 1, limits.log_frame_bytes_max))
+
+
+def log_piece_body(p: LogPiece) -> dict[str, Any]:
+    """The body of an F_LOG_PUT. A field out of its range is the caller's bug (ValueError)."""
+    body = {"q": p.q, "data": p.data, "end": p.end, "err": p.error}
+    try:
+        parse_log_piece(body)
+    except FrameError as e:
+        raise ValueError(f"not a good F_LOG_PUT: {e.detail}") from None
+    return body
+
+
+def parse_log_piece(body: Any) -> LogPiece:
+    """An F_LOG_PUT body from a peer, checked; FrameError("body") if it is not a good one."""
+    if not isinstance(body, dict):
+        raise FrameError("body", "an F_LOG_PUT body is a map")
+    q = _int_in(body, "q", 0, _U63)
+    data, end, err = body.get("data"), body.get("end"), body.get("err")
+    if not isinstance(data, bytes) or len(data) > limits.log_frame_bytes_max:
+        raise FrameError("body", f"data must be at most {limits.log_frame_bytes_max} bytes")
+    if type(end) is not bool:
+        raise FrameError("body", "end must be true or false")
+    if err is not None and err not in LOG_ERRORS:
+        raise FrameError("body", f"err must be nil or one of {', '.join(LOG_ERRORS)}")
+    if err is not None and (data or end):
+        raise FrameError("body", "an answer with an error carries no data and no end")
+    return LogPiece(q, data, end, err)

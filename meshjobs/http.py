@@ -22,6 +22,7 @@ import asyncio
 import base64
 import binascii
 import concurrent.futures
+import contextlib
 import datetime as dt
 import html
 import json
@@ -60,6 +61,7 @@ from meshjobs.control import (
     parse_version,
 )
 from meshjobs.eventstream import EventStreams
+from meshjobs.frames import LogAsk, LogPiece
 from meshjobs.metrics import MemberMetrics
 from meshjobs.openapi import openapi_document
 
@@ -69,6 +71,7 @@ CTL_SLACK_MS = 2_000
 
 
 TERMINAL_STATES = ("done", "failed", "cancelled")
+FINAL_ITEM_STATES = ("done", "failed", "timeout", "cancelled")
 # Content types a body of a change may have (a browser's form or text/plain post may not).
 JSON_TYPES = ("application/json",)
 CSRF_HEADER = "X-Meshjobs-Csrf"
@@ -159,8 +162,12 @@ class HttpApi:
         idle_timeout_s: float = limits.http_idle_s_max,
         body_timeout_s: float = limits.http_body_s_max,
         timings: MemberMetrics | None = None,
+        item_logs: Any = None,
     ) -> None:
         self._host = host
+        # Live output of running items (meshjobs.itemlogs.ItemLogs); None: only stored output.
+        self._item_logs = item_logs
+        self._item_streams = 0  # answers of an item's output being sent (event loop only)
         # The member's metrics registry (histograms, process metrics); one of its own if alone.
         self._timings = timings if timings is not None else MemberMetrics()
         self._port = port
@@ -265,6 +272,8 @@ class HttpApi:
         r.add_get("/jobs/{id}/results", self._results)
         r.add_post("/jobs/{id}/cancel", self._cancel)
         r.add_post("/jobs/{id}/tone", self._tone)
+        r.add_get("/jobs/{id}/items/{n}/stdout", self._item_output, allow_head=False)
+        r.add_get("/jobs/{id}/items/{n}/stderr", self._item_output, allow_head=False)
         r.add_get("/blobs/{digest}", self._blob)
         r.add_get("/fleet", self._fleet)
         r.add_get("/healthz", self._health)
@@ -771,6 +780,184 @@ class HttpApi:
                                      "try again, or ask another member")
         return await self._stream(request, digests, sum(sizes), job_id, gone_status=503)
 
+    # --- one item's output, live ------------------------------------------------------------
+
+    async def _item_output(self, request: web.Request) -> web.StreamResponse:
+        """GET /jobs/{id}/items/{n}/stdout (or /stderr): the item's output from ?offset=, as
+        text/plain (the bytes as the item wrote them). While the item runs: what it has written
+        so far to its spool file, here or on the member running it; once it ended: its stored
+        blob. With ?follow=1 the answer stays open and new bytes follow as they are written,
+        until the item ends (or log_follow_s_max passes, or its lease moves to another run)."""
+        self._item_streams += 1
+        try:
+            return await self._item_output_of(request)
+        finally:
+            self._item_streams -= 1
+
+    async def _item_output_of(self, request: web.Request) -> web.StreamResponse:
+        job_id = self._job_id(request)
+        n = _parse_item_index(request.match_info["n"])
+        stream = "stdout" if request.path.endswith("/stdout") else "stderr"
+        follow = _parse_flag(request.query.get("follow"), "follow")
+        offset = _parse_offset(request.query.get("offset"))
+        loop = asyncio.get_running_loop()
+        item = await self._item_of(job_id, n)
+        if item.get("state") == "pending":
+            if not follow:
+                raise HttpError(409, f"item {n} of job {job_id} has not started yet: ask again "
+                                     "once it runs, or add ?follow=1 to wait for it")
+            until = loop.time() + limits.log_start_wait_s_max
+            while item.get("state") == "pending":
+                if loop.time() >= until:
+                    raise HttpError(409, f"item {n} of job {job_id} has not started within "
+                                         f"{limits.log_start_wait_s_max} s (no free slot, or "
+                                         "held?): ask again later")
+                if not await self._log_pause(request):
+                    raise HttpError(503, "member is stopping; try another member")
+                item = await self._item_of(job_id, n)
+        resp = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8",
+                                           "Cache-Control": "no-store",
+                                           "X-Content-Type-Options": "nosniff"})
+        epoch = item.get("epoch")
+        if isinstance(epoch, int):
+            # The run whose output this is: a client that resumes knows whether it is the same.
+            resp.headers["X-Meshjobs-Item-Epoch"] = str(epoch)
+        if follow:
+            await resp.prepare(request)  # headers at once: bytes may be long in coming
+        follow_until = loop.time() + limits.log_follow_s_max
+        settle_until = loop.time() + limits.log_settle_ms_max / 1000
+        unreachable: str | None = None
+        while not self._stopping.is_set() and not _client_gone(request):
+            state = item.get("state")
+            if state in FINAL_ITEM_STATES:
+                digest = item.get(stream)
+                if isinstance(digest, str):
+                    await self._item_blob(request, resp, digest, offset, job_id, n)
+                break
+            if state == "leased" and item.get("epoch") != epoch:
+                break  # re-leased: a new run, whose output starts again from its first byte
+            piece = None
+            if state == "leased":
+                piece = await self._log_piece(item, job_id, n, stream, offset)
+                if piece is None:
+                    unreachable = str(item.get("member"))
+                elif piece.error is None:
+                    if piece.data:
+                        if not await _write(request, resp, piece.data):
+                            return resp
+                        offset += len(piece.data)
+                    if piece.end:
+                        break
+                    if len(piece.data) == limits.log_frame_bytes_max:
+                        continue  # more is there at once
+                    if not follow:
+                        break
+                    settle_until = loop.time() + limits.log_settle_ms_max / 1000
+                elif piece.error == "unavailable" and not follow:
+                    break  # nothing to show while it runs (a python item, or not spawned yet)
+            # Not yet spawned, ended and being stored, or the member did not answer: look at
+            # the record again a little later.
+            if not follow and loop.time() >= settle_until:
+                break
+            if follow and loop.time() >= follow_until:
+                break
+            if not await self._log_pause(request):
+                if not resp.prepared:
+                    raise HttpError(503, "member is stopping; try another member")
+                break
+            if piece is None or piece.error is not None:
+                try:
+                    item = await self._item_of(job_id, n)
+                except HttpError:
+                    if not resp.prepared:
+                        raise
+                    break  # forgotten meanwhile, or the member is busy: end what was sent
+        if not resp.prepared:
+            if unreachable is not None:
+                raise HttpError(503, f"member {unreachable}, which runs item {n} of job "
+                                     f"{job_id}, does not answer; try again shortly")
+        with contextlib.suppress(ConnectionResetError):
+            if not resp.prepared:
+                await resp.prepare(request)
+            await resp.write_eof()
+        return resp
+
+    async def _item_of(self, job_id: str, n: int) -> dict:
+        """Item n's record (404 when the job or the item does not exist)."""
+        answer = await self._ask({"op": "get", "id": job_id, "items": True, "wait_ms": 0})
+        if answer.status != 200 or not isinstance(answer.body, dict):
+            message = answer.body.get("error") if isinstance(answer.body, dict) else None
+            raise HttpError(answer.status, str(message or f"job {job_id} cannot be read"))
+        items = answer.body.get("items") or []
+        if n >= len(items):
+            have = "1 item (0)" if len(items) == 1 else f"{len(items)} items, numbered from 0"
+            raise HttpError(404, f"job {job_id} has {have}: no item {n}")
+        return items[n]
+
+    async def _log_piece(self, item: dict, job_id: str, n: int, stream: str,
+                         offset: int) -> LogPiece | None:
+        """The next bytes of a running item's output, read here or asked of its member; None
+        when that member does not answer (or no live output can be asked for)."""
+        logs = self._item_logs
+        member, epoch = item.get("member"), item.get("epoch")
+        if logs is None or not isinstance(member, str) or not isinstance(epoch, int):
+            return None
+        if member == self._member:
+            ask = LogAsk(0, job_id, n, epoch, stream, offset, limits.log_frame_bytes_max)
+            return await asyncio.get_running_loop().run_in_executor(None, logs.read_local, ask)
+        fut = logs.ask(member, job_id, n, epoch, stream, offset, limits.log_frame_bytes_max)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(fut),
+                                          limits.log_ask_ms_max / 1000)
+        except TimeoutError:
+            return None
+        finally:
+            logs.forget(fut)
+
+    async def _log_pause(self, request: web.Request) -> bool:
+        """Wait one poll interval; False when the client went away or the member stops."""
+        step_s = limits.log_poll_ms / 1000
+        await asyncio.sleep(step_s)
+        return not self._stopping.is_set() and not _client_gone(request)
+
+    async def _item_blob(self, request: web.Request, resp: web.StreamResponse, digest: str,
+                         offset: int, job_id: str, n: int) -> None:
+        """Write an ended item's stored output from `offset` (fetched from another member when
+        this one lacks it)."""
+        chunks = await self._blob_call(self._blobs.open, digest)
+        if chunks is None:
+            if not resp.prepared:
+                raise HttpError(503, f"the output of item {n} of job {job_id} (blob {digest}) is "
+                                     "not on this member yet; try again, or ask another member")
+            return
+        try:
+            skip = offset
+            while not _client_gone(request):
+                try:
+                    chunk = await self._blob_call(next, chunks, None)
+                except (BlobCorrupt, BlobGone) as e:
+                    self._log.error("blob_damaged", what=f"item {job_id}/{n}", error=str(e))
+                    if isinstance(e, BlobCorrupt):
+                        self._count_damage("found")
+                        asyncio.get_running_loop().create_task(self._repair(e.digest))
+                    if not resp.prepared:
+                        raise self._damaged(digest, f"item {job_id}/{n}") from None
+                    if request.transport is not None:
+                        request.transport.close()
+                    return
+                if chunk is None:
+                    return
+                if skip >= len(chunk):
+                    skip -= len(chunk)
+                    continue
+                if not await _write(request, resp, chunk[skip:]):
+                    return
+                skip = 0
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                await self._blob_call(close)
+
     # --- blobs ------------------------------------------------------------------------------
 
     async def _blob(self, request: web.Request) -> web.StreamResponse:
@@ -965,6 +1152,7 @@ class HttpApi:
             "meshjobs_http_bad_requests": self._bad_requests,
             "meshjobs_http_auth_refused": dict(self._refused),
             "meshjobs_http_blobs_damaged": dict(self._damage),
+            "meshjobs_http_item_streams": self._item_streams,
         }
         gate = self._gate
         if gate is not None:
@@ -1056,6 +1244,42 @@ def _parse_flag(value: str | None, name: str) -> bool:
     if v in ("", "0", "false", "no", "off"):
         return False
     raise HttpError(400, f"{name} must be 1 or 0")
+
+
+def _parse_item_index(value: str) -> int:
+    """An item's index in a path: a decimal number below items_max."""
+    if not value.isascii() or not value.isdigit() or len(value) > 12 or int(value) >= limits.items_max:
+        raise HttpError(400, f"an item index is a number from 0 to {limits.items_max - 1}, "
+                             f"not {value[:40]!r}")
+    return int(value)
+
+
+def _parse_offset(value: str | None) -> int:
+    """?offset=: bytes of the output to skip (a decimal number, at most log_offset_bytes_max)."""
+    if value is None or value == "":
+        return 0
+    if (not value.isascii() or not value.isdigit() or len(value) > 20
+            or int(value) > limits.log_offset_bytes_max):
+        raise HttpError(400, f"offset is a number of bytes from 0 to "
+                             f"{limits.log_offset_bytes_max}, not {value[:40]!r}")
+    return int(value)
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+async def _write(request: web.Request, resp: web.StreamResponse, data: bytes) -> bool:
+    """Write bytes of a streamed answer (its headers first, if not sent yet); False when the
+    client went away."""
+    try:
+        if not resp.prepared:
+            await resp.prepare(request)
+        await resp.write(data)
+    except (ConnectionResetError, ConnectionError):
+        return False
+    return True
 
 
 def _parse_wait_ms(value: str | None) -> int:

@@ -206,6 +206,7 @@ class JobsThread:
         self._metrics_tokens: set[int] = set()
         self._next_publish_ms = 0
         self.writers: Any = None  # the blob writer threads, for their counters
+        self.logs: Any = None  # live item output (meshjobs.itemlogs.ItemLogs), set by the daemon
         # The member's latency histograms (meshjobs.metrics.MemberMetrics), set by the daemon.
         self.timings: Any = None
         self._submit_at: dict[int, float] = {}  # token of a submit -> when it was taken
@@ -245,12 +246,16 @@ class JobsThread:
         self.replica.notifier.notify()
 
     def frame_in(self, peer: str, frame: Any) -> None:
-        """A frame from the links thread. Blob frames go to the blob mover; the rest to the
-        node. Frames are hints: when the inbox is full they are dropped and counted."""
+        """A frame from the links thread. Blob frames go to the blob mover, live output frames
+        to the item logs; the rest to the node. Frames are hints: when the inbox is full they are dropped and counted."""
         name = frame.type.name
         if name in ("F_BLOB_PUT", "F_BLOB_GET"):
             if self.mover is not None:
                 self.mover.frame(peer, frame.type, frame.body)
+            return
+        if name in ("F_LOG_GET", "F_LOG_PUT"):
+            if self.logs is not None:
+                self.logs.frame(peer, frame.type, frame.body)
             return
         try:
             self.inbox.put_nowait((0, FrameIn(peer, name, frame.body), None))
@@ -446,6 +451,13 @@ class JobsThread:
             for k, v in st.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     m[f"blob_mover_{k}"] = v
+        if self.logs is not None:
+            st = self.logs.stats()
+            for reason, n in st.get("dropped", {}).items():
+                m[f"item_logs_dropped_{reason}"] = n
+            for k, v in st.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    m[f"item_logs_{k}"] = v
         return m
 
     def _frame(self, ev: FrameIn) -> None:

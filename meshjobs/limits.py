@@ -131,6 +131,17 @@ link_hello_ms_max = 5_000  # a new connection must complete its handshake within
 link_pending_conns_max = 64  # accepted connections that have not completed their handshake
 link_io_bytes = 256 * 1024  # one recv or send call on a member link
 
+# --- Live item output (GET /jobs/{id}/items/{n}/stdout, F_LOG_GET/F_LOG_PUT, itemlogs.py) -----
+log_frame_bytes_max = 256 * 1024  # output bytes in one F_LOG_PUT (one read of a spool file)
+log_offset_bytes_max = 1 << 50  # the largest ?offset= a client may give (bytes to skip)
+log_poll_ms = 200  # a follow (?follow=1) looks for new output this often
+log_ask_ms_max = 5_000  # a member that does not answer an F_LOG_GET within this is taken as down
+log_asks_max = 1_024  # F_LOG_GET asks of one member waiting for their answer; more: 503
+log_inbox_max = 256  # F_LOG_GET frames queued to the item-log thread; more are dropped, counted
+log_start_wait_s_max = 60  # ?follow=1 waits this long for an item that has not started
+log_settle_ms_max = 5_000  # an answer without follow waits this long for output between spool and blob
+log_follow_s_max = 24 * 3600  # a follow ends after this long (a client resumes with ?offset=)
+
 # --- The fleet ---------------------------------------------------------------------------------
 member_dead_ms = 3_000  # a member not heard from for this long has its leases revoked
 member_lost_ms = 60_000  # and for this long, the copies of outputs it held are made again elsewhere

@@ -174,6 +174,13 @@ RULES: tuple[Rule, ...] = (
     _c("blob_mover_gets_served", "meshjobs_blob_mover_gets_served", "Blob gets from peers answered with the blob."),
     _c("blob_mover_gets_missing", "meshjobs_blob_mover_gets_missing", "Blob gets from peers for a blob this member lacks."),
     _c("blob_mover_", "meshjobs_blob_mover", "The blob mover's count {rest} (not yet described here).", ""),
+    _c("item_logs_asks", "meshjobs_item_logs_asks", "Asks for a running item's output sent to the member running it (F_LOG_GET)."),
+    _c("item_logs_answers", "meshjobs_item_logs_answers", "Answers to those asks received (F_LOG_PUT)."),
+    _c("item_logs_asks_timed_out", "meshjobs_item_logs_asks_timed_out", "Asks for running output not answered in time (log_ask_ms_max)."),
+    _c("item_logs_served", "meshjobs_item_logs_served", "Asks of other members for running output served here."),
+    _c("item_logs_served_bytes", "meshjobs_item_logs_served_bytes", "Bytes of running output served to other members."),
+    _g("item_logs_waiting", "meshjobs_item_logs_waiting", "Asks for running output waiting for their answer."),
+    _c("item_logs_dropped_", "meshjobs_item_logs_dropped", "Live output frames dropped, by reason (bad bodies, unasked answers, a full inbox).", "reason"),
 )
 
 # Families of the HTTP thread's own numbers (built by `http_families`).
@@ -187,6 +194,7 @@ HTTP_RULES: Mapping[str, tuple[str, str, str | None]] = {
     "meshjobs_http_conns_accepted": (COUNTER, "HTTP connections accepted.", None),
     "meshjobs_http_conns_shed": (COUNTER, "HTTP connections closed by the gate, by reason.", "reason"),
     "meshjobs_http_accept_errors": (COUNTER, "Errors accepting HTTP connections (out of descriptors...).", None),
+    "meshjobs_http_item_streams": (GAUGE, "Answers of an item's output (GET /jobs/{id}/items/{n}/stdout) being sent now.", None),
 }
 
 JOBS_FAMILY = "meshjobs_jobs"

@@ -284,6 +284,51 @@ _PATHS: dict[str, Any] = {
                           "503": _err("A blob is not on this member yet, or the member is busy.")},
         },
     },
+    **{f"/jobs/{{id}}/items/{{n}}/{stream}": {
+        "get": {
+            "summary": f"One item's {stream} as written so far, while it runs or after; with "
+                       "?follow=1, until the item ends.",
+            "description": "While the item runs: what it has written so far to its spool file "
+                           "on the member running it (any member answers: it asks that member "
+                           "over the member links). Once it ended: its stored output. The bytes "
+                           "are sent as the item wrote them (text/plain; they need not be UTF-8). "
+                           "With follow=1 the answer (chunked) stays open and new bytes follow "
+                           f"as they are written (looked for every {limits.log_poll_ms} ms), "
+                           "until the item ends; it also ends after "
+                           f"{limits.log_follow_s_max} s, or when the item's lease moves to a "
+                           "new run (header X-Meshjobs-Item-Epoch names the run; resume with "
+                           "?offset=). An item not started yet is 409; with follow=1 the "
+                           f"answer waits up to {limits.log_start_wait_s_max} s for it to start.",
+            "operationId": f"itemOutput{stream.capitalize()}",
+            "parameters": [
+                _JOB_ID,
+                {"name": "n", "in": "path", "required": True, "description": "The item's index.",
+                 "schema": {"type": "integer", "minimum": 0, "maximum": limits.items_max - 1}},
+                {"name": "follow", "in": "query",
+                 "description": "1: keep the answer open until the item ends.",
+                 "schema": {"enum": ["0", "1", "true", "false", "yes", "no", "on", "off"]}},
+                {"name": "offset", "in": "query",
+                 "description": "Bytes of the output to skip (to resume).",
+                 "schema": {"type": "integer", "minimum": 0,
+                            "maximum": limits.log_offset_bytes_max, "default": 0}},
+            ],
+            "responses": {
+                "200": {"description": "The bytes from the offset.",
+                        "headers": {"X-Meshjobs-Item-Epoch": {
+                            "description": "The lease epoch of the run whose output this is.",
+                            "schema": {"type": "integer"}}},
+                        "content": {"text/plain": {"schema": {"type": "string",
+                                                              "format": "binary"}}}},
+                "400": _BAD,
+                "404": _err("No such job (or forgotten), or no such item."),
+                "409": _err("The item has not started yet (with follow=1: not within "
+                            f"{limits.log_start_wait_s_max} s)."),
+                "500": _err("The item's stored output is damaged on this member."),
+                "503": _err("The member running the item does not answer, the stored output "
+                            "is not on this member yet, or the member is busy or stopping."),
+            },
+        },
+    } for stream in ("stdout", "stderr")},
     "/jobs/{id}/cancel": {
         "post": {
             "summary": "Cancel a job: pending items will not run, running ones are cut.",

@@ -530,6 +530,107 @@ def test_well_framed_garbage_in_the_handshake_is_refused(step, ftype, payload):
         s.next_event()
 
 
+# --- live item output: F_LOG_GET and F_LOG_PUT bodies --------------------------------------------
+
+GOOD_ASK = {"q": 7, "j": "job-1", "i": 3, "e": 2, "s": "stderr", "o": 10, "n": 4096}
+GOOD_PIECE = {"q": 7, "data": b"line\n", "end": False, "err": None}
+
+
+def test_log_frames_round_trip_through_a_session():
+    """An F_LOG_GET and its F_LOG_PUT survive sealing and opening and parse back as sent."""
+    h = Handshake()
+    ask = frames.LogAsk(7, "job-1", 3, 2, "stderr", 10, 4096)
+    piece = frames.LogPiece(7, b"\x00\xffbytes", True)
+    got = opened(h.a, h.d.seal(FrameType.F_LOG_GET, frames.log_ask_body(ask)))
+    assert got[0].type == FrameType.F_LOG_GET and frames.parse_log_ask(got[0].body) == ask
+    got = opened(h.d, h.a.seal(FrameType.F_LOG_PUT, frames.log_piece_body(piece)))
+    assert got[0].type == FrameType.F_LOG_PUT and frames.parse_log_piece(got[0].body) == piece
+    assert frames.parse_log_piece({"q": 1, "data": b"", "end": False, "err": "unknown"}).error \
+        == "unknown"
+
+
+def test_a_full_log_piece_fits_in_one_frame():
+    """The largest F_LOG_PUT (log_frame_bytes_max of output) is far below frame_bytes_max."""
+    body = frames.log_piece_body(frames.LogPiece(frames._U63, b"x" * limits.log_frame_bytes_max,
+                                                 True))
+    assert frames.sealed_bytes(len(frames.pack(body))) < limits.frame_bytes_max
+
+
+@pytest.mark.parametrize("change", [
+    {"q": -1}, {"q": 1 << 63}, {"q": "7"}, {"q": True}, {"q": 1.0}, {"q": None},
+    {"j": ""}, {"j": "x" * (limits.job_id_chars_max + 1)}, {"j": 5}, {"j": b"job"},
+    {"j": "j\x00b"}, {"j": "jöb"}, {"j": "a\nb"},
+    {"i": -1}, {"i": limits.items_max}, {"i": 10**30}, {"i": "3"},
+    {"e": -1}, {"e": 1 << 64}, {"s": "stdin"}, {"s": "STDOUT"}, {"s": None}, {"s": b"stdout"},
+    {"o": -1}, {"o": limits.log_offset_bytes_max + 1}, {"o": 0.5},
+    {"n": 0}, {"n": limits.log_frame_bytes_max + 1}, {"n": -5}, {"n": [1]},
+])
+def test_a_bad_log_ask_is_refused_as_body(change):
+    """Each field of an F_LOG_GET out of its type or range is FrameError("body")."""
+    with pytest.raises(frames.FrameError) as e:
+        frames.parse_log_ask({**GOOD_ASK, **change})
+    assert e.value.reason == "body"
+
+
+@pytest.mark.parametrize("change", [
+    {"q": -1}, {"q": "x"}, {"data": "text"}, {"data": None}, {"data": [1, 2]},
+    {"data": b"x" * (limits.log_frame_bytes_max + 1)}, {"end": 1}, {"end": None},
+    {"err": "gone"}, {"err": 1}, {"err": "unknown"}, {"err": "unknown", "data": b"", "end": True},
+])
+def test_a_bad_log_piece_is_refused_as_body(change):
+    """An F_LOG_PUT with a field out of its type or range, over-long data, or an error that
+    carries data or an end, is FrameError("body")."""
+    with pytest.raises(frames.FrameError) as e:
+        frames.parse_log_piece({**GOOD_PIECE, **change})
+    assert e.value.reason == "body"
+
+
+@pytest.mark.parametrize("body", [None, [], "q", 7, b"", {}, {"q": 1}])
+def test_log_bodies_that_are_not_maps_or_lack_fields_are_refused(body):
+    """Missing fields and bodies that are not maps are FrameError("body"), never a crash."""
+    for parse in (frames.parse_log_ask, frames.parse_log_piece):
+        with pytest.raises(frames.FrameError):
+            parse(body)
+
+
+def test_unknown_keys_in_log_bodies_are_ignored():
+    """A newer member may add fields: they are ignored."""
+    assert frames.parse_log_ask({**GOOD_ASK, "x": [1] * 10}).index == 3
+    assert frames.parse_log_piece({**GOOD_PIECE, "x": {}}).data == b"line\n"
+
+
+def test_building_a_bad_log_body_is_the_callers_bug():
+    """Building a body with a field out of range raises ValueError (our own mistake)."""
+    with pytest.raises(ValueError):
+        frames.log_ask_body(frames.LogAsk(1, "j", 0, 1, "stdin", 0, 1))
+    with pytest.raises(ValueError):
+        frames.log_ask_body(frames.LogAsk(1, "j", 0, 1, "stdout", 0, limits.log_frame_bytes_max + 1))
+    with pytest.raises(ValueError):
+        frames.log_piece_body(frames.LogPiece(1, b"x" * (limits.log_frame_bytes_max + 1), False))
+
+
+@settings(max_examples=300)
+@given(st.dictionaries(st.sampled_from(["q", "j", "i", "e", "s", "o", "n", "data", "end", "err"]),
+                       st.one_of(st.none(), st.booleans(), st.integers(), st.floats(),
+                                 st.text(max_size=20), st.binary(max_size=20),
+                                 st.sampled_from(["stdout", "stderr", "unknown", "job"])),
+                       max_size=10))
+def test_hostile_log_bodies_raise_only_frame_error(body):
+    """Any map of any values either parses to fields within their limits or is FrameError."""
+    try:
+        a = frames.parse_log_ask(body)
+    except frames.FrameError as e:
+        assert e.reason == "body"
+    else:
+        assert a.stream in frames.LOG_STREAMS and 1 <= a.size <= limits.log_frame_bytes_max
+    try:
+        p = frames.parse_log_piece(body)
+    except frames.FrameError as e:
+        assert e.reason == "body"
+    else:
+        assert len(p.data) <= limits.log_frame_bytes_max and isinstance(p.end, bool)
+
+
 # --- purity ------------------------------------------------------------------------------------
 
 def test_frames_is_pure():

@@ -96,6 +96,8 @@ ROUTES = [
     ("GET", "/jobs?format=json", None, "read"),
     ("GET", "/jobs/nosuch", None, "read"),
     ("GET", "/jobs/nosuch/results", None, "read"),
+    ("GET", "/jobs/nosuch/items/0/stdout", None, "read"),
+    ("GET", "/jobs/nosuch/items/0/stderr?follow=1", None, "read"),
     ("HEAD", "/blobs/" + "0" * 64, None, "read"),
     ("GET", "/blobs/" + "0" * 64, None, "read"),
     ("GET", "/fleet", None, "read"),
