@@ -312,6 +312,9 @@ def parse_request(req: object) -> dict:
         if tag is not None:
             _str(tag, "tag", limits.tag_chars_max)
         out: dict[str, Any] = {"op": "list", "state": state, "tag": tag}
+        pool = req.get("pool")
+        if pool is not None:
+            out["pool"] = parse_pool(pool)
         # A page, newest first: at most `limit` jobs submitted before the job `after` names
         # (a cursor is the submit seq of the last job of the page before, opaque to clients).
         if req.get("limit") is not None:
@@ -322,6 +325,14 @@ def parse_request(req: object) -> dict:
     if op in ("fleet", "health", "metrics"):
         return {"op": op}
     raise ControlError(400, f"unknown control op {str(op)[:40]!r}")
+
+
+def parse_pool(value: object) -> str:
+    """A pool name as a filter or in a spec: letters, digits, '.', '_' or '-'."""
+    if not isinstance(value, str) or not POOL_RE.fullmatch(value):
+        raise ControlError(400, f"bad pool name {str(value)[:40]!r}: use 1 to "
+                                f"{limits.pool_chars_max} letters, digits, '.', '_' or '-'")
+    return value
 
 
 def parse_cursor(value: object) -> int:
