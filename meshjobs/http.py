@@ -691,7 +691,8 @@ class HttpApi:
     async def _job_page(self, request: web.Request, job_id: str) -> web.Response:
         """A browser's view of one job (meshjobs/webui.py): its program, counts and times, why
         each failed item failed (with the last lines of its stderr), a page of its items
-        (?items_from=N), the head of one item's outputs (?item=N; the only item by default),
+        (?items_from=N), the head of one item's outputs (?item=N; by default the only item once
+        it ended),
         and Cancel, Hold and Release while it is unfinished."""
         items_from = _parse_index(request.query.get("items_from"), "items_from")
         pick = _parse_index(request.query.get("item"), "item", none=True)
@@ -708,7 +709,7 @@ class HttpApi:
         if pick is not None and pick >= len(items):
             raise HttpError(404, f"job {job_id} has {len(items)} item(s): no item {pick}; "
                                  "items count from 0")
-        if pick is None and len(items) == 1:
+        if pick is None and len(items) == 1 and items[0].get("ended_at") is not None:
             pick = 0
         preview = None
         if pick is not None:

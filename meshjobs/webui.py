@@ -118,7 +118,8 @@ STYLE = (
     "th{background:#262626!important}a{color:#8ab4f8}}"
     "header{padding:.6em 2em;border-bottom:1px solid #ccc}header a{margin-right:1.2em}"
     "header .me{float:right;color:#666}"
-    "main{padding:1em 2em}#msg{margin:.5em 2em;min-height:1.4em}"
+    "main{padding:0 2em 1em}#msg{margin:.5em 2em}#msg:empty{margin:0}"
+    "td.act,td.t{white-space:nowrap}"
     "#msg.bad{color:#b00020;font-weight:600}#msg.ok{color:#1b6e20}"
     "table{border-collapse:collapse;margin:.5em 0}"
     "th,td{padding:.3em .7em;text-align:left;border-bottom:1px solid #ddd;vertical-align:top}"
@@ -182,7 +183,7 @@ def job_row(job: dict) -> str:
         f'<td class="n">{e(str(job.get("items_failed", 0)))}</td>'
         f'<td class="n">{e(str(job.get("priority", 0)))}</td>'
         f"<td>{e(tags_text(job.get('tags')))}</td>"
-        f"<td>{e(when(job.get('submitted_at')))}</td>"
+        f'<td class="t">{e(when(job.get("submitted_at")))}</td>'
         f'<td class="act">{buttons(job)}</td>'
         "</tr>"
     )
@@ -363,8 +364,8 @@ def _item_row(base: str, jid: str, item: dict, runtime: object) -> str:
         f'<td class="n">{e(str(rc)) if rc is not None else (e("signal " + str(sig_)) if sig_ else "")}</td>'
         f'<td class="n">{e(str(item.get("attempts", "")))}</td>'
         f"<td>{e(str(item.get('member') or ''))}</td>"
-        f"<td>{e(when(item.get('started_at')))}</td>"
-        f"<td>{e(when(item.get('ended_at')))}</td>"
+        f'<td class="t">{e(when(item.get("started_at")))}</td>'
+        f'<td class="t">{e(when(item.get("ended_at")))}</td>'
         f"<td>{e(took(item.get('started_at'), item.get('ended_at')))}</td>"
         f"<td>{' '.join(outs)}</td>"
         "</tr>")
@@ -401,7 +402,7 @@ def fleet_page(member: str, fleet: dict, *, nonce: str = "") -> str:
             f'<td class="n">{e(size(m.get("blob_bytes")))}</td>'
             f"<td{_bad(m.get('blob_pressure'))}>{_yes(m.get('blob_pressure'))}</td>"
             f"<td{_bad(m.get('disk_full'))}>{_yes(m.get('disk_full'))}</td>"
-            f"<td>{e(when(m.get('last_seen')))}</td>"
+            f'<td class="t">{e(when(m.get("last_seen")))}</td>'
             "</tr>")
     n_alive = sum(1 for m in members if m.get("alive"))
     leader = fleet.get("leader")
@@ -601,7 +602,7 @@ UI_SCRIPT_TEMPLATE = r"""
     tr.append(first, cell(st, "state " + st), cell(String(j.pool ?? "")), progCell,
               cell((j.items_done ?? 0) + "/" + (j.items_total ?? 0), "n"),
               cell(String(j.items_failed ?? 0), "n"), cell(String(j.priority ?? 0), "n"),
-              cell(tags), cell(when(j.submitted_at)), acts);
+              cell(tags), cell(when(j.submitted_at), "t"), acts);
     return tr;
   }
 
