@@ -192,6 +192,50 @@ def test_polls_when_events_fail(member, page):
     shot(page, "jobs-polling")
 
 
+def test_follows_events_by_the_contract(member, page):
+    """Rule: the list follows GET /events (text/event-stream; `job` events carry a job as the
+    JSON list shows it, `forget` its id): a changed job's row changes, a forgotten one goes, a
+    new one matching the filter goes on top, another is left out. The stream here is a
+    stand-in served by the browser, and polling is made to fail, so that only the events can
+    have changed the page."""
+    import json
+
+    from playwright.sync_api import expect
+
+    for jid in ("ev-a", "ev-b"):
+        submit(member, argv=["true"], id=jid, hold=True, tags=["ev"])
+    _, a = member.request("GET", "/jobs/ev-a")
+
+    def job(jid: str, state: str, tags: list[str], at: float) -> str:
+        return json.dumps({"id": jid, "state": state, "version": 7, "tags": tags, "pool": "default",
+                           "argv": ["true"], "items_total": 1, "items_done": 0, "items_failed": 0,
+                           "items_running": 1 if state == "running" else 0, "priority": 0,
+                           "hold": False, "submitted_at": at})
+
+    stream = (f"id: 5\nevent: job\ndata: {job('ev-a', 'running', ['ev'], a['submitted_at'])}\n\n"
+              'id: 6\nevent: forget\ndata: {"id": "ev-b", "version": 6}\n\n'
+              f"id: 7\nevent: job\ndata: {job('ev-other', 'queued', ['zzz'], a['submitted_at'] + 61)}\n\n"
+              f"id: 8\nevent: job\ndata: {job('ev-new', 'queued', ['ev'], a['submitted_at'] + 60)}\n\n")
+    asked: list[str] = []
+
+    def events(route) -> None:
+        asked.append(route.request.url)
+        route.fulfill(status=200, headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"}, body=stream)
+
+    page.route(lambda url: "format=json" in url, lambda route: route.fulfill(
+        status=503, content_type="application/json", body='{"error": "member busy, try again"}'))
+    page.route("**/events?*", events)
+    page.goto(member.url + "/jobs?tag=ev")
+    expect(page.locator('tr[data-id="ev-a"] td.state')).to_have_text("running")
+    expect(page.locator('tr[data-id="ev-b"]')).to_have_count(0)
+    expect(page.locator("#jobs tr").first).to_have_attribute("data-id", "ev-new")
+    expect(page.locator('tr[data-id="ev-new"] td.state')).to_have_text("queued")
+    assert page.locator('tr[data-id="ev-other"]').count() == 0  # its event came before ev-new's
+    assert asked and asked[0] == member.url + "/events?tag=ev"
+    shot(page, "jobs-events")
+
+
 def test_unstartable_command_explained_on_job_page(member, page):
     """Rule: the page of a job whose program cannot start shows the item's error."""
     from playwright.sync_api import expect
