@@ -266,13 +266,17 @@ def test_item_output_preview_and_download(member, page):
 
 
 def test_cancel_hold_release_buttons(member, page, tmp_path):
-    """Rule: Cancel on a running job's page cancels it (the page follows); Release on the
-    list lets a held job run; Hold holds a queued one."""
+    """Rule: on a running job's page Hold holds it, Release lets it go on and Cancel cancels
+    it (the page follows each); Release on the list lets a held job run."""
     from playwright.sync_api import expect
 
     submit(member, argv=waiter(tmp_path / "never"), id="to-cancel")
     page.goto(member.url + "/jobs/to-cancel")
     expect_live(page)
+    expect(page.locator("h1 .state")).to_have_text("running")
+    page.click("button.hold")
+    expect(page.locator("h1 .state")).to_have_text("held")
+    page.click("button.release")
     expect(page.locator("h1 .state")).to_have_text("running")
     page.click("button.cancel")
     expect(page.locator("#msg")).to_contain_text("cancelled")
