@@ -692,8 +692,7 @@ class HttpApi:
         """A browser's view of one job (meshjobs/webui.py): its program, counts and times, why
         each failed item failed (with the last lines of its stderr), a page of its items
         (?items_from=N), the head of one item's outputs (?item=N; by default the only item once
-        it ended),
-        and Cancel, Hold and Release while it is unfinished."""
+        it ended), and Cancel, Hold and Release while it is unfinished."""
         items_from = _parse_index(request.query.get("items_from"), "items_from")
         pick = _parse_index(request.query.get("item"), "item", none=True)
         answer = await self._ask({"op": "get", "id": job_id, "items": True, "wait_ms": 0})
