@@ -697,7 +697,10 @@ class HttpApi:
         pick = _parse_index(request.query.get("item"), "item", none=True)
         answer = await self._ask({"op": "get", "id": job_id, "items": True, "wait_ms": 0})
         if answer.status != 200 or not isinstance(answer.body, dict):
-            return web.json_response(answer.body, status=answer.status)
+            why = answer.body.get("error") if isinstance(answer.body, dict) else None
+            return _html(webui.error_page(self._member, answer.status,
+                                          str(why or f"no answer for job {job_id}")),
+                         status=answer.status if answer.status >= 400 else 502)
         record = answer.body
         items = sorted((it for it in record.get("items") or [] if isinstance(it, dict)),
                        key=lambda it: it.get("index", 0))

@@ -419,6 +419,14 @@ def fleet_page(member: str, fleet: dict, *, nonce: str = "") -> str:
     return page(f"fleet seen from {member}", member, body, nonce=nonce)
 
 
+def error_page(member: str, status: int, message: str) -> str:
+    """What a browser sees when the member cannot show what it asked for: the API's words."""
+    body = (f'<main data-page="error"><h1>{e(str(status))}: cannot show this page</h1>'
+            f'<p class="failed" role="alert">{e(message)}</p>'
+            '<p><a href="/jobs">all jobs</a> · <a href="/fleet">fleet</a></p></main>')
+    return page(f"{status} on {member}", member, body)
+
+
 # --- logging in -----------------------------------------------------------------------------
 
 

@@ -278,6 +278,19 @@ def test_job_page_preview_from_the_blob_store(srv: Server) -> None:
     assert '<h2 id="preview-h">Output of item 0</h2>' in data.decode()
 
 
+def test_job_page_of_an_unknown_job_is_a_page(srv: Server) -> None:
+    """A browser asking for a job the member does not know gets a page with the API's words
+    (escaped) and the same status; an API client gets the JSON."""
+    srv.control.answers["get"] = lambda r: Answer(404, {"error": f"no job {EVIL}"})
+    status, headers, data = srv.request("GET", "/jobs/nope", headers={"Accept": "text/html"})
+    assert status == 404 and headers["Content-Type"].startswith("text/html")
+    page = data.decode()
+    no_markup_from_records(page)
+    assert "no job &lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script" not in page
+    status, body = srv.json("GET", "/jobs/nope", headers={"Accept": "application/json"})
+    assert status == 404 and body == {"error": f"no job {EVIL}"}
+
+
 # --- the pool filter on a real member --------------------------------------------------------
 
 
