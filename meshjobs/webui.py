@@ -115,10 +115,13 @@ STYLE = (
     ":root{color-scheme:light dark}"
     "body{font-family:system-ui,sans-serif;margin:0;color:#1a1a1a;background:#fff;line-height:1.4}"
     "@media (prefers-color-scheme:dark){body{color:#e8e8e8;background:#161616}"
-    "th{background:#262626!important}a{color:#8ab4f8}}"
+    "th{background:#262626!important}a{color:#8ab4f8}.done{color:#6fcf73!important}"
+    ".failed,.timeout,#msg.bad{color:#ff7070!important}.running,.leased{color:#7ab7ff!important}"
+    ".held{color:#c59cf0!important}.cancelled{color:#e0a040!important}}"
     "header{padding:.6em 2em;border-bottom:1px solid #ccc}header a{margin-right:1.2em}"
     "header .me{float:right;color:#666}"
-    "main{padding:0 2em 1em}#msg{margin:.5em 2em}#msg:empty{margin:0}"
+    "main{padding:0 2em 1em}#msg{margin:.5em 2em;position:sticky;top:0;background:inherit}"
+    "#msg:empty{margin:0}"
     "td.act,td.t{white-space:nowrap}"
     "#msg.bad{color:#b00020;font-weight:600}#msg.ok{color:#1b6e20}"
     "table{border-collapse:collapse;margin:.5em 0}"
@@ -411,7 +414,8 @@ def fleet_page(member: str, fleet: dict, *, nonce: str = "") -> str:
         f"<p>Leader: <strong>{e(str(leader)) if leader else 'none known'}</strong>, "
         f"term {e(str(fleet.get('term', '')))}. {len(members)} member(s), {n_alive} alive, "
         f"as member {e(member)} sees it. "
-        '<a href="/fleet?format=json">JSON</a></p>\n'
+        '<a href="/fleet?format=json">JSON</a> '
+        '<span id="live-note" class="note">Live updates need the page\'s script.</span></p>\n'
         "<table><thead><tr><th>member</th><th>role</th><th>alive</th><th>pools (slots)</th>"
         "<th>slots</th><th>running</th><th>blob bytes</th><th>blob pressure</th>"
         "<th>disk full</th><th>last seen (UTC)</th></tr></thead>\n<tbody>\n"
@@ -463,14 +467,18 @@ UI_SCRIPT_TEMPLATE = r"""
   const meta = document.querySelector('meta[name="meshjobs-csrf"]');
   const csrf = meta ? meta.content : "";
   const msg = document.getElementById("msg");
-  const liveNote = document.getElementById("live-note");
 
   const say = (text, bad) => {
     if (!msg) return;
     msg.textContent = text;
     msg.className = bad ? "bad" : "ok";
   };
-  const note = (text) => { if (liveNote) liveNote.textContent = text; };
+  let lastNote = "";
+  const note = (text) => {  // looked up each time: a swapped <main> has a new one
+    lastNote = text;
+    const el = document.getElementById("live-note");
+    if (el) el.textContent = text;
+  };
 
   // --- buttons ---------------------------------------------------------------------------------
 
@@ -676,37 +684,50 @@ UI_SCRIPT_TEMPLATE = r"""
     }, poll);
   }
 
-  // --- a job's page ----------------------------------------------------------------------------
+  // --- a job's page, the fleet: the member renders, the script swaps the page's <main> ------
+
+  let swapping = false;
+  const swapMain = async () => {
+    if (swapping) return;
+    swapping = true;
+    try {
+      const r = await fetch(location.pathname + location.search, {
+        credentials: "same-origin", headers: {"Accept": "text/html"}});
+      if (!r.ok) throw new Error("HTTP " + r.status);
+      const doc = new DOMParser().parseFromString(await r.text(), "text/html");
+      const fresh = doc.querySelector("main");
+      if (fresh && fresh.dataset.page === main.dataset.page && fresh.dataset.job === main.dataset.job) {
+        main.replaceChildren(...fresh.childNodes);
+        main.dataset.sig = fresh.dataset.sig || "";
+        if (lastNote) note(lastNote);
+      }
+    } finally {
+      swapping = false;
+    }
+  };
 
   if (main && main.dataset.page === "job") {
     const id = main.dataset.job;
-    let shown = main.dataset.sig;
-    let busy = false;
-    const refresh = async () => {
-      if (busy) return;
-      busy = true;
-      try {
-        const r = await fetch(location.pathname + location.search, {
-          credentials: "same-origin", headers: {"Accept": "text/html"}});
-        if (!r.ok) throw new Error("HTTP " + r.status);
-        const doc = new DOMParser().parseFromString(await r.text(), "text/html");
-        const fresh = doc.querySelector("main");
-        if (fresh && fresh.dataset.job === id) {
-          main.replaceChildren(...fresh.childNodes);
-          shown = fresh.dataset.sig;
-          main.dataset.sig = shown;
-        }
-      } finally {
-        busy = false;
-      }
-    };
-    const seen = (j) => { if (j && sig(j) !== shown) return refresh(); };
-    changed = (j) => { refresh().catch(() => {}); return j; };
+    const seen = (j) => { if (j && sig(j) !== main.dataset.sig) return swapMain(); };
+    changed = () => { swapMain().catch(() => {}); };
     live("/events?job=" + encodeURIComponent(id), (kind, data) => {
       if (kind === "job" && String(data.id) === id) seen(data)?.catch(() => {});
       else if (kind === "forget" && String(data.id) === id) say("Job " + id + " was forgotten.", true);
-      else if (kind === "reset") refresh().catch(() => {});
+      else if (kind === "reset") swapMain().catch(() => {});
     }, async () => seen(await getJson("/jobs/" + encodeURIComponent(id) + "?format=json")));
+  }
+
+  if (main && main.dataset.page === "fleet") {
+    const tick = async () => {
+      try {
+        await swapMain();
+        note("live: every " + POLL_MS / 1000 + " s");
+      } catch (e) {
+        note("live: the last try failed (" + e.message + ")");
+      }
+      setTimeout(tick, POLL_MS);
+    };
+    setTimeout(tick, POLL_MS);
   }
 })();
 """

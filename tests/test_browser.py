@@ -282,6 +282,7 @@ def test_cancel_hold_release_buttons(member, page, tmp_path):
     expect(page.locator("#msg")).to_contain_text("cancelled")
     expect(page.locator("h1 .state")).to_have_text("cancelled")
     expect(page.locator("button.cancel")).to_have_count(0)
+    expect(page.locator("#live-note")).to_contain_text("live:")  # kept across the swaps
     shot(page, "job-cancelled")
 
     submit(member, argv=["true"], id="held", hold=True, tags=["hold"])
@@ -302,6 +303,7 @@ def test_fleet_page(member, page):
     row = page.locator("tbody tr", has_text="m1")
     expect(row.locator("td.role")).to_have_text("leader")
     expect(page.locator("main")).to_contain_text("Leader: m1")
+    expect(page.locator("#live-note")).to_contain_text("live: every")  # swapped in by the script
     shot(page, "fleet")
 
 
