@@ -316,6 +316,9 @@ def parse_request(req: object) -> dict:
         if tag is not None:
             _str(tag, "tag", limits.tag_chars_max)
         out: dict[str, Any] = {"op": "list", "state": state, "tag": tag}
+        pool = req.get("pool")
+        if pool is not None:
+            out["pool"] = parse_pool(pool)
         # A page, newest first: at most `limit` jobs submitted before the job `after` names
         # (a cursor is the submit seq of the last job of the page before, opaque to clients).
         if req.get("limit") is not None:
@@ -349,7 +352,7 @@ def parse_changes(req: dict) -> dict:
         "wait_ms": _int(req.get("wait_ms", 0), "wait_ms", 0, limits.http_wait_s_max * 1000),
     }
     checks = {"jobs": parse_job_id, "tags": lambda v: _str(v, "tag", limits.tag_chars_max),
-              "states": _state, "pools": _pool}
+              "states": _state, "pools": parse_pool}
     for name, check in checks.items():
         values = req.get(name)
         if values is None:
@@ -371,10 +374,11 @@ def _state(value: object) -> str:
     return str(value)
 
 
-def _pool(value: object) -> str:
+def parse_pool(value: object) -> str:
+    """A pool name as a filter or in a spec: letters, digits, '.', '_' or '-'."""
     if not isinstance(value, str) or not POOL_RE.fullmatch(value):
-        raise ControlError(400, f"bad pool {str(value)[:40]!r}: use 1 to {limits.pool_chars_max} "
-                                "letters, digits, '.', '_' or '-'")
+        raise ControlError(400, f"bad pool name {str(value)[:40]!r}: use 1 to "
+                                f"{limits.pool_chars_max} letters, digits, '.', '_' or '-'")
     return value
 
 

@@ -23,13 +23,10 @@ import base64
 import binascii
 import concurrent.futures
 import contextlib
-import datetime as dt
-import html
 import json
 import math
 import resource
 import secrets
-import shlex
 import socket
 import ssl
 import threading
@@ -44,7 +41,7 @@ import structlog
 from aiohttp import web
 
 from blobstore import BlobCorrupt, BlobGone, StoreFull
-from meshjobs import auth, httpconn, limits, metrics
+from meshjobs import auth, httpconn, limits, metrics, webui
 from meshjobs.auth import AuthError, Caller, Sessions
 from meshjobs.config import Auth
 from meshjobs.connbook import conns_limit
@@ -55,6 +52,7 @@ from meshjobs.control import (
     is_digest,
     parse_cursor,
     parse_job_id,
+    parse_pool,
     parse_rid,
     parse_submit,
     parse_tone,
@@ -70,7 +68,6 @@ from meshjobs.openapi import openapi_document
 CTL_SLACK_MS = 2_000
 
 
-TERMINAL_STATES = ("done", "failed", "cancelled")
 FINAL_ITEM_STATES = ("done", "failed", "timeout", "cancelled")
 # Content types a body of a change may have (a browser's form or text/plain post may not).
 JSON_TYPES = ("application/json",)
@@ -276,6 +273,7 @@ class HttpApi:
         r.add_get("/jobs/{id}/items/{n}/stderr", self._item_output, allow_head=False)
         r.add_get("/blobs/{digest}", self._blob)
         r.add_get("/fleet", self._fleet)
+        r.add_get("/ui.js", self._ui_script)
         r.add_get("/healthz", self._health)
         r.add_get("/metrics", self._metrics)
         r.add_get("/openapi.json", self._openapi)
@@ -422,8 +420,8 @@ class HttpApi:
                           remote=request.remote)
 
     async def _login_page(self, request: web.Request) -> web.Response:
-        return _html(_login_page(self._member, auth.safe_next(request.query.get("next")),
-                                 self._auth.configured, None))
+        return _html(webui.login_page(self._member, auth.safe_next(request.query.get("next")),
+                                      self._auth.configured, None))
 
     async def _login(self, request: web.Request) -> web.StreamResponse:
         """A browser's way in: the token, from a form or JSON, becomes a session cookie."""
@@ -457,8 +455,8 @@ class HttpApi:
         except AuthError as e:
             self._note_refusal(request, e.reason, 401, None)
             if is_form:
-                return _html(_login_page(self._member, nxt, True, "That token is none of this "
-                                         "member's. Try again."), status=401)
+                return _html(webui.login_page(self._member, nxt, True, "That token is none of "
+                                              "this member's. Try again."), status=401)
             return _error(401, e.message, {"WWW-Authenticate": 'Bearer realm="meshjobs"'})
         sid = secrets.token_urlsafe(32)
         self._sessions.open(sid, caller, time.monotonic())
@@ -595,6 +593,9 @@ class HttpApi:
         tag = q.get("tag") or None
         if tag is not None and len(tag) > limits.tag_chars_max:
             raise HttpError(400, f"a tag has at most {limits.tag_chars_max} characters")
+        pool = q.get("pool") or None
+        if pool is not None:
+            parse_pool(pool)  # refused here with the control's words, before any round trip
         fmt = q.get("format")
         if fmt not in (None, "json", "html"):
             raise HttpError(400, "format must be json or html")
@@ -604,6 +605,8 @@ class HttpApi:
         if after is not None:
             parse_cursor(after)  # refused here with the control's words, before any round trip
         ask: dict[str, Any] = {"op": "list", "state": state, "tag": tag, "limit": limit}
+        if pool is not None:
+            ask["pool"] = pool
         if after is not None:
             ask["after"] = after
         answer = await self._ask(ask)
@@ -618,7 +621,8 @@ class HttpApi:
         headers: dict[str, str] = {}
         next_url = None
         if isinstance(nxt, str):
-            query = {k: v for k, v in (("state", state), ("tag", tag), ("format", fmt)) if v}
+            query = {k: v for k, v in (("state", state), ("tag", tag), ("pool", pool),
+                                       ("format", fmt)) if v}
             query.update({"limit": str(limit), "after": nxt})
             next_url = "/jobs?" + urllib.parse.urlencode(query)
             headers = {"X-Meshjobs-Next": nxt, "Link": f'<{next_url}>; rel="next"'}
@@ -626,8 +630,9 @@ class HttpApi:
             return web.json_response(jobs, headers=headers)
         csrf = auth.csrf_value(self._csrf_key, request.get(SESSION))
         nonce = secrets.token_urlsafe(16)
-        resp = _html(_jobs_page(self._member, jobs, state, tag, csrf, nonce, next_url),
-                     nonce=nonce)
+        resp = _html(webui.jobs_page(self._member, jobs, {"state": state, "tag": tag, "pool": pool},
+                                     limit=limit, after=after, next_url=next_url, csrf=csrf,
+                                     nonce=nonce), nonce=nonce)
         resp.headers.update(headers)
         return resp
 
@@ -706,20 +711,70 @@ class HttpApi:
         return await self._event_streams.handle(request)
 
     async def _job_page(self, request: web.Request, job_id: str) -> web.Response:
-        """A browser's view of one job: its program, counts, and why each failed item failed
-        (with the last lines of its stderr); a Cancel button while it runs."""
+        """A browser's view of one job (meshjobs/webui.py): its program, counts and times, why
+        each failed item failed (with the last lines of its stderr), a page of its items
+        (?items_from=N), the head of one item's outputs (?item=N; by default the only item once
+        it ended), and Cancel, Hold and Release while it is unfinished."""
+        items_from = _parse_index(request.query.get("items_from"), "items_from")
+        pick = _parse_index(request.query.get("item"), "item", none=True)
         answer = await self._ask({"op": "get", "id": job_id, "items": True, "wait_ms": 0})
         if answer.status != 200 or not isinstance(answer.body, dict):
-            return web.json_response(answer.body, status=answer.status)
+            why = answer.body.get("error") if isinstance(answer.body, dict) else None
+            return _html(webui.error_page(self._member, answer.status,
+                                          str(why or f"no answer for job {job_id}")),
+                         status=answer.status if answer.status >= 400 else 502)
         record = answer.body
-        failed = [it for it in sorted(record.get("items") or [], key=lambda it: it.get("index", 0))
-                  if isinstance(it, dict) and it.get("state") in ("failed", "timeout")]
+        items = sorted((it for it in record.get("items") or [] if isinstance(it, dict)),
+                       key=lambda it: it.get("index", 0))
+        record["items"] = items
+        failed = [it for it in items if it.get("state") in ("failed", "timeout")]
         shown = failed[: limits.status_items_shown_max]
         tails = await self._blob_call(self._stderr_tails, [it.get("stderr") for it in shown])
+        if pick is not None and pick >= len(items):
+            raise HttpError(404, f"job {job_id} has {len(items)} item(s): no item {pick}; "
+                                 "items count from 0")
+        if pick is None and len(items) == 1 and items[0].get("ended_at") is not None:
+            pick = 0
+        preview = None
+        if pick is not None:
+            item = items[pick]
+            heads = await self._blob_call(self._heads, [item.get("stdout"), item.get("stderr")])
+            preview = (item, dict(zip(("stdout", "stderr"), heads, strict=True)))
         csrf = auth.csrf_value(self._csrf_key, request.get(SESSION))
         nonce = secrets.token_urlsafe(16)
-        return _html(_job_page(self._member, record, list(zip(shown, tails, strict=True)),
-                               len(failed), csrf, nonce), nonce=nonce)
+        return _html(webui.job_page(self._member, record, list(zip(shown, tails, strict=True)),
+                                    len(failed), items_from=items_from, preview=preview,
+                                    csrf=csrf, nonce=nonce), nonce=nonce)
+
+    def _heads(self, digests: list[Any]) -> list[tuple[str | None, int | None]]:
+        """Runs in the executor: the first webui_preview_bytes_max bytes of each blob as text,
+        and its size ((None, None) when absent; (None, size) when damaged or collected)."""
+        out: list[tuple[str | None, int | None]] = []
+        for digest in digests:
+            if not isinstance(digest, str):
+                out.append((None, None))
+                continue
+            text: str | None = None
+            total: int | None = None
+            try:
+                total = self._blobs.size(digest)
+                chunks = self._blobs.open(digest) if total is not None else None
+                if chunks is not None:
+                    raw = b""
+                    try:
+                        for chunk in chunks:
+                            raw += chunk
+                            if len(raw) >= limits.webui_preview_bytes_max:
+                                break
+                    finally:
+                        close = getattr(chunks, "close", None)
+                        if close is not None:
+                            close()
+                    text = raw[: limits.webui_preview_bytes_max].decode("utf-8", "replace")
+            except (BlobCorrupt, BlobGone):
+                text = None
+            out.append((text, total))
+        return out
 
     def _stderr_tails(self, digests: list[Any]) -> list[str | None]:
         """Runs in the executor: the last status_stderr_bytes_max bytes of each stderr blob (None
@@ -1119,7 +1174,27 @@ class HttpApi:
     # --- fleet, health, metrics, docs -------------------------------------------------------
 
     async def _fleet(self, request: web.Request) -> web.Response:
-        return await self._relay({"op": "fleet"})
+        """The fleet: JSON for API clients, its page for a browser (Accept: text/html ranked
+        above JSON) or ?format=html."""
+        fmt = request.query.get("format")
+        if fmt not in (None, "json", "html"):
+            raise HttpError(400, "format must be json or html")
+        accept = request.headers.get("Accept", "")
+        if not (fmt == "html" or (fmt is None and "text/html" in accept
+                                  and not _prefers_json(accept))):
+            return await self._relay({"op": "fleet"})
+        answer = await self._ask({"op": "fleet"})
+        if answer.status != 200 or not isinstance(answer.body, dict):
+            return web.json_response(answer.body, status=answer.status)
+        nonce = secrets.token_urlsafe(16)
+        return _html(webui.fleet_page(self._member, answer.body, nonce=nonce), nonce=nonce)
+
+    async def _ui_script(self, request: web.Request) -> web.Response:
+        """The one script of the pages: buttons, and live updates (/events, else polling)."""
+        return web.Response(text=webui.UI_SCRIPT, content_type="text/javascript",
+                            charset="utf-8",
+                            headers={"Cache-Control": "no-cache",
+                                     "X-Content-Type-Options": "nosniff"})
 
     async def _health(self, request: web.Request) -> web.Response:
         try:
@@ -1294,6 +1369,16 @@ def _parse_wait_ms(value: str | None) -> int:
     return int(wait * 1000)
 
 
+def _parse_index(value: str | None, name: str, none: bool = False) -> Any:
+    """A whole number from 0 (an item's index) in a query; absent: 0, or None with `none`."""
+    if value is None or value == "":
+        return None if none else 0
+    if not (value.isascii() and value.isdigit() and len(value) <= 9
+            and int(value) < limits.items_max):
+        raise HttpError(400, f"{name} must be a whole number from 0 to {limits.items_max - 1}")
+    return int(value)
+
+
 def _parse_limit(value: str | None) -> int:
     """?limit=N of the job list: 1 to jobs_list_max, jobs_list_default when absent."""
     if value is None or value == "":
@@ -1324,174 +1409,3 @@ def _decode_items(raw: list) -> list[bytes | tuple[str, int]]:
                 raise HttpError(400, f"items[{i}].blob must be a blob digest (64 lowercase hex characters)")
             out.append((digest, i))
     return out
-
-
-def _when(value: object) -> str:
-    """A time from a job record, readable; numbers are Unix seconds (milliseconds if huge)."""
-    if value is None:
-        return ""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = value / 1000 if value > 1e11 else value
-        try:
-            return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-        except (OverflowError, OSError, ValueError):
-            return str(value)
-    return str(value)
-
-
-_PAGE_STYLE = (
-    "body{font-family:system-ui,sans-serif;margin:2em;color:#222}"
-    "table{border-collapse:collapse}th,td{padding:.3em .8em;text-align:left;"
-    "border-bottom:1px solid #ddd}th{background:#f4f4f4}td.n{text-align:right}"
-    ".done{color:#080}.failed,.cancelled{color:#b00}.running{color:#06c}"
-)
-
-
-# The Cancel buttons' script: a same-origin fetch with a JSON content type and the page's
-# anti-CSRF value, so that only this member's own page can make the change.
-_CANCEL_SCRIPT = """
-const csrf = document.querySelector('meta[name="meshjobs-csrf"]').content;
-for (const b of document.querySelectorAll("button.cancel")) {
-  b.addEventListener("click", async () => {
-    b.disabled = true;
-    const r = await fetch("/jobs/" + encodeURIComponent(b.dataset.job) + "/cancel", {
-      method: "POST", credentials: "same-origin", body: "{}",
-      headers: {"Content-Type": "application/json", "X-Meshjobs-Csrf": csrf}});
-    const answer = await r.json().catch(() => ({}));
-    b.textContent = r.ok ? "cancelled" : (answer.error || ("HTTP " + r.status));
-  });
-}
-"""
-
-
-def _jobs_page(member: str, jobs: list, state: str | None, tag: str | None, csrf: str = "",
-               nonce: str = "", next_url: str | None = None) -> str:
-    e = html.escape
-    rows = []
-    for job in jobs:
-        if not isinstance(job, dict):
-            continue
-        jid = str(job.get("id", ""))
-        st = str(job.get("state", ""))
-        tags = job.get("tags") or []
-        rows.append(
-            "<tr>"
-            f'<td><a href="/jobs/{e(urllib.parse.quote(jid, safe=""))}">{e(jid)}</a></td>'
-            f'<td class="{e(st)}">{e(st)}</td>'
-            f"<td>{e(str(job.get('pool', '')))}</td>"
-            f"<td class=\"n\">{e(str(job.get('items_done', 0)))}/{e(str(job.get('items_total', 0)))}</td>"
-            f"<td class=\"n\">{e(str(job.get('items_failed', 0)))}</td>"
-            f"<td class=\"n\">{e(str(job.get('priority', 0)))}</td>"
-            f"<td>{e(', '.join(str(t) for t in tags) if isinstance(tags, list) else str(tags))}</td>"
-            f"<td>{e(_when(job.get('submitted_at')))}</td>"
-            + (f'<td><button class="cancel" data-job="{e(jid)}">Cancel</button></td>'
-               if st not in TERMINAL_STATES else "<td></td>")
-            + "</tr>"
-        )
-    shown = " ".join(f"{k}={v}" for k, v in (("state", state), ("tag", tag)) if v)
-    return (
-        "<!doctype html>\n<html><head><meta charset=\"utf-8\">"
-        f'<meta name="meshjobs-csrf" content="{e(csrf)}">'
-        f"<title>meshjobs: jobs on {e(member)}</title><style>{_PAGE_STYLE}</style></head>\n"
-        f"<body><h1>Jobs on {e(member)}</h1>\n"
-        f"<p>{len(rows)} job(s), newest first{' with ' + e(shown) if shown else ''}. "
-        '<a href="/jobs?format=json">JSON</a> · <a href="/fleet">fleet</a> · '
-        '<a href="/openapi.json">API</a></p>\n'
-        "<table><thead><tr><th>id</th><th>state</th><th>pool</th><th>items done/total</th>"
-        "<th>failed</th>"
-        "<th>priority</th><th>tags</th><th>submitted (UTC)</th><th></th></tr></thead>\n<tbody>\n"
-        + "\n".join(rows)
-        + "\n</tbody></table>\n"
-        + (f'<p><a href="{e(next_url)}">older jobs</a></p>\n' if next_url else "")
-        + f'<script nonce="{e(nonce)}">{_CANCEL_SCRIPT}</script></body></html>\n'
-    )
-
-
-def _item_reason(item: dict, runtime_s: object) -> str:
-    """Why an item failed, in words (the same as `meshctl job status` says)."""
-    if item.get("error"):
-        return str(item["error"])
-    if item.get("state") == "timeout":
-        return "timeout: killed after its runtime limit" + (
-            f" of {runtime_s:g} s" if isinstance(runtime_s, (int, float)) else "")
-    if item.get("signal"):
-        return f"killed by signal {item['signal']}"
-    if item.get("rc") is not None:
-        return f"exit {item['rc']}"
-    return "failed with no exit code"
-
-
-def _job_page(member: str, record: dict, failed: list[tuple[dict, str | None]], n_failed: int,
-              csrf: str = "", nonce: str = "") -> str:
-    e = html.escape
-    jid = str(record.get("id", ""))
-    st = str(record.get("state", ""))
-    argv = record.get("argv")
-    argv_text = " ".join(shlex.quote(str(a)) for a in argv) if isinstance(argv, list) else str(argv)
-    tags = record.get("tags") or []
-    facts = [
-        ("state", f'<span class="{e(st)}">{e(st)}</span>'),
-        ("argv", f"<code>{e(argv_text)}</code>"),
-        ("pool", e(str(record.get("pool", "")))),
-        ("items", e(f"{record.get('items_done', 0)} done, {record.get('items_failed', 0)} failed, "
-                    f"{record.get('items_running', 0)} running, "
-                    f"{record.get('items_pending', 0)} pending, "
-                    f"{record.get('items_total', 0)} total")),
-        ("priority", e(str(record.get("priority", "")))),
-        ("tags", e(", ".join(str(t) for t in tags) if isinstance(tags, list) else str(tags))),
-        ("submitted (UTC)", e(_when(record.get("submitted_at")))),
-        ("finished (UTC)", e(_when(record.get("finished_at")))),
-    ]
-    rows = []
-    for item, tail in failed:
-        rows.append(
-            "<tr>"
-            f'<td class="n">{e(str(item.get("index", "")))}</td>'
-            f'<td class="failed">{e(str(item.get("state", "")))}</td>'
-            f"<td>{e(_item_reason(item, record.get('runtime_s')))}</td>"
-            f'<td class="n">{e(str(item.get("attempts", "")))}</td>'
-            f"<td>{e(str(item.get('member') or '-'))}</td>"
-            f"<td><pre>{e(tail) if tail else '-'}</pre></td>"
-            "</tr>")
-    more = (f"<p>… and {n_failed - len(failed)} more failed item(s): see "
-            f'<a href="/jobs/{e(urllib.parse.quote(jid, safe=""))}?items=1&amp;format=json">'
-            "the JSON</a>.</p>") if n_failed > len(failed) else ""
-    failed_html = (
-        "<h2>Failed items</h2>\n<table><thead><tr><th>item</th><th>state</th><th>why</th>"
-        "<th>attempts</th><th>member</th><th>stderr (last lines)</th></tr></thead>\n<tbody>\n"
-        + "\n".join(rows) + "\n</tbody></table>\n" + more) if rows else ""
-    cancel = (f'<p><button class="cancel" data-job="{e(jid)}">Cancel</button></p>\n'
-              if st not in TERMINAL_STATES else "")
-    return (
-        "<!doctype html>\n<html><head><meta charset=\"utf-8\">"
-        f'<meta name="meshjobs-csrf" content="{e(csrf)}">'
-        f"<title>meshjobs: job {e(jid)} on {e(member)}</title><style>{_PAGE_STYLE}</style>"
-        f"</head>\n<body><h1>Job {e(jid)}</h1>\n"
-        '<p><a href="/jobs">all jobs</a></p>\n'
-        "<table><tbody>\n"
-        + "\n".join(f"<tr><th>{e(k)}</th><td>{v}</td></tr>" for k, v in facts)
-        + "\n</tbody></table>\n" + cancel + failed_html
-        + f'<script nonce="{e(nonce)}">{_CANCEL_SCRIPT}</script></body></html>\n'
-    )
-
-
-def _login_page(member: str, nxt: str, needed: bool, problem: str | None) -> str:
-    e = html.escape
-    if not needed:
-        body = (f"<p>{e(member)} has no [auth] table: it needs no login. "
-                '<a href="/jobs">Jobs</a></p>')
-    else:
-        body = (
-            (f'<p class="failed">{e(problem)}</p>' if problem else "")
-            + '<form method="post" action="/login">'
-            f'<input type="hidden" name="next" value="{e(nxt)}">'
-            '<label>Token <input type="password" name="token" autocomplete="current-password" '
-            'required autofocus></label> <button>Log in</button></form>'
-            "<p>The token is one of the member's [auth] tokens; the browser keeps a session "
-            "cookie, not the token.</p>")
-    return (
-        "<!doctype html>\n<html><head><meta charset=\"utf-8\">"
-        f"<title>meshjobs: log in to {e(member)}</title><style>{_PAGE_STYLE}</style></head>\n"
-        f"<body><h1>Log in to {e(member)}</h1>\n{body}</body></html>\n"
-    )
-

@@ -35,6 +35,10 @@ status_stderr_lines_max = 5  # lines of that tail shown
 results_sep_bytes_max = 4096  # the separator `job results --sep` writes between items
 status_stderr_read_bytes_max = 1024 * 1024  # a longer stderr is not read for its tail (it is named)
 status_items_shown_max = 20  # failed items `job status` and the job page explain one by one
+webui_items_shown_max = 200  # items one page of a job's web page lists (links page the rest)
+webui_preview_bytes_max = 16 * 1024  # the head of an item's stdout or stderr a job page shows
+webui_poll_ms = 2000  # how often the web UI's script polls when /events does not stream
+webui_sse_retry_ms = 60_000  # polling that long, the script tries /events again
 http_header_s_max = 10  # a connection must send a request's whole head within this (default)
 http_idle_s_max = 60  # a kept-alive connection with no request for this long is closed (default)
 # An answer of blobs up to this size is checked whole before its headers go out, so damage is

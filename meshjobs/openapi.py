@@ -204,6 +204,8 @@ _PATHS: dict[str, Any] = {
                 {"name": "state", "in": "query", "schema": {"enum": list(JOB_STATES)}},
                 {"name": "tag", "in": "query",
                  "schema": {"type": "string", "maxLength": limits.tag_chars_max}},
+                {"name": "pool", "in": "query", "description": "Only the jobs of this pool.",
+                 "schema": {"type": "string", "maxLength": limits.pool_chars_max}},
                 {"name": "format", "in": "query", "schema": {"enum": ["json", "html"]}},
                 {"name": "limit", "in": "query", "description": "At most this many jobs, newest "
                  f"first (default {limits.jobs_list_default}).",
@@ -257,6 +259,13 @@ _PATHS: dict[str, Any] = {
                  "description": "A version of the job seen before: the long-poll ends at the "
                                 "first change after it.",
                  "schema": {"type": "integer", "minimum": 0, "maximum": limits.version_max}},
+                {"name": "items_from", "in": "query", "description": "The page: the first item "
+                 f"its item table lists (at most {limits.webui_items_shown_max} a page).",
+                 "schema": {"type": "integer", "minimum": 0}},
+                {"name": "item", "in": "query", "description": "The page: the item whose "
+                 f"stdout and stderr it shows the first {limits.webui_preview_bytes_max} bytes "
+                 "of (default: the only item of a one-item job).",
+                 "schema": {"type": "integer", "minimum": 0}},
             ],
             "responses": {"200": {"description": "The job (its page for a browser).",
                                   "content": {"application/json": {"schema": _JOB},
@@ -414,10 +423,24 @@ _PATHS: dict[str, Any] = {
     },
     "/fleet": {
         "get": {
-            "summary": "The fleet as this member sees it: term, leader, members.",
+            "summary": "The fleet as this member sees it: term, leader, members. A browser "
+                       "(Accept: text/html) or ?format=html gets the fleet's page.",
             "operationId": "fleet",
-            "responses": {"200": _json({"$ref": "#/components/schemas/Fleet"}, "The fleet."),
-                          "503": _BUSY},
+            "parameters": [{"name": "format", "in": "query", "schema": {"enum": ["json", "html"]}}],
+            "responses": {"200": {"description": "The fleet (its page for a browser).",
+                                  "content": {"application/json": {
+                                      "schema": {"$ref": "#/components/schemas/Fleet"}},
+                                      "text/html": {"schema": {"type": "string"}}}},
+                          "400": _BAD, "503": _BUSY},
+        },
+    },
+    "/ui.js": {
+        "get": {
+            "summary": "The one script of the web pages: Cancel, Hold and Release buttons, and "
+                       "live updates from /events (polling the JSON API when that fails).",
+            "operationId": "uiScript",
+            "responses": {"200": {"description": "The script.",
+                                  "content": {"text/javascript": {"schema": {"type": "string"}}}}},
         },
     },
     "/healthz": {

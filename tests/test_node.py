@@ -49,8 +49,8 @@ class Fleet1:
 
     def __init__(self, slots: int = 2, seed: int = 7, **cfg_kw: Any) -> None:
         self.table = JobTable()
-        cfg = NodeConfig(member="m1", boot="b1", pools={"default": Pool("default", slots=slots)},
-                         **cfg_kw)
+        cfg_kw.setdefault("pools", {"default": Pool("default", slots=slots)})
+        cfg = NodeConfig(member="m1", boot="b1", **cfg_kw)
         self.node = JobNode(self.table, cfg, random.Random(seed))
         self.index = 0
         self.now = 1_700_000_000_000
@@ -226,6 +226,21 @@ def test_get_and_list_read_the_table() -> None:
     assert [it["index"] for it in f.answer(2).body["items"]] == [0, 1]
     assert [r["id"] for r in f.answer(3).body] == ["j1"]
     assert f.answer(4).body == [] and f.answer(5).body == []
+
+
+def test_list_filters_by_pool() -> None:
+    """list with a pool answers only the jobs of that pool (with or without a page); a bad pool
+    name is refused before it reaches the table."""
+    f = Fleet1(pools={"default": Pool("default", slots=1), "gpu": Pool("gpu", slots=1)})
+    submitted(f, token=10, rid="r0", job_id="j0", pool="gpu")
+    submitted(f, token=11, rid="r1", job_id="j1")
+    f.ctl(1, {"op": "list", "pool": "gpu"})
+    f.ctl(2, {"op": "list", "pool": "default", "limit": 5})
+    f.ctl(3, {"op": "list", "pool": "<script>"})
+    f.take()
+    assert [r["id"] for r in f.answer(1).body] == ["j0"]
+    assert [r["id"] for r in f.answer(2).body["jobs"]] == ["j1"]
+    assert f.answer(3).status == 400 and "bad pool name" in f.answer(3).body["error"]
 
 
 def test_list_pages_newest_first() -> None:

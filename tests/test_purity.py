@@ -1,5 +1,5 @@
 """The pure core stays pure: a static check of meshjobs.table, meshjobs.node, meshjobs.control,
-meshjobs.auth (who may ask a member what), meshjobs.connbook (HTTP connection bookkeeping), meshjobs.frames (the member
+meshjobs.auth (who may ask a member what), meshjobs.webui (the web pages), meshjobs.connbook (HTTP connection bookkeeping), meshjobs.frames (the member
 links' handshake and sealing) and meshjobs.raftseam (what the Raft seam lets through).
 
 Rule (STYLE.md): the job node, the job table and control parsing import no `os`, `socket`,
@@ -18,7 +18,7 @@ import pytest
 
 import meshjobs
 
-PURE = ("table", "node", "control", "auth", "connbook", "frames", "raftseam")
+PURE = ("table", "node", "control", "auth", "connbook", "frames", "raftseam", "webui")
 FORBIDDEN = frozenset({
     "os", "socket", "threading", "time", "random", "lmdb", "pysyncobj", "subprocess",
     # Other ways to reach the world, the clock or entropy from a module that must not.

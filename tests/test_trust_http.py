@@ -404,7 +404,11 @@ def test_cancel_button(open_member):
     assert status == 200 and h["Content-Type"].startswith("text/html")
     assert b'<button class="cancel" data-job="btn1">Cancel</button>' in page
     assert b'data-job="after"' not in page  # finished jobs have no button
-    assert b"X-Meshjobs-Csrf" in page and b"application/json" in page
+    # The page's one script (/ui.js, allowed by the page's nonce) posts JSON with the CSRF value.
+    nonce = re.search(r"'nonce-([^']+)'", h["Content-Security-Policy"]).group(1)
+    assert f'<script nonce="{nonce}" src="/ui.js" defer></script>'.encode() in page
+    status, _, script = open_member.raw_request("GET", "/ui.js", None, {})
+    assert status == 200 and b"X-Meshjobs-Csrf" in script and b"application/json" in script
     assert "frame-ancestors 'none'" in h["Content-Security-Policy"]
     csrf = page_csrf(page)
     browser = {"Origin": origin(open_member), "Sec-Fetch-Site": "same-origin",
@@ -430,7 +434,8 @@ def test_job_page_cancel_button(open_member):
     assert b'<button class="cancel" data-job="pg1">Cancel</button>' in page
     assert "frame-ancestors 'none'" in h["Content-Security-Policy"]
     nonce = re.search(r"'nonce-([^']+)'", h["Content-Security-Policy"]).group(1)
-    assert f'<script nonce="{nonce}">'.encode() in page
+    assert f'<script nonce="{nonce}" src="/ui.js" defer></script>'.encode() in page
+    assert b"<script>" not in page and page.count(b"<script") == 1
     browser = {"Origin": origin(open_member), "Sec-Fetch-Site": "same-origin",
                "Sec-Fetch-Mode": "cors", "Content-Type": "application/json",
                "X-Meshjobs-Csrf": page_csrf(page)}

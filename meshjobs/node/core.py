@@ -353,10 +353,11 @@ class JobNode(LeaderDuties, Following, Feeding):
         a list. With one: a page newest first, {"jobs": [...], "next": cursor or None}, where
         the cursor is the submit seq of the page's last job (the next page is what came
         before it)."""
-        state, tag = req["state"], req["tag"]
+        state, tag, pool = req["state"], req["tag"], req.get("pool")
 
         def wanted(j: Any) -> bool:
-            return (state is None or j.state == state) and (tag is None or tag in j.tags)
+            return ((state is None or j.state == state) and (tag is None or tag in j.tags)
+                    and (pool is None or j.pool == pool))
 
         if "limit" not in req:
             self._reply(token, 200, [self.table.record(j) for j in self.table.jobs.values()
