@@ -359,6 +359,11 @@ def _item_row(base: str, jid: str, item: dict, runtime: object) -> str:
                         f"{stream}</a>")
     if outs:
         outs.append(f'<a href="{base}?item={e(q(idx))}#preview">preview</a>')
+    elif st == "leased":
+        # Running: its output as it is written, from the member running it (via this one).
+        live = f"/jobs/{q(jid)}/items/{q(idx)}"
+        outs = [f'<a href="{e(live)}/{stream}?follow=1">{stream} (live)</a>'
+                for stream in ("stdout", "stderr")]
     return (
         "<tr>"
         f'<td class="n">{e(idx)}</td>'

@@ -78,7 +78,9 @@ def test_job_page_items_reasons_times_and_preview() -> None:
              {"index": 1, "state": "timeout", "rc": None, "signal": 9, "attempts": 2,
               "member": "m2", "stdout": None, "stderr": "e" * 64},
              {"index": 2, "state": "done", "rc": 0, "attempts": 1, "member": "m1",
-              "stdout": "a" * 64, "stderr": None, "started_at": 100.0, "ended_at": 225.0}]
+              "stdout": "a" * 64, "stderr": None, "started_at": 100.0, "ended_at": 225.0},
+             {"index": 3, "state": "leased", "attempts": 1, "member": "m2",
+              "stdout": None, "stderr": None, "started_at": 100.0}]
     rec = job_record("j1", items=items, argv=["echo", EVIL], runtime_s=2.5, items_failed=2,
                      submitted_at=90.0, finished_at=None)
     failed = [(items[0], None), (items[1], "last <line>")]
@@ -97,7 +99,9 @@ def test_job_page_items_reasons_times_and_preview() -> None:
     assert "the first 16.0 KiB of 80.0 KiB" in page
     assert "<h3>stderr</h3><p class=\"note\">none" in page
     assert 'class="cancel" data-job="j1"' in page and 'data-sig="running/1/2/0/0/0"' in page
-    assert "items 0–2 of 3" in page and "later items" not in page
+    assert '<a href="/jobs/j1/items/3/stdout?follow=1">stdout (live)</a>' in page
+    assert '<a href="/jobs/j1/items/3/stderr?follow=1">stderr (live)</a>' in page
+    assert "items 0–3 of 4" in page and "later items" not in page
 
 
 def test_job_page_pages_big_jobs() -> None:
