@@ -501,7 +501,7 @@ def job_status(ctx: click.Context, job_id: str, as_json: bool) -> None:
     # Items are fetched when they are shown or explain something: a healthy big job's text
     # status stays one small answer.
     record = client.json("GET", f"/jobs/{_q(job_id)}" + ("?items=1" if want_json else ""))
-    if not want_json and record.get("items_failed"):
+    if not want_json and (record.get("items_failed") or record.get("items_running")):
         record = client.json("GET", f"/jobs/{_q(job_id)}?items=1")
     failed = _explain(client, record)
     if want_json:
@@ -547,6 +547,25 @@ def job_status(ctx: click.Context, job_id: str, as_json: bool) -> None:
     more = sum(1 for it in items if it.get("state") in FAILED_ITEM_STATES) - len(failed)
     if more > 0:
         click.echo(f"... and {more} more failed item(s): meshctl --json job status {job_id}")
+    _show_running(job_id, items)
+
+
+def _show_running(job_id: str, items: list) -> None:
+    """Each running item (up to status_items_shown_max): where, since when, and how to see its
+    output as it is written."""
+    running = sorted((it for it in items if isinstance(it, dict) and it.get("state") == "leased"),
+                     key=lambda it: it.get("index", 0))
+    for item in running[: limits.status_items_shown_max]:
+        started = item.get("started_at")
+        since = ""
+        if isinstance(started, int | float):
+            since = f" since {_when(started)} ({max(0.0, time.time() - started):.0f} s)"
+        click.echo(f"item {item.get('index')}: running on {item.get('member') or '-'}{since}, "
+                   f"attempt {item.get('attempts')}; its output: meshctl job logs {job_id} "
+                   f"--item {item.get('index')} -f")
+    if len(running) > limits.status_items_shown_max:
+        click.echo(f"... and {len(running) - limits.status_items_shown_max} more running "
+                   f"item(s): meshctl --json job status {job_id}")
 
 
 def _unescape(sep: str) -> bytes:

@@ -111,8 +111,15 @@ def test_running_job_results_exit_5(meshd, tmp_path):
     r = meshd.ctl("job", "results", job, "--out", str(out))
     assert r.returncode == 5
     assert sorted(p.name for p in out.iterdir()) == ["0.out"]
+    wait_until(lambda: meshd.request("GET", f"/jobs/{job}")[1]["items_running"],
+               what="an item running")
     text = meshd.ctl("job", "status", job).stdout.decode()
     assert "state      running" in text and "1 done, 0 failed" in text
+    # Each running item is shown: where, since when, how to follow its output.
+    shown = [line for line in text.splitlines() if ": running on " in line]
+    assert shown and f"1 done, 0 failed, {len(shown)} running" in text, text
+    first = shown[0].split(":")[0].split()[1]
+    assert f"attempt 1; its output: meshctl job logs {job} --item {first} -f" in shown[0]
     status, _, page = _page(meshd, f"/jobs/{job}")
     assert status == 200 and 'class="cancel"' in page and 'name="meshjobs-csrf"' in page
     assert meshd.ctl("job", "cancel", job).returncode == 0
