@@ -1055,6 +1055,7 @@ def _table(header: list[str], rows: list[list[str]], width: int | None = None) -
 @cli.command("jobs")
 @click.option("--state", type=click.Choice(JOB_STATES))
 @click.option("--tag", help="Only jobs with this tag.")
+@click.option("--pool", help="Only jobs of this pool.")
 @click.option("--limit", type=click.IntRange(1, limits.jobs_list_max),
               default=limits.jobs_list_default, show_default=True,
               help="At most N jobs, newest first.")
@@ -1062,10 +1063,11 @@ def _table(header: list[str], rows: list[list[str]], width: int | None = None) -
               help="The next page: the cursor the page before printed (on stderr).")
 @json_option
 @click.pass_context
-def jobs_cmd(ctx: click.Context, state: str | None, tag: str | None, limit: int,
-             after: str | None, as_json: bool) -> None:
+def jobs_cmd(ctx: click.Context, state: str | None, tag: str | None, pool: str | None,
+             limit: int, after: str | None, as_json: bool) -> None:
     """List jobs, newest first, a page at a time."""
-    query = {k: v for k, v in (("state", state), ("tag", tag), ("after", after)) if v}
+    query = {k: v for k, v in (("state", state), ("tag", tag), ("pool", pool), ("after", after))
+             if v}
     query["limit"] = str(limit)
     query["format"] = "json"
     client = _client(ctx)
@@ -1095,6 +1097,8 @@ def jobs_cmd(ctx: click.Context, state: str | None, tag: str | None, limit: int,
             more += ["--state", state]
         if tag:
             more += ["--tag", tag]
+        if pool:
+            more += ["--pool", pool]
         click.echo(f"meshctl: more jobs: meshctl jobs {shlex.join(more + ['--limit', str(limit)])}"
                    f" --after {nxt}", err=True)
 

@@ -233,3 +233,16 @@ def test_job_page_bad_format_and_unknown_job(meshd):
     assert status == 404
     status, _, _ = _page(meshd, "/jobs/%3Cscript%3E")
     assert status == 400
+
+
+def test_jobs_by_pool(meshd):
+    """Rule: meshctl jobs --pool P lists only P's jobs; a bad pool name is refused (exit 2).
+    (Two pools on one member: tests/test_webui.py.)"""
+    here = _submit(meshd, "--tag", "by-pool", "--", "true")
+    r = meshd.ctl("jobs", "--tag", "by-pool", "--pool", "default")
+    assert r.returncode == 0, r.stderr
+    assert [row.split()[0] for row in r.stdout.decode().splitlines()[1:]] == [here]
+    r = meshd.ctl("jobs", "--tag", "by-pool", "--pool", "gpu")
+    assert r.returncode == 0 and r.stdout.decode().splitlines()[1:] == [], r.stdout
+    r = meshd.ctl("jobs", "--pool", "no such/pool")
+    assert r.returncode == 2 and b"bad pool name" in r.stderr, r.stderr
