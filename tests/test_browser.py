@@ -207,7 +207,9 @@ def test_follows_events_by_the_contract(member, page):
     _, a = member.request("GET", "/jobs/ev-a")
 
     def job(jid: str, state: str, tags: list[str], at: float) -> str:
-        return json.dumps({"id": jid, "state": state, "version": 7, "tags": tags, "pool": "default",
+        # Past the member's own versions (log indexes), so that the page takes these as news.
+        return json.dumps({"id": jid, "state": state, "version": a["version"] + 100,
+                           "tags": tags, "pool": "default",
                            "argv": ["true"], "items_total": 1, "items_done": 0, "items_failed": 0,
                            "items_running": 1 if state == "running" else 0, "priority": 0,
                            "hold": False, "submitted_at": at})
