@@ -36,7 +36,10 @@ ROLES = ("read", "submit", "admin")  # the same order as meshjobs.config.ROLES
 READ_METHODS = frozenset({"GET", "HEAD"})
 # Routes (aiohttp's canonical templates) whose changes need only `submit`.
 SUBMIT_ROUTES = frozenset({("POST", "/jobs"), ("POST", "/jobs/{id}/cancel"),
-                           ("POST", "/jobs/{id}/tone")})
+                           ("POST", "/jobs/{id}/tone"), ("POST", "/jobs/cancel"),
+                           ("POST", "/jobs/tone")})
+# Routes that read with a POST (a body names what to read): they need only `read`.
+READ_POST_ROUTES = frozenset({("POST", "/jobs/status")})
 # Routes anybody may use: the way in and out, and a health check for load balancers.
 OPEN_ROUTES = frozenset({("GET", "/healthz"), ("HEAD", "/healthz"), ("GET", "/login"),
                          ("HEAD", "/login"), ("POST", "/login"), ("POST", "/logout")})
@@ -91,7 +94,7 @@ def needed_role(method: str, route: str | None, metrics: str = "open") -> str | 
         return None
     if route == "/metrics" and method in READ_METHODS:
         return "read" if metrics == "read" else None
-    if method in READ_METHODS:
+    if method in READ_METHODS or (route is not None and (method, route) in READ_POST_ROUTES):
         return "read"
     if route is not None and (method, route) in SUBMIT_ROUTES:
         return "submit"

@@ -50,6 +50,7 @@ from meshjobs.control import (
     Answer,
     ControlError,
     is_digest,
+    parse_bulk,
     parse_cursor,
     parse_job_id,
     parse_pool,
@@ -267,6 +268,8 @@ class HttpApi:
         r.add_get("/events", self._events)
         r.add_delete("/jobs/{id}", self._forget)
         r.add_get("/jobs/{id}/results", self._results)
+        for action in ("cancel", "forget", "tone", "status"):
+            r.add_post(f"/jobs/{action}", self._bulk)
         r.add_post("/jobs/{id}/cancel", self._cancel)
         r.add_post("/jobs/{id}/tone", self._tone)
         r.add_get("/jobs/{id}/items/{n}/stdout", self._item_output, allow_head=False)
@@ -816,6 +819,25 @@ class HttpApi:
         job_id = self._job_id(request)
         fields = parse_tone(await self._body_json(request))
         return await self._relay({"op": "tone", **await self._rid(request), "id": job_id, **fields})
+
+    async def _bulk(self, request: web.Request) -> web.Response:
+        """POST /jobs/cancel, /jobs/forget, /jobs/tone and /jobs/status: many jobs at once, by
+        {"ids": [...]} or {"filter": {...}}; the answer has one result per job."""
+        action = request.path.rsplit("/", 1)[1]
+        if (request.content_length is not None
+                and request.content_length > limits.bulk_body_bytes_max):
+            raise HttpError(413, f"a bulk request body has at most {limits.bulk_body_bytes_max} "
+                                 f"bytes: name at most {limits.bulk_jobs_max} ids, or use a filter")
+        raw = await self._read_body(request)
+        if len(raw) > limits.bulk_body_bytes_max:
+            raise HttpError(413, f"a bulk request body has at most {limits.bulk_body_bytes_max} "
+                                 f"bytes: name at most {limits.bulk_jobs_max} ids, or use a filter")
+        body = await self._body_json(request)
+        parse_bulk(action, body)  # refused here with the control's words, before any round trip
+        ask: dict[str, Any] = {"op": "bulk", "action": action, **body}
+        if action != "status":
+            ask.update(await self._rid(request))
+        return await self._relay(ask)
 
     async def _results(self, request: web.Request) -> web.StreamResponse:
         job_id = self._job_id(request)
