@@ -128,6 +128,21 @@ class HttpError(Exception):
         self.close = close  # the connection cannot carry another request after this answer
 
 
+def _parse_since(value: str | None) -> float | None:
+    """A history query's since=: seconds since the epoch (a number, not before 0 nor past
+    year 9999)."""
+    if value is None:
+        return None
+    try:
+        since = float(value) if len(value) <= 32 and value.isascii() else None
+    except ValueError:
+        since = None
+    if since is None or since != since or not 0 <= since < 253402300800:
+        raise HttpError(400, f"since must be a time in seconds since the epoch (e.g. "
+                             f"1767225600), not {value[:40]!r}")
+    return since
+
+
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
 
@@ -165,6 +180,7 @@ class HttpApi:
         self._host = host
         # Live output of running items (meshjobs.itemlogs.ItemLogs); None: only stored output.
         self._item_logs = item_logs
+        self.history: Any = None  # the member's History (set by meshd): GET /history reads it
         self._item_streams = 0  # answers of an item's output being sent (event loop only)
         # The member's metrics registry (histograms, process metrics); one of its own if alone.
         self._timings = timings if timings is not None else MemberMetrics()
@@ -276,6 +292,7 @@ class HttpApi:
         r.add_get("/jobs/{id}/items/{n}/stderr", self._item_output, allow_head=False)
         r.add_get("/blobs/{digest}", self._blob)
         r.add_get("/fleet", self._fleet)
+        r.add_get("/history", self._history)
         r.add_get("/ui.js", self._ui_script)
         r.add_get("/healthz", self._health)
         r.add_get("/metrics", self._metrics)
@@ -838,6 +855,32 @@ class HttpApi:
         if action != "status":
             ask.update(await self._rid(request))
         return await self._relay(ask)
+
+    async def _history(self, request: web.Request) -> web.Response:
+        """GET /history?since=T&limit=N: this member's records of forgotten and expired jobs,
+        newest first (since: seconds since the epoch; limit: 1..history_read_max)."""
+        q = request.query
+        unknown = set(q) - {"since", "limit"}
+        if unknown:
+            raise HttpError(400, f"unknown query key(s): {', '.join(sorted(unknown))[:200]}; "
+                                 "use since and limit")
+        since = _parse_since(q.get("since"))
+        raw_limit = q.get("limit")
+        limit = 100
+        if raw_limit is not None:
+            if (not raw_limit.isascii() or not raw_limit.isdigit() or len(raw_limit) > 6
+                    or not 1 <= int(raw_limit) <= limits.history_read_max):
+                raise HttpError(400, f"limit must be a whole number from 1 to "
+                                     f"{limits.history_read_max}, not {raw_limit[:40]!r}")
+            limit = int(raw_limit)
+        history = self.history
+        if history is None:
+            raise HttpError(404, "this member keeps no history")
+        from meshjobs import history as history_file
+        body = await self._blob_call(history_file.read, history.folder, since, limit)
+        body["member"] = self._member
+        body["dropped"] = history.counts["history_dropped"]
+        return web.json_response(body)
 
     async def _results(self, request: web.Request) -> web.StreamResponse:
         job_id = self._job_id(request)

@@ -187,10 +187,11 @@ class JobTable:
         # A checker's hook (the simulator's oracle): called with each entry of a batch before
         # (outcome None) and after it is applied. Never set in a member.
         self.observe: Callable[[Any, dict | None], None] | None = None
-        # The member's hook for its history file: called with a job's final record (and why,
-        # "forget" or "expire", and the entry's time) just before the job is dropped. It must
-        # not block (the member hands the record to a bounded queue). Not part of the state.
-        self.on_forget: Callable[[dict, str, int], None] | None = None
+        # The member's hook for its history file: called with a job's final record, why
+        # ("forget" or "expire"), the entry's time and its log index, just before the job is
+        # dropped. It must not block (the member hands the record to a bounded queue). Not
+        # part of the state.
+        self.on_forget: Callable[[dict, str, int, int], None] | None = None
 
     # --- applying entries -------------------------------------------------------------------
 
@@ -496,7 +497,7 @@ class JobTable:
 
     def _forget(self, job: Job, why: str, t: int) -> None:
         if self.on_forget is not None:
-            self.on_forget(self.final_record(job), why, t)
+            self.on_forget(self.final_record(job), why, t, self.applied_index)
         del self.jobs[job.id]
         del self.finished[job.id]
         self.ready.pop(job.id, None)
