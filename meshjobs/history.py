@@ -63,6 +63,7 @@ class History:
         # The log index of the last record written, and the jobs written at it: a member that
         # restarts applies its journal again, and must not write those records twice.
         self._last: tuple[int, set[str]] | None = None
+        self._tail_checked = False
         self._stop = threading.Event()
         self.counts = {"history_written": 0, "history_dropped": 0, "history_too_large": 0,
                        "history_rotations": 0, "history_write_errors": 0,
@@ -119,6 +120,14 @@ class History:
                 size = 0
             if size and size + len(line) > self.bytes_max:
                 self._rotate()
+            elif size and not self._tail_checked:
+                # A crash may have left a torn last line: end it, so that it stays the only
+                # damaged line and this record is whole.
+                with open(self.path, "rb") as f:
+                    f.seek(size - 1)
+                    if f.read(1) != b"\n":
+                        line = b"\n" + line
+            self._tail_checked = True
             with open(self.path, "ab") as f:
                 f.write(line)
                 f.flush()  # to the kernel; no fsync: see the module's words on durability
