@@ -254,7 +254,7 @@ class Member:
                        idle_timeout_s=cfg.http_idle_timeout_s,
                        body_timeout_s=cfg.http_body_timeout_s, timings=timings,
                        item_logs=item_logs)
-        http.history = history
+        http.history = jobs.history = history
         del voters
 
         stop = threading.Event()

@@ -287,3 +287,166 @@ def test_node_bulk_status_answers_records_and_unknowns():
 def test_spec_helper_matches_control():
     """The tests' spec helper is what control normalizes (so _jobs' submits are applied)."""
     assert spec()["pool"] == "default"
+
+
+# --- on real members ----------------------------------------------------------------------------
+
+import json  # noqa: E402
+
+from tests.fleet import Meshd, make_fleet, start_all, wait_until  # noqa: E402
+
+
+@pytest.fixture
+def member(tmp_path):
+    m = Meshd(str(tmp_path / "m1"), slots=1)
+    try:
+        m.start()
+        yield m
+    finally:
+        m.stop()
+
+
+def _submit(m: Meshd, job_id: str, **kw: Any) -> None:
+    status, body = m.request("POST", "/jobs", {"id": job_id, **kw})
+    assert status == 201, body
+
+
+def _state(m: Meshd, job_id: str) -> str | None:
+    status, body = m.request("GET", f"/jobs/{job_id}")
+    return body.get("state") if status == 200 else None
+
+
+@pytest.mark.fleet
+def test_bulk_cancel_by_tag_and_forget_by_state_with_dry_run(member):
+    """meshctl job cancel --tag cancels every tagged job (running ones cut) and no other;
+    forget --state cancelled --dry-run shows them and changes nothing; without --dry-run they
+    are forgotten; bulk status reports each. Exit codes: 0 all done, 1 some refused or not
+    found, 3 none found."""
+    m = member
+    _submit(m, "run1", argv=["sleep", "60"], tags=["batch7"])
+    _submit(m, "held1", argv=["true"], tags=["batch7"], hold=True)
+    _submit(m, "held2", argv=["true"], tags=["batch7"], hold=True)
+    _submit(m, "other", argv=["true"], tags=["keep"], hold=True)
+    wait_until(lambda: _state(m, "run1") == "running", what="run1 running")
+    r = m.ctl("job", "cancel", "--tag", "batch7")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.decode()
+    assert all(f"{j}: changed (cancelled)" in out for j in ("run1", "held1", "held2"))
+    assert "other" not in out and _state(m, "other") == "held"
+    # run1's item was running: it is cut (its item ends cancelled, not done).
+    assert m.wait_job("run1")["items"][0]["state"] == "cancelled"
+
+    r = m.ctl("--json", "job", "forget", "--state", "cancelled", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    dry = json.loads(r.stdout)
+    assert dry["dry_run"] is True
+    assert {x["id"]: x["answer"] for x in dry["results"]} == dict.fromkeys(
+        ("run1", "held1", "held2"), "would_change")
+    assert all(_state(m, j) == "cancelled" for j in ("run1", "held1", "held2"))
+
+    r = m.ctl("job", "status", "run1", "other", "nosuch")
+    assert r.returncode == 1
+    assert "nosuch: no such job" in r.stdout.decode() and "run1  cancelled" in r.stdout.decode()
+
+    r = m.ctl("job", "forget", "--state", "cancelled")
+    assert r.returncode == 0, r.stderr
+    assert all(_state(m, j) is None for j in ("run1", "held1", "held2"))
+    assert m.ctl("job", "status", "--tag", "batch7").returncode == 3  # none found
+    assert m.ctl("job", "forget", "other", "nosuch").returncode == 1  # other has not ended
+    assert _state(m, "other") == "held"
+    r = m.ctl("job", "tone", "--tag", "keep", "--priority", "5")
+    assert r.returncode == 0 and m.request("GET", "/jobs/other")[1]["priority"] == 5
+
+
+@pytest.mark.fleet
+def test_bulk_change_is_idempotent_over_http(member):
+    """An Idempotency-Key repeated with the same bulk request answers as the first, changing
+    nothing more; with another body it is refused (422)."""
+    m = member
+    _submit(m, "i1", argv=["true"], hold=True)
+    _submit(m, "i2", argv=["true"], hold=True)
+    key = {"Idempotency-Key": "bulk-key-1"}
+    first = m.request("POST", "/jobs/cancel", {"ids": ["i1", "i2"]}, headers=key)
+    again = m.request("POST", "/jobs/cancel", {"ids": ["i1", "i2"]}, headers=key)
+    assert first[0] == again[0] == 200
+    assert first[1]["results"] == again[1]["results"]
+    assert [x["answer"] for x in again[1]["results"]] == ["changed", "changed"]
+    other = m.request("POST", "/jobs/cancel", {"ids": ["i1"]}, headers=key)
+    assert other[0] == 422
+
+
+@pytest.mark.fleet
+@pytest.mark.parametrize("path,body,status", [
+    ("/jobs/cancel", {"ids": [f"j{k}" for k in range(limits.bulk_jobs_max + 1)]}, 400),
+    ("/jobs/cancel", {"ids": ["a"], "filter": {"tag": "t"}}, 400),
+    ("/jobs/forget", {"filter": {"owner": "me"}}, 400),
+    ("/jobs/forget", {"ids": [1, 2]}, 400),
+    ("/jobs/forget", {"ids": None, "filter": None}, 400),
+    ("/jobs/tone", {"ids": ["a"], "set": {"priority": "high"}}, 400),
+    ("/jobs/status", {"filter": {"state": ["done"]}}, 400),
+    ("/jobs/status", ["a", "b"], 400),
+    ("/jobs/cancel", {"ids": ["x" * 128] * 3000}, 413),
+])
+def test_hostile_bulk_bodies_over_http(member, path, body, status):
+    """Huge id lists, wrong types, unknown filter keys, both ids and filter: refused with a
+    message, and nothing changes."""
+    got, answer = member.request("POST", path, body)
+    assert got == status, answer
+    assert "error" in answer
+
+
+@pytest.mark.fleet
+def test_bulk_body_that_is_not_json(member):
+    status, _, data = member.raw_request("POST", "/jobs/cancel", b"{nope",
+                                         {"Content-Type": "application/json"})
+    assert status == 400 and b"JSON" in data
+
+
+@pytest.mark.fleet
+def test_bulk_filter_pages_with_a_cursor(member):
+    """A filter that matches more than bulk_jobs_max jobs: the answer names the first
+    bulk_jobs_max and a cursor (`next`); meshctl follows it to the end."""
+    m = member
+    n = limits.bulk_jobs_max + 2
+    for k in range(n):
+        _submit(m, f"p{k}", argv=["true"], tags=["pages"], hold=True)
+    status, body = m.request("POST", "/jobs/status", {"filter": {"tag": "pages"}})
+    assert status == 200 and body["matched"] == limits.bulk_jobs_max and body["next"]
+    status, rest = m.request("POST", "/jobs/status", {"filter": {"tag": "pages"},
+                                                      "after": body["next"]})
+    assert [x["id"] for x in rest["results"]] == [f"p{k}" for k in range(n - 2, n)]
+    r = m.ctl("--json", "job", "cancel", "--tag", "pages")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["counts"] == {"changed": n}
+
+
+@pytest.mark.fleet
+def test_bulk_cancel_through_a_follower_is_one_entry(tmp_path):
+    """A follower forwards a bulk cancel to the leader, which resolves the filter and commits
+    one entry; every member's table shows every job cancelled."""
+    members = make_fleet(str(tmp_path), voters=3, slots=1)
+    try:
+        start_all(members)
+
+        def leader() -> Meshd | None:
+            for m in members:
+                status, h = m.request("GET", "/healthz")
+                if status == 200 and h.get("is_leader") and h.get("ready"):
+                    return m
+            return None
+
+        lead = wait_until(leader, what="a ready leader")
+        follower = next(m for m in members if m is not lead)
+        for k in range(4):
+            _submit(lead, f"f{k}", argv=["true"], tags=["fw"], hold=True)
+        r = follower.ctl("--json", "job", "cancel", "--tag", "fw")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["counts"] == {"changed": 4}
+        for m in members:
+            wait_until(lambda m=m: all(_state(m, f"f{k}") == "cancelled" for k in range(4)),
+                       what=f"the cancels on {m.name}")
+        bulk_entries = [v for k, v in lead.metrics().items() if "bulk_changes" in k]
+        assert bulk_entries == [1.0]  # one entry cancelled the four jobs
+    finally:
+        for m in members:
+            m.stop()
