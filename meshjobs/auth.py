@@ -8,8 +8,9 @@ Rule 1: a token is never kept, only its SHA-256 (the config's `[auth] tokens`). 
         token is hashed and compared with every configured digest in constant time
         (`hmac.compare_digest`), without stopping at the first match, so that the time taken
         says nothing about which digest, or how much of one, matched.
-Rule 2: roles are ordered, each may do what the ones before it may: `read` (GET and HEAD),
-        `submit` (also changes to jobs: submit, cancel, tone), `admin` (everything, forget
+Rule 2: roles are ordered, each may do what the ones before it may: `read` (GET and HEAD,
+        and POST /jobs/status, a read with a body), `submit` (also changes to jobs: submit,
+        cancel, tone, of one job or many), `admin` (everything, forget and bulk forget
         included). A route not listed needs `admin` unless it is a read.
 Rule 3: no token, or a token that matches none, is 401 (except that with `allow_anonymous` a
         request with no Authorization header at all gets `anonymous_role`); a wrong token is 401

@@ -450,3 +450,17 @@ def test_bulk_cancel_through_a_follower_is_one_entry(tmp_path):
     finally:
         for m in members:
             m.stop()
+
+
+@pytest.mark.parametrize("method,route,need", [
+    ("POST", "/jobs/status", "read"),
+    ("POST", "/jobs/cancel", "submit"),
+    ("POST", "/jobs/tone", "submit"),
+    ("POST", "/jobs/forget", "admin"),
+    ("GET", "/history", "read"),
+])
+def test_roles_of_the_bulk_routes(method, route, need):
+    """Rule 2 of auth.py: bulk status and history read; bulk cancel and tone need submit;
+    bulk forget needs admin, as a single forget does."""
+    from meshjobs.auth import needed_role
+    assert needed_role(method, route) == need
