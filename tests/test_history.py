@@ -193,3 +193,26 @@ def test_hostile_history_queries_are_400(member, query):
 def test_history_cli_refuses_a_bad_since(member):
     r = member.ctl("history", "--since", "yesterday-ish")
     assert r.returncode == 2 and "duration" in r.stderr.decode()
+
+
+@pytest.mark.fleet
+def test_a_restart_does_not_write_records_twice(member):
+    """A member that restarts applies its journal again: the jobs it dropped before are not
+    appended to its history a second time."""
+    m = member
+    for job_id in ("r1", "r2"):
+        assert m.request("POST", "/jobs", {"id": job_id, "argv": ["true"], "hold": True})[0] == 201
+    r = m.ctl("job", "cancel", "r1", "r2")
+    assert r.returncode == 0, r.stderr
+    assert m.ctl("job", "forget", "r1", "r2").returncode == 0
+    wait_until(lambda: len(_history(m)["records"]) == 2, what="two records")
+    m.stop()
+    m.start()
+    assert m.request("POST", "/jobs", {"id": "r3", "argv": ["true"], "hold": True})[0] == 201
+    assert m.ctl("job", "cancel", "r3").returncode == 0
+    assert m.ctl("job", "forget", "r3").returncode == 0
+    got = wait_until(lambda: (lambda b: b if any(r["job"]["id"] == "r3" for r in b["records"])
+                              else None)(_history(m)), what="r3 in the history")
+    assert sorted(r["job"]["id"] for r in got["records"]) == ["r1", "r2", "r3"]
+    # The journal was applied again at the restart, and its forgets skipped.
+    assert m.metrics().get("meshjobs_history_replayed_total", 0) >= 1
