@@ -8,8 +8,9 @@ Rule 1: a token is never kept, only its SHA-256 (the config's `[auth] tokens`). 
         token is hashed and compared with every configured digest in constant time
         (`hmac.compare_digest`), without stopping at the first match, so that the time taken
         says nothing about which digest, or how much of one, matched.
-Rule 2: roles are ordered, each may do what the ones before it may: `read` (GET and HEAD),
-        `submit` (also changes to jobs: submit, cancel, tone), `admin` (everything, forget
+Rule 2: roles are ordered, each may do what the ones before it may: `read` (GET and HEAD,
+        and POST /jobs/status, a read with a body), `submit` (also changes to jobs: submit,
+        cancel, tone, of one job or many), `admin` (everything, forget and bulk forget
         included). A route not listed needs `admin` unless it is a read.
 Rule 3: no token, or a token that matches none, is 401 (except that with `allow_anonymous` a
         request with no Authorization header at all gets `anonymous_role`); a wrong token is 401
@@ -36,7 +37,10 @@ ROLES = ("read", "submit", "admin")  # the same order as meshjobs.config.ROLES
 READ_METHODS = frozenset({"GET", "HEAD"})
 # Routes (aiohttp's canonical templates) whose changes need only `submit`.
 SUBMIT_ROUTES = frozenset({("POST", "/jobs"), ("POST", "/jobs/{id}/cancel"),
-                           ("POST", "/jobs/{id}/tone")})
+                           ("POST", "/jobs/{id}/tone"), ("POST", "/jobs/cancel"),
+                           ("POST", "/jobs/tone")})
+# Routes that read with a POST (a body names what to read): they need only `read`.
+READ_POST_ROUTES = frozenset({("POST", "/jobs/status")})
 # Routes anybody may use: the way in and out, and a health check for load balancers.
 OPEN_ROUTES = frozenset({("GET", "/healthz"), ("HEAD", "/healthz"), ("GET", "/login"),
                          ("HEAD", "/login"), ("POST", "/login"), ("POST", "/logout")})
@@ -91,7 +95,7 @@ def needed_role(method: str, route: str | None, metrics: str = "open") -> str | 
         return None
     if route == "/metrics" and method in READ_METHODS:
         return "read" if metrics == "read" else None
-    if method in READ_METHODS:
+    if method in READ_METHODS or (route is not None and (method, route) in READ_POST_ROUTES):
         return "read"
     if route is not None and (method, route) in SUBMIT_ROUTES:
         return "submit"

@@ -267,6 +267,97 @@ def _q(job_id: str) -> str:
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 
+def _filter_options(f: Any) -> Any:
+    """--tag/--state/--pool/--member: the filter of a command on many jobs."""
+    for opt in reversed([
+        click.option("--tag", help="Jobs with this tag."),
+        click.option("--state", type=click.Choice(JOB_STATES), help="Jobs in this state."),
+        click.option("--pool", help="Jobs of this pool."),
+        click.option("--member", metavar="NAME",
+                     help="Jobs with an item that ran or runs on this member."),
+    ]):
+        f = opt(f)
+    return f
+
+
+_dry_run_option = click.option("--dry-run", "dry_run", is_flag=True,
+                               help="Show what would change, and change nothing.")
+
+
+def _filter(tag: str | None, state: str | None, pool: str | None,
+            member: str | None) -> dict[str, str]:
+    return {k: v for k, v in (("tag", tag), ("state", state), ("pool", pool),
+                              ("member", member)) if v is not None}
+
+
+BULK_WORDS = {"changed": "changed", "would_change": "would change", "already_final":
+              "already ended", "no_such_job": "no such job", "refused": "refused",
+              "found": "found"}
+
+
+def _bulk(ctx: click.Context, action: str, job_ids: tuple[str, ...], flt: dict[str, str],
+          dry_run: bool, fields: dict | None, as_json: bool) -> None:
+    """One command on many jobs: by ids or a filter, page after page (a filter matches at most
+    bulk_jobs_max jobs per request); one line per job, then a count of each answer. Exit 0 when
+    every job was found and none refused, 1 when some were not found or refused, 3 when none
+    was found."""
+    if job_ids and flt:
+        raise click.UsageError("give job ids or a filter (--tag/--state/--pool/--member), "
+                               "not both")
+    if not job_ids and not flt:
+        raise click.UsageError("give one or more job ids, or a filter: --tag, --state, --pool "
+                               "or --member")
+    if len(job_ids) > limits.bulk_jobs_max:
+        raise click.UsageError(f"at most {limits.bulk_jobs_max} ids at once: split them, or use "
+                               "a filter")
+    base = _client(ctx)
+    body: dict[str, Any] = {"ids": list(job_ids)} if job_ids else {"filter": flt}
+    if dry_run:
+        body["dry_run"] = True
+    if fields is not None:
+        body["set"] = fields
+    results: list[dict] = []
+    page = 0
+    while True:
+        page += 1
+        # Each page is its own change: its own idempotency key, derived from the command's.
+        client = Client(base.at, f"{base.key}:{page}", base.token, base.tls)
+        answer = client.json("POST", f"/jobs/{action}", body)
+        results.extend(answer.get("results") or [])
+        nxt = answer.get("next")
+        if not isinstance(nxt, str):
+            break
+        body["after"] = nxt
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.get("answer")] = counts.get(r.get("answer"), 0) + 1
+    if _wants_json(ctx, as_json):
+        _print_json({"action": action, "dry_run": dry_run, "matched": len(results),
+                     "counts": counts, "results": results})
+    else:
+        for r in results:
+            job = r.get("job") or {}
+            if action == "status" and job:
+                tags = ",".join(job.get("tags") or []) or "-"
+                click.echo(f"{r.get('id')}  {job.get('state')}  {job.get('items_done', 0)}/"
+                           f"{job.get('items_total', 0)} done  pool {job.get('pool')}  "
+                           f"tags {tags}")
+                continue
+            what = BULK_WORDS.get(r.get("answer"), str(r.get("answer")))
+            state = f" ({r['state']})" if r.get("state") else ""
+            why = f": {r['error']}" if r.get("error") else ""
+            click.echo(f"{r.get('id')}: {what}{state}{why}")
+        summary = ", ".join(f"{n} {BULK_WORDS.get(a, a)}" for a, n in counts.items())
+        click.echo(f"{action}{' (dry run)' if dry_run else ''}: "
+                   f"{summary or 'no job matched'}", err=True)
+    found = len(results) - counts.get("no_such_job", 0)
+    if found == 0:
+        ctx.exit(3)
+    if counts.get("no_such_job") or counts.get("refused"):
+        ctx.exit(1)
+
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--at", "ats", envvar="MESHJOBS_AT", multiple=True, default=(DEFAULT_AT,),
               show_default=True,
@@ -490,12 +581,19 @@ def _shell_words(argv: Any) -> str:
 
 
 @job.command("status")
-@click.argument("job_id", metavar="ID")
+@click.argument("job_ids", metavar="[ID]...", nargs=-1)
+@_filter_options
 @json_option
 @click.pass_context
-def job_status(ctx: click.Context, job_id: str, as_json: bool) -> None:
+def job_status(ctx: click.Context, job_ids: tuple[str, ...], tag: str | None, state: str | None,
+               pool: str | None, member: str | None, as_json: bool) -> None:
     """A job's state, program and counts, and why each failed item failed (--json: the record
-    with its items, and `failed_items` explained)."""
+    with its items, and `failed_items` explained). Several ids, or --tag/--state/--pool/--member:
+    one line per job (exit 3 when none is found, 1 when some are not)."""
+    if len(job_ids) != 1 or any(v is not None for v in (tag, state, pool, member)):
+        _bulk(ctx, "status", job_ids, _filter(tag, state, pool, member), False, None, as_json)
+        return
+    job_id = job_ids[0]
     want_json = _wants_json(ctx, as_json)
     client = _client(ctx)
     # Items are fetched when they are shown or explain something: a healthy big job's text
@@ -905,20 +1003,37 @@ def _change(ctx: click.Context, method: str, path: str, body: Any, as_json: bool
 
 
 @job.command("cancel")
-@click.argument("job_id", metavar="ID")
+@click.argument("job_ids", metavar="[ID]...", nargs=-1)
+@_filter_options
+@_dry_run_option
 @json_option
 @click.pass_context
-def job_cancel(ctx: click.Context, job_id: str, as_json: bool) -> None:
-    """Cancel a job: pending items never run, running ones are cut."""
-    _change(ctx, "POST", f"/jobs/{_q(job_id)}/cancel", None, as_json)
+def job_cancel(ctx: click.Context, job_ids: tuple[str, ...], tag: str | None, state: str | None,
+               pool: str | None, member: str | None, dry_run: bool, as_json: bool) -> None:
+    """Cancel jobs: pending items never run, running ones are cut. Several ids, or
+    --tag/--state/--pool/--member, cancel many at once (--dry-run: show, change nothing)."""
+    flt = _filter(tag, state, pool, member)
+    if len(job_ids) != 1 or flt or dry_run:
+        _bulk(ctx, "cancel", job_ids, flt, dry_run, None, as_json)
+        return
+    _change(ctx, "POST", f"/jobs/{_q(job_ids[0])}/cancel", None, as_json)
 
 
 @job.command("forget")
-@click.argument("job_id", metavar="ID")
+@click.argument("job_ids", metavar="[ID]...", nargs=-1)
+@_filter_options
+@_dry_run_option
 @json_option
 @click.pass_context
-def job_forget(ctx: click.Context, job_id: str, as_json: bool) -> None:
-    """Forget a finished or cancelled job for good."""
+def job_forget(ctx: click.Context, job_ids: tuple[str, ...], tag: str | None, state: str | None,
+               pool: str | None, member: str | None, dry_run: bool, as_json: bool) -> None:
+    """Forget finished or cancelled jobs for good. Several ids, or --tag/--state/--pool/--member,
+    forget many at once (--dry-run: show, change nothing)."""
+    flt = _filter(tag, state, pool, member)
+    if len(job_ids) != 1 or flt or dry_run:
+        _bulk(ctx, "forget", job_ids, flt, dry_run, None, as_json)
+        return
+    job_id = job_ids[0]
     answer = _client(ctx).json("DELETE", f"/jobs/{_q(job_id)}")
     if _wants_json(ctx, as_json):
         _print_json(answer)
@@ -943,15 +1058,19 @@ def _max_leases(value: str | None) -> int | None | str:
 
 
 @job.command("tone")
-@click.argument("job_id", metavar="ID")
+@click.argument("job_ids", metavar="[ID]...", nargs=-1)
 @click.option("--priority", type=click.IntRange(-limits.priority_abs_max, limits.priority_abs_max))
 @click.option("--hold/--release", default=None, help="Put on hold, or release.")
 @click.option("--max-leases", "max_leases", metavar="N|none", help="At most N items at once.")
+@_filter_options
+@_dry_run_option
 @json_option
 @click.pass_context
-def job_tone(ctx: click.Context, job_id: str, priority: int | None, hold: bool | None,
-             max_leases: str | None, as_json: bool) -> None:
-    """Change a running job's priority, hold or most leases at once."""
+def job_tone(ctx: click.Context, job_ids: tuple[str, ...], priority: int | None,
+             hold: bool | None, max_leases: str | None, tag: str | None, state: str | None,
+             pool: str | None, member: str | None, dry_run: bool, as_json: bool) -> None:
+    """Change a running job's priority, hold or most leases at once. Several ids, or
+    --tag/--state/--pool/--member, change many at once (--dry-run: show, change nothing)."""
     body: dict[str, Any] = {}
     if priority is not None:
         body["priority"] = priority
@@ -962,7 +1081,11 @@ def job_tone(ctx: click.Context, job_id: str, priority: int | None, hold: bool |
         body["max_leases"] = ml
     if not body:
         raise click.UsageError("nothing to change: give --priority, --hold/--release or --max-leases")
-    _change(ctx, "POST", f"/jobs/{_q(job_id)}/tone", body, as_json)
+    flt = _filter(tag, state, pool, member)
+    if len(job_ids) != 1 or flt or dry_run:
+        _bulk(ctx, "tone", job_ids, flt, dry_run, body, as_json)
+        return
+    _change(ctx, "POST", f"/jobs/{_q(job_ids[0])}/tone", body, as_json)
 
 
 @job.command("logs")
@@ -1101,6 +1224,67 @@ def jobs_cmd(ctx: click.Context, state: str | None, tag: str | None, pool: str |
             more += ["--pool", pool]
         click.echo(f"meshctl: more jobs: meshctl jobs {shlex.join(more + ['--limit', str(limit)])}"
                    f" --after {nxt}", err=True)
+
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def _since(value: str, now: float) -> float:
+    """--since: a duration back from now (90s, 30m, 2h, 7d, 1w), a date or time (ISO 8601, local
+    time unless it names its zone), or seconds since the epoch."""
+    v = value.strip()
+    if len(v) > 1 and v[-1] in DURATION_UNITS:
+        try:
+            n = float(v[:-1])
+        except ValueError:
+            n = -1.0
+        if 0 <= n < 1e7:
+            return now - n * DURATION_UNITS[v[-1]]
+    try:
+        n = float(v)
+        if 0 <= n < 253402300800:
+            return n
+    except ValueError:
+        pass
+    try:
+        return dt.datetime.fromisoformat(v).timestamp()
+    except (ValueError, OverflowError, OSError):
+        raise click.BadParameter(
+            "give a duration back from now (30m, 2h, 7d), a date or time (2026-12-01, "
+            "2026-12-01T08:00), or seconds since the epoch", param_hint="--since") from None
+
+
+@cli.command("history")
+@click.option("--since", "since", metavar="TIME|DURATION",
+              help="Only jobs dropped at or after this: 30m, 2h, 7d, 2026-12-01T08:00, or epoch "
+                   "seconds.")
+@click.option("--limit", type=click.IntRange(1, limits.history_read_max), default=100,
+              show_default=True, help="At most this many records.")
+@json_option
+@click.pass_context
+def history_cmd(ctx: click.Context, since: str | None, limit: int, as_json: bool) -> None:
+    """Jobs this member saw forgotten or expired (its history.jsonl and rotated files), newest
+    first: when, why (forget or expire), the job's id, state, items and tags."""
+    query = {"limit": str(limit)}
+    if since is not None:
+        query["since"] = repr(_since(since, time.time()))
+    body = _client(ctx).json("GET", "/history?" + urllib.parse.urlencode(query))
+    if _wants_json(ctx, as_json):
+        _print_json(body)
+        return
+    records = body.get("records") or []
+    for row in records:
+        job = row.get("job") or {}
+        tags = ",".join(job.get("tags") or []) or "-"
+        click.echo(f"{_when(row.get('at'))}  {row.get('why', '?'):<6}  {job.get('id')}  "
+                   f"{job.get('state')}  {job.get('items_done', 0)}/{job.get('items_total', 0)} "
+                   f"done  pool {job.get('pool')}  tags {tags}")
+    if not records:
+        click.echo("no history records" + (" since then" if since else ""), err=True)
+    if body.get("skipped_lines"):
+        click.echo(f"({body['skipped_lines']} damaged line(s) skipped)", err=True)
+    if body.get("more"):
+        click.echo("(more records: raise --limit, or narrow --since)", err=True)
 
 
 @cli.command("fleet")

@@ -28,7 +28,7 @@ DEFAULT_GC_EVERY_S = 60.0  # [blobs] gc_every_s: how often unpinned blobs are co
 DEFAULT_KEEP_S = 7 * 86400.0  # [retention] keep_s: finished jobs are forgotten after this
 DEFAULT_KEEP_JOBS = 100_000  # [retention] keep_jobs: and at most this many are kept
 TOP_KEYS = {"name", "data", "http", "peer", "raft", "secret_file", "fleet", "pools", "blobs",
-            "retention", "log", "auth", "items"}
+            "retention", "log", "auth", "items", "history"}
 # `http` is either the address ("host:port") or a table with the address and these keys.
 HTTP_KEYS = {"addr", "listen", "tls_cert", "tls_key", "names", "conns_max", "header_timeout_s",
              "idle_timeout_s", "body_timeout_s"}
@@ -99,6 +99,10 @@ class Config:
     disk_free_min_bytes: int | None = None
     keep_s: float | None = DEFAULT_KEEP_S
     keep_jobs: int | None = DEFAULT_KEEP_JOBS
+    # [history] bytes_max: history.jsonl is rotated when it would grow past this (0: no
+    # history file); keep: rotated files kept (history.1.jsonl, the newest, ...).
+    history_bytes_max: int = limits.history_bytes_max
+    history_keep: int = limits.history_keep_files
     auth: Auth = field(default_factory=Auth)
     http_tls_cert: str | None = None  # PEM certificate chain; with tls_key, HTTP is HTTPS
     http_tls_key: str | None = None
@@ -405,6 +409,16 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     retention = _section(raw, "retention", {"keep_s", "keep_jobs"})
     keep_s = _number(retention, "keep_s", "retention", DEFAULT_KEEP_S)
     keep_jobs = _number(retention, "keep_jobs", "retention", DEFAULT_KEEP_JOBS, integer=True)
+    history = _section(raw, "history", {"bytes_max", "keep"})
+    history_bytes_max = _number(history, "bytes_max", "history", limits.history_bytes_max,
+                                integer=True)
+    history_keep = _number(history, "keep", "history", limits.history_keep_files, integer=True)
+    if history_bytes_max and history_bytes_max < limits.history_line_bytes_max:
+        raise ConfigError(f"[history] bytes_max must be 0 (no history) or at least "
+                          f"{limits.history_line_bytes_max} (one record), not {history_bytes_max}")
+    if history_keep > limits.history_keep_files_max:
+        raise ConfigError(f"[history] keep must be at most {limits.history_keep_files_max}, "
+                          f"not {history_keep}")
     http = parse_addr(http_table.get("addr", DEFAULT_HTTP), "http")
     base = os.path.dirname(os.path.abspath(path)) if path is not None else os.getcwd()
     tls_cert = _tls_file(http_table, "tls_cert", base)
@@ -448,6 +462,8 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
                                     allow_none=True),
         keep_s=float(keep_s) if keep_s else None,
         keep_jobs=keep_jobs if keep_jobs else None,
+        history_bytes_max=history_bytes_max,
+        history_keep=history_keep,
         name=name,
         data=os.path.abspath(data),
         http=http,

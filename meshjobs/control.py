@@ -50,7 +50,10 @@ SUBMIT_KEYS = frozenset(
      "items", "max_leases", "names"}
 )
 TONE_KEYS = frozenset({"priority", "hold", "max_leases"})
-CHANGE_OPS = frozenset({"submit", "cancel", "forget", "tone"})  # the ops that are log entries
+CHANGE_OPS = frozenset({"submit", "cancel", "forget", "tone", "bulk"})  # the ops that are log entries
+BULK_ACTIONS = ("cancel", "forget", "tone", "status")  # what a bulk request may do to many jobs
+BULK_KEYS = frozenset({"ids", "filter", "dry_run", "after", "set"})
+FILTER_KEYS = frozenset({"tag", "state", "pool", "member"})
 
 
 def _int(value: object, name: str, lo: int, hi: int) -> int:
@@ -326,6 +329,11 @@ def parse_request(req: object) -> dict:
         if req.get("after") is not None:
             out["after"] = parse_cursor(req.get("after"))
         return out
+    if op == "bulk":
+        rid = {} if req.get("action") == "status" else {
+            "rid": parse_rid(req.get("rid")), "fp": parse_fp(req.get("fp"))}
+        return {"op": "bulk", **rid, **parse_bulk(req.get("action"),
+                                                  {k: v for k, v in req.items() if k in BULK_KEYS})}
     if op in ("fleet", "health", "metrics"):
         return {"op": op}
     raise ControlError(400, f"unknown control op {str(op)[:40]!r}")
@@ -398,3 +406,82 @@ def is_digest(value: object) -> bool:
         and len(value) == 64
         and all(c in "0123456789abcdef" for c in value)
     )
+
+
+def parse_bulk(action: object, body: object) -> dict:
+    """A request for many jobs at once (the JSON body of POST /jobs/cancel, /jobs/forget,
+    /jobs/tone and /jobs/status): either `ids` (a list of job ids) or `filter` (tag, state,
+    pool and/or member, all of which a job must match), never both; `dry_run` (changes only)
+    answers what would change and changes nothing; `set` (tone only) holds the tone fields;
+    `after` is the cursor of a filter's next page."""
+    if action not in BULK_ACTIONS:
+        raise ControlError(400, f"unknown bulk action {str(action)[:40]!r}: use one of "
+                                f"{', '.join(BULK_ACTIONS)}")
+    if not isinstance(body, dict):
+        raise ControlError(400, 'a bulk request must be a JSON object: {"ids": [...]} or '
+                                '{"filter": {"tag": ..., "state": ..., "pool": ..., "member": ...}}')
+    allowed = BULK_KEYS - ({"set"} if action != "tone" else set()) - (
+        {"dry_run"} if action == "status" else set())
+    unknown = set(body) - allowed
+    if unknown:
+        raise ControlError(400, f"unknown key(s) in bulk {action} request: "
+                                f"{', '.join(sorted(map(str, unknown)))[:200]}; use "
+                                f"{', '.join(sorted(allowed))}")
+    has_ids, has_filter = body.get("ids") is not None, body.get("filter") is not None
+    if has_ids == has_filter:
+        raise ControlError(400, 'give either "ids" (a list of job ids) or "filter" (tag, state, '
+                                "pool, member), not both and not neither")
+    out: dict[str, Any] = {"action": action, "dry_run": False}
+    if action != "status" and body.get("dry_run") is not None:
+        out["dry_run"] = _bool(body["dry_run"], "dry_run")
+    if has_ids:
+        ids = body["ids"]
+        if not isinstance(ids, list) or not ids:
+            raise ControlError(400, "ids must be a non-empty list of job ids")
+        if len(ids) > limits.bulk_jobs_max:
+            raise ControlError(400, f"at most {limits.bulk_jobs_max} ids in one request (not "
+                                    f"{len(ids)}): split them, or use a filter")
+        out["ids"] = list(dict.fromkeys(parse_job_id(i) for i in ids))
+        if body.get("after") is not None:
+            raise ControlError(400, "after pages a filter's matches; a list of ids has no pages")
+    else:
+        out["filter"] = parse_filter(body["filter"])
+        if body.get("after") is not None:
+            out["after"] = parse_cursor(body["after"])
+    if action == "tone":
+        if body.get("set") is None:
+            raise ControlError(400, 'a bulk tone needs "set": {"priority", "hold" and/or '
+                                    '"max_leases"}')
+        out["set"] = parse_tone(body["set"])
+    return out
+
+
+def parse_filter(value: object) -> dict:
+    """A bulk filter: at least one of tag, state, pool and member (a job matches when it has
+    the tag, is in the state, is of the pool and has an item that ran or runs on the member)."""
+    if not isinstance(value, dict) or not value:
+        raise ControlError(400, "filter must be an object with at least one of tag, state, pool, "
+                                "member")
+    unknown = set(value) - FILTER_KEYS
+    if unknown:
+        raise ControlError(400, f"unknown filter key(s): {', '.join(sorted(map(str, unknown)))[:200]}"
+                                "; use tag, state, pool or member")
+    out: dict[str, str] = {}
+    if value.get("tag") is not None:
+        tag = _str(value["tag"], "tag", limits.tag_chars_max)
+        if not tag:
+            raise ControlError(400, "a tag must not be empty")
+        out["tag"] = tag
+    if value.get("state") is not None:
+        out["state"] = _state(value["state"])
+    if value.get("pool") is not None:
+        out["pool"] = parse_pool(value["pool"])
+    if value.get("member") is not None:
+        member = value["member"]
+        if not isinstance(member, str) or not POOL_RE.fullmatch(member):
+            raise ControlError(400, f"bad member name {str(member)[:40]!r}: use letters, digits, "
+                                    "'.', '_' or '-'")
+        out["member"] = member
+    if not out:
+        raise ControlError(400, "filter must name at least one of tag, state, pool, member")
+    return out

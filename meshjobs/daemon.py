@@ -176,6 +176,9 @@ class Member:
                 return start_failed("the blob store could not be written", e)
             watch.write_failed(e)  # the disk is full: start read-only
         table = JobTable()
+        from meshjobs.history import History
+        history = History(cfg.data, cfg.name, cfg.history_bytes_max, cfg.history_keep, log=log)
+        table.on_forget = history.offer
         node = JobNode(table, NodeConfig(
             member=cfg.name, boot=boot, pools=cfg.pools, keep_s=cfg.keep_s,
             keep_jobs=cfg.keep_jobs, role=role, voters=tuple(sorted(voter_peers)),
@@ -251,6 +254,7 @@ class Member:
                        idle_timeout_s=cfg.http_idle_timeout_s,
                        body_timeout_s=cfg.http_body_timeout_s, timings=timings,
                        item_logs=item_logs)
+        http.history = jobs.history = history
         del voters
 
         stop = threading.Event()
@@ -286,6 +290,7 @@ class Member:
             extra.append(guarded("blobmover", mover.run))
         if links is not None:
             extra.append(guarded("itemlogs", item_logs.run))
+        extra.append(guarded("history", history.run))
         for t in extra:
             t.start()
         http_ready = threading.Event()
@@ -332,6 +337,7 @@ class Member:
         if mover is not None:
             mover.stop()
         item_logs.stop()
+        history.stop()
         if links is not None:
             links.stop()
         for t in extra:

@@ -50,6 +50,7 @@ from meshjobs.control import (
     Answer,
     ControlError,
     is_digest,
+    parse_bulk,
     parse_cursor,
     parse_job_id,
     parse_pool,
@@ -127,6 +128,21 @@ class HttpError(Exception):
         self.close = close  # the connection cannot carry another request after this answer
 
 
+def _parse_since(value: str | None) -> float | None:
+    """A history query's since=: seconds since the epoch (a number, not before 0 nor past
+    year 9999)."""
+    if value is None:
+        return None
+    try:
+        since = float(value) if len(value) <= 32 and value.isascii() else None
+    except ValueError:
+        since = None
+    if since is None or since != since or not 0 <= since < 253402300800:
+        raise HttpError(400, f"since must be a time in seconds since the epoch (e.g. "
+                             f"1767225600), not {value[:40]!r}")
+    return since
+
+
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
 
@@ -164,6 +180,7 @@ class HttpApi:
         self._host = host
         # Live output of running items (meshjobs.itemlogs.ItemLogs); None: only stored output.
         self._item_logs = item_logs
+        self.history: Any = None  # the member's History (set by meshd): GET /history reads it
         self._item_streams = 0  # answers of an item's output being sent (event loop only)
         # The member's metrics registry (histograms, process metrics); one of its own if alone.
         self._timings = timings if timings is not None else MemberMetrics()
@@ -267,12 +284,15 @@ class HttpApi:
         r.add_get("/events", self._events)
         r.add_delete("/jobs/{id}", self._forget)
         r.add_get("/jobs/{id}/results", self._results)
+        for action in ("cancel", "forget", "tone", "status"):
+            r.add_post(f"/jobs/{action}", self._bulk)
         r.add_post("/jobs/{id}/cancel", self._cancel)
         r.add_post("/jobs/{id}/tone", self._tone)
         r.add_get("/jobs/{id}/items/{n}/stdout", self._item_output, allow_head=False)
         r.add_get("/jobs/{id}/items/{n}/stderr", self._item_output, allow_head=False)
         r.add_get("/blobs/{digest}", self._blob)
         r.add_get("/fleet", self._fleet)
+        r.add_get("/history", self._history)
         r.add_get("/ui.js", self._ui_script)
         r.add_get("/healthz", self._health)
         r.add_get("/metrics", self._metrics)
@@ -816,6 +836,51 @@ class HttpApi:
         job_id = self._job_id(request)
         fields = parse_tone(await self._body_json(request))
         return await self._relay({"op": "tone", **await self._rid(request), "id": job_id, **fields})
+
+    async def _bulk(self, request: web.Request) -> web.Response:
+        """POST /jobs/cancel, /jobs/forget, /jobs/tone and /jobs/status: many jobs at once, by
+        {"ids": [...]} or {"filter": {...}}; the answer has one result per job."""
+        action = request.path.rsplit("/", 1)[1]
+        if (request.content_length is not None
+                and request.content_length > limits.bulk_body_bytes_max):
+            raise HttpError(413, f"a bulk request body has at most {limits.bulk_body_bytes_max} "
+                                 f"bytes: name at most {limits.bulk_jobs_max} ids, or use a filter")
+        raw = await self._read_body(request)
+        if len(raw) > limits.bulk_body_bytes_max:
+            raise HttpError(413, f"a bulk request body has at most {limits.bulk_body_bytes_max} "
+                                 f"bytes: name at most {limits.bulk_jobs_max} ids, or use a filter")
+        body = await self._body_json(request)
+        parse_bulk(action, body)  # refused here with the control's words, before any round trip
+        ask: dict[str, Any] = {"op": "bulk", "action": action, **body}
+        if action != "status":
+            ask.update(await self._rid(request))
+        return await self._relay(ask)
+
+    async def _history(self, request: web.Request) -> web.Response:
+        """GET /history?since=T&limit=N: this member's records of forgotten and expired jobs,
+        newest first (since: seconds since the epoch; limit: 1..history_read_max)."""
+        q = request.query
+        unknown = set(q) - {"since", "limit"}
+        if unknown:
+            raise HttpError(400, f"unknown query key(s): {', '.join(sorted(unknown))[:200]}; "
+                                 "use since and limit")
+        since = _parse_since(q.get("since"))
+        raw_limit = q.get("limit")
+        limit = 100
+        if raw_limit is not None:
+            if (not raw_limit.isascii() or not raw_limit.isdigit() or len(raw_limit) > 6
+                    or not 1 <= int(raw_limit) <= limits.history_read_max):
+                raise HttpError(400, f"limit must be a whole number from 1 to "
+                                     f"{limits.history_read_max}, not {raw_limit[:40]!r}")
+            limit = int(raw_limit)
+        history = self.history
+        if history is None:
+            raise HttpError(404, "this member keeps no history")
+        from meshjobs import history as history_file
+        body = await self._blob_call(history_file.read, history.folder, since, limit)
+        body["member"] = self._member
+        body["dropped"] = history.counts["history_dropped"]
+        return web.json_response(body)
 
     async def _results(self, request: web.Request) -> web.StreamResponse:
         job_id = self._job_id(request)

@@ -207,6 +207,7 @@ class JobsThread:
         self._next_publish_ms = 0
         self.writers: Any = None  # the blob writer threads, for their counters
         self.logs: Any = None  # live item output (meshjobs.itemlogs.ItemLogs), set by the daemon
+        self.history: Any = None  # the history writer (meshjobs.history.History), for its counters
         # The member's latency histograms (meshjobs.metrics.MemberMetrics), set by the daemon.
         self.timings: Any = None
         self._submit_at: dict[int, float] = {}  # token of a submit -> when it was taken
@@ -451,6 +452,9 @@ class JobsThread:
             for k, v in st.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     m[f"blob_mover_{k}"] = v
+        history = getattr(self, "history", None)
+        if history is not None:
+            m.update(history.counts)
         if self.logs is not None:
             st = self.logs.stats()
             for reason, n in st.get("dropped", {}).items():

@@ -207,3 +207,16 @@ events_check_ms = 500  # an /events stream looks this often for its client gone 
 cli_wait_retry_s_max = 120  # `job wait` without --timeout asks members that cannot answer this long in a row
 cli_wait_backoff_s_base = 0.2  # the first retry of `job wait` waits this long, then twice as long...
 cli_wait_backoff_s_max = 5  # ...but never longer than this
+
+# --- Many jobs at once (cancel, forget, tone, status by ids or a filter) ----------------------
+bulk_jobs_max = 500  # jobs one bulk request names or touches (more ids: 400; a filter: a page)
+bulk_body_bytes_max = 256 * 1024  # the JSON body of one bulk request (500 ids of 128 fit)
+
+# --- History of forgotten and expired jobs (history.jsonl in the data folder) -----------------
+history_bytes_max = 16 << 20  # [history] bytes_max default: history.jsonl is rotated past this
+history_keep_files = 3  # [history] keep default: rotated files kept (history.1.jsonl ...)
+history_keep_files_max = 100  # the most rotated files [history] keep may ask for
+history_line_bytes_max = 64 * 1024  # one record's line; a longer one drops its argv and env
+history_queue_max = 4_096  # records waiting for the history writer; more are dropped, counted
+history_read_max = 1_000  # records one GET /history answers at most (its limit=)
+history_read_bytes_max = 64 << 20  # bytes of history files one read looks at, newest first

@@ -113,6 +113,7 @@ RULES: tuple[Rule, ...] = (
     _c("table_jobs_forgotten", "meshjobs_table_jobs_forgotten", "Jobs forgotten on request."),
     _c("table_jobs_expired", "meshjobs_table_jobs_expired", "Finished jobs expired."),
     _c("table_tombstones_dropped", "meshjobs_table_tombstones_dropped", "Forgotten ids dropped past forgotten_ids_max, oldest first."),
+    _c("table_bulk_changes", "meshjobs_table_bulk_changes", "Bulk changes (cancel, forget, tone of many jobs) applied, one per entry."),
     _c("table_", "meshjobs_table", "The job table's count {rest} (not yet described here).", ""),
     # --- the node's state now ---
     _g("jobs_forgotten_total", "meshjobs_jobs_forgotten", "Forgotten job ids the table remembers (to refuse their reuse)."),
@@ -128,6 +129,9 @@ RULES: tuple[Rule, ...] = (
     _g("disk_free_bytes", "meshjobs_disk_free_bytes", "Free bytes on the member's data disk when last looked at."),
     # --- the edges (meshjobs/jobsd.py edge_metrics) ---
     _c("journal_syncs", "meshjobs_journal_syncs", "fsyncs of the Raft journal by the jobs thread."),
+    _c("history_written", "meshjobs_history_written", "Records of dropped jobs appended to history.jsonl."),
+    _c("history_dropped", "meshjobs_history_dropped", "History records dropped because the writer's queue was full."),
+    _c("history_", "meshjobs_history", "The history writer's count {rest} (see meshjobs/history.py).", ""),
     _c("driver_orphans_reaped", "meshjobs_driver_orphans_reaped", "Zombies of orphaned processes reaped (meshd as PID 1 or a subreaper)."),
     _c("journal_compactions", "meshjobs_journal_compactions", "Compactions of the Raft journal."),
     _c("dumps_written", "meshjobs_dumps_written", "Raft snapshots (dumps) written."),

@@ -530,9 +530,118 @@ _COMMON = {
 _OPEN = {("/healthz", "get"), ("/login", "get"), ("/login", "post"), ("/logout", "post")}
 
 
+# --- many jobs at once (POST /jobs/cancel, /jobs/forget, /jobs/tone, /jobs/status) and history --
+
+_FILTER = {
+    "type": "object", "additionalProperties": False, "minProperties": 1,
+    "description": "Jobs that match every key given.",
+    "properties": {
+        "tag": {"type": "string", "minLength": 1, "maxLength": limits.tag_chars_max},
+        "state": {"enum": ["queued", "held", "running", "done", "failed", "cancelled"]},
+        "pool": {"type": "string"},
+        "member": {"type": "string", "description": "Jobs with an item that ran or runs on "
+                                                    "this member."},
+    },
+}
+
+
+def _bulk_body(action: str) -> dict:
+    props: dict[str, Any] = {
+        "ids": {"type": "array", "minItems": 1, "maxItems": limits.bulk_jobs_max,
+                "items": {"type": "string"}},
+        "filter": _FILTER,
+        "after": {"type": "string", "description": "The `next` cursor of the answer before: "
+                                                   "the filter's next page."},
+    }
+    if action != "status":
+        props["dry_run"] = {"type": "boolean", "description": "Answer what would change; "
+                                                             "change nothing."}
+    if action == "tone":
+        props["set"] = {"type": "object", "additionalProperties": False, "properties": {
+            "priority": {"type": "integer"}, "hold": {"type": "boolean"},
+            "max_leases": {"type": ["integer", "null"], "minimum": 1}}}
+    return {"type": "object", "additionalProperties": False, "properties": props,
+            "description": "Either ids or filter, not both."}
+
+
+_BULK_SUMMARY = {
+    "cancel": "Cancel many jobs: by ids or a filter (submit role).",
+    "forget": "Forget many ended jobs: by ids or a filter (admin role).",
+    "tone": "Change priority, hold or max_leases of many jobs: by ids or a filter (submit role).",
+    "status": "The records of many jobs: by ids or a filter (read role; a read, though a POST).",
+}
+
+_BULK_PATHS: dict[str, Any] = {
+    f"/jobs/{action}": {"post": {
+        "summary": _BULK_SUMMARY[action],
+        "description": "A change is resolved by the leader against its committed table and "
+                       "committed as one entry (all or nothing across a failover); a dry run "
+                       "and a status are answered from this member's table. At most "
+                       f"{limits.bulk_jobs_max} ids (more: 400); a filter matching more answers "
+                       f"the oldest {limits.bulk_jobs_max} and a cursor in `next`.",
+        "operationId": f"bulk{action.capitalize()}",
+        "parameters": [] if action == "status" else [_IDEMPOTENCY_KEY],
+        "requestBody": {"required": True, "content": {"application/json": {
+            "schema": _bulk_body(action)}}},
+        "responses": {"200": _json({"$ref": "#/components/schemas/BulkAnswer"},
+                                   "One result per job."),
+                      "400": _BAD, "413": _err(f"A body over {limits.bulk_body_bytes_max} "
+                                               "bytes."), "503": _BUSY},
+    }} for action in ("cancel", "forget", "tone", "status")
+}
+_BULK_PATHS["/history"] = {"get": {
+    "summary": "This member's records of forgotten and expired jobs (history.jsonl and its "
+               "rotated files), newest first.",
+    "operationId": "history",
+    "parameters": [
+        {"name": "since", "in": "query", "description": "Only records at or after this time, in "
+         "seconds since the epoch.", "schema": {"type": "number", "minimum": 0}},
+        {"name": "limit", "in": "query", "schema": {
+            "type": "integer", "minimum": 1, "maximum": limits.history_read_max, "default": 100}},
+    ],
+    "responses": {"200": _json({"$ref": "#/components/schemas/History"}, "The records."),
+                  "400": _BAD, "404": _err("This member keeps no history.")},
+}}
+_BULK_SCHEMAS: dict[str, Any] = {
+    "BulkAnswer": {"type": "object", "properties": {
+        "action": {"enum": ["cancel", "forget", "tone", "status"]},
+        "dry_run": {"type": "boolean"},
+        "matched": {"type": "integer"},
+        "counts": {"type": "object", "additionalProperties": {"type": "integer"}},
+        "next": {"type": ["string", "null"], "description": "The cursor of the filter's next "
+                                                            "page (pass it as `after`)."},
+        "results": {"type": "array", "items": {"type": "object", "properties": {
+            "id": {"type": "string"},
+            "answer": {"enum": ["changed", "would_change", "already_final", "no_such_job",
+                                "refused", "found"]},
+            "state": {"type": "string", "description": "The job's state now, if it exists."},
+            "error": {"type": "string", "description": "Why it was refused."},
+            "job": _JOB,
+        }, "required": ["id", "answer"]}},
+    }},
+    "History": {"type": "object", "properties": {
+        "order": {"const": "newest_first"},
+        "member": {"type": "string"},
+        "records": {"type": "array", "items": {"type": "object", "properties": {
+            "at": {"type": "number", "description": "When the job was dropped (seconds)."},
+            "why": {"enum": ["forget", "expire"]},
+            "index": {"type": "integer", "description": "The log index of the entry."},
+            "member": {"type": "string"},
+            "job": {"type": "object", "description": "The job's final record, with "
+                                                     "items_summary (states, members)."},
+        }}},
+        "skipped_lines": {"type": "integer", "description": "Damaged lines skipped (a torn "
+                                                            "last line after a crash)."},
+        "more": {"type": "boolean"},
+        "dropped": {"type": "integer", "description": "Records this member dropped since it "
+                                                      "started (writer queue full)."},
+    }},
+}
+
+
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI 3.1 document, a fresh copy each call (callers may change it)."""
-    paths = copy.deepcopy(_PATHS)
+    paths = copy.deepcopy({**_PATHS, **_BULK_PATHS})
     for path, ops in paths.items():
         for method, op in ops.items():
             common = dict(_COMMON)
@@ -564,5 +673,5 @@ def openapi_document() -> dict[str, Any]:
             "origin and carry the X-Meshjobs-Csrf header of its pages.",
         },
         "paths": paths,
-        "components": {"schemas": copy.deepcopy(_SCHEMAS)},
+        "components": {"schemas": copy.deepcopy({**_SCHEMAS, **_BULK_SCHEMAS})},
     }

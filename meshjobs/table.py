@@ -187,6 +187,11 @@ class JobTable:
         # A checker's hook (the simulator's oracle): called with each entry of a batch before
         # (outcome None) and after it is applied. Never set in a member.
         self.observe: Callable[[Any, dict | None], None] | None = None
+        # The member's hook for its history file: called with a job's final record, why
+        # ("forget" or "expire"), the entry's time and its log index, just before the job is
+        # dropped. It must not block (the member hands the record to a bounded queue). Not
+        # part of the state.
+        self.on_forget: Callable[[dict, str, int, int], None] | None = None
 
     # --- applying entries -------------------------------------------------------------------
 
@@ -487,10 +492,12 @@ class JobTable:
         if not job.finished:
             raise Refused(409, f"job {job.id} is {job.state}: cancel it first "
                                f"(meshctl job cancel {job.id})", "not_finished")
-        self._forget(job)
+        self._forget(job, "forget", t)
         return {"ok": True, "id": job.id}
 
-    def _forget(self, job: Job) -> None:
+    def _forget(self, job: Job, why: str, t: int) -> None:
+        if self.on_forget is not None:
+            self.on_forget(self.final_record(job), why, t, self.applied_index)
         del self.jobs[job.id]
         del self.finished[job.id]
         self.ready.pop(job.id, None)
@@ -510,10 +517,40 @@ class JobTable:
         for job_id in ids:
             job = self.jobs.get(job_id) if isinstance(job_id, str) else None
             if job is not None and job.finished:
-                self._forget(job)
+                self._forget(job, "expire", t)
                 expired.append(job_id)
         self._count("jobs_expired", len(expired))
         return {"ok": True, "expired": expired}
+
+    def _apply_bulk(self, e: dict, index: int, t: int) -> dict:
+        """One change (cancel, forget or tone) to many jobs, in one entry: each job's change is
+        applied as if it were an entry of its own, so that a failover never applies half of a
+        bulk request. The outcome answers per job: [id, answer, why], where answer is
+        "changed", "already_final", "no_such_job" or "refused" (why: the refusal's words)."""
+        op, ids = e.get("op"), e.get("ids")
+        if (op not in ("cancel", "forget", "tone") or not isinstance(ids, list) or not ids
+                or len(ids) > limits.bulk_jobs_max):
+            raise Refused(400, "malformed bulk change", "malformed")
+        fields = e.get("set") or {}
+        if not isinstance(fields, dict) or (op == "tone") != bool(fields) or not set(fields) <= {
+                "priority", "hold", "max_leases"}:
+            raise Refused(400, "malformed bulk change", "malformed")
+        rows = []
+        for job_id in ids:
+            out = self._apply_one({"k": op, "t": t, "id": job_id, **fields}, index, nested=True)
+            if out.get("ok"):
+                rows.append([job_id, "changed", None])
+            elif out.get("reason") in ("unknown_job", "forgotten"):
+                rows.append([job_id, "no_such_job", None])
+            elif out.get("reason") == "finished":
+                rows.append([job_id, "already_final", None])
+            else:
+                rows.append([job_id, "refused", out.get("error")])
+        self._count("bulk_changes")
+        nxt = e.get("nx")  # the cursor of the filter's next page, handed back to the client
+        return {"ok": True, "op": op, "rows": rows,
+                "next": nxt if isinstance(nxt, str) and len(nxt) <= limits.jobs_cursor_chars_max
+                else None}
 
     def _apply_tone(self, e: dict, index: int, t: int) -> dict:
         job = self._job(e.get("id"))
@@ -613,6 +650,18 @@ class JobTable:
             rec["items"] = [self.item_record(job, i) for i in range(job.n)]
             if job.names is not None:
                 rec["names"] = list(job.names)
+        return rec
+
+    def final_record(self, job: Job) -> dict:
+        """A job's record as its history keeps it: the record, and a summary of its items (how
+        many ended in each state, and the members that ran them)."""
+        rec = self.record(job)
+        states: dict[str, int] = {}
+        for code in job.st:
+            name = ITEM_STATE_NAMES[code]
+            states[name] = states.get(name, 0) + 1
+        rec["items_summary"] = {"states": states,
+                                "members": sorted({m for m in job.member if m is not None})}
         return rec
 
     def item_record(self, job: Job, i: int) -> dict:
@@ -730,8 +779,10 @@ class JobTable:
         return t
 
     def load(self, other: JobTable) -> None:
-        """Become `other` (a snapshot was installed)."""
+        """Become `other` (a snapshot was installed); the member's hook stays."""
+        hook = self.on_forget
         self.__dict__.update(other.__dict__)
+        self.on_forget = hook
 
     # --- invariants -----------------------------------------------------------------------------
 
@@ -819,4 +870,5 @@ _APPLIERS = {
     "tone": JobTable._apply_tone,
     "expire": JobTable._apply_expire,
     "batch": JobTable._apply_batch,
+    "bulk": JobTable._apply_bulk,
 }

@@ -107,6 +107,12 @@ ROUTES = [
     ("POST", "/jobs/nosuch/cancel", None, "submit"),
     ("POST", "/jobs/nosuch/tone", {"priority": 1}, "submit"),
     ("DELETE", "/jobs/nosuch", None, "admin"),
+    ("POST", "/jobs/status", {"ids": ["nosuch"]}, "read"),
+    ("POST", "/jobs/cancel", {"ids": ["nosuch"]}, "submit"),
+    ("POST", "/jobs/tone", {"ids": ["nosuch"], "set": {"priority": 1}}, "submit"),
+    ("POST", "/jobs/forget", {"ids": ["nosuch"]}, "admin"),
+    ("POST", "/jobs/forget", {"filter": {"state": "done"}, "dry_run": True}, "admin"),
+    ("GET", "/history", None, "read"),
     ("GET", "/healthz", None, None),
     ("GET", "/login", None, None),
 ]

@@ -31,7 +31,7 @@ from typing import Any
 
 import blake3
 
-from meshjobs import limits
+from meshjobs import bulk, limits
 from meshjobs.control import CHANGE_OPS, Answer, ControlError, parse_request
 from meshjobs.node.events import (
     EMPTY_DIGEST,
@@ -335,6 +335,10 @@ class JobNode(LeaderDuties, Following, Feeding):
             self._reply(token, 200, self.health())
         elif op == "metrics":
             self._reply(token, 200, self.metrics())
+        elif op == "bulk" and req["action"] == "status":
+            self._reply(token, 200, bulk.status(self.table, req))
+        elif op == "bulk" and req["dry_run"]:
+            self._reply(token, 200, bulk.dry_run(self.table, req))
         elif op == "submit" and self._disk_full and not forwarded:
             self._count("ctl_refused_disk_full")
             self._reply(token, 507, {"error": self._disk_full_error()})
@@ -448,6 +452,15 @@ class JobNode(LeaderDuties, Following, Feeding):
             job_id = self._submit_entry(token, req, entry)
             if job_id is None:
                 return
+        elif op == "bulk":
+            # A filter is resolved here, against the leader's committed table; the entry names
+            # the ids, so that every member changes the same jobs.
+            ids, nxt = bulk.resolve(self.table, req)
+            if not ids:
+                self._reply(token, 200, bulk.answer(self.table, req["action"], [], False, None))
+                return
+            entry = bulk.entry(req, ids, nxt, self.now_ms)
+            job_id = None
         else:
             job_id = req["id"]
             if job_id in self.table.forgotten:
@@ -513,6 +526,11 @@ class JobNode(LeaderDuties, Following, Feeding):
     def _answer_change(self, token: int, op: str, job_id: str | None, outcome: dict,
                        index: int = 0) -> None:
         index = index or self.table.applied_index
+        if op == "bulk" and outcome.get("ok"):
+            self._answer(token, Answer(200, bulk.answer(
+                self.table, outcome.get("op", ""), outcome.get("rows") or [], False,
+                outcome.get("next"))), index)
+            return
         if not outcome.get("ok"):
             answer = Answer(outcome.get("status", 409), {"error": outcome.get("error", "refused")})
         else:
@@ -606,6 +624,10 @@ class JobNode(LeaderDuties, Following, Feeding):
                 self._revoking.pop(tuple(lease), None)
         elif kind == "forget":
             self._out.append(Unpin(e["id"]))
+        elif kind == "bulk" and e.get("op") == "forget":
+            for job_id, what, _ in out["rows"]:
+                if what == "changed":
+                    self._out.append(Unpin(job_id))
         elif kind == "expire":
             for job_id in out["expired"]:
                 self._expiring.pop(job_id, None)

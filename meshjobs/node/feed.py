@@ -37,6 +37,9 @@ def named_jobs(kind: Any, e: dict, out: dict) -> list[str]:
     if kind in ("submit", "cancel", "tone", "forget"):
         job_id = out.get("id", e.get("id"))
         return [job_id] if isinstance(job_id, str) else []
+    if kind == "bulk":
+        rows = out.get("rows")
+        return [r[0] for r in rows if r[1] == "changed"] if isinstance(rows, list) else []
     if kind == "expire":
         ids = out.get("expired")
         return [j for j in ids if isinstance(j, str)] if isinstance(ids, list) else []
