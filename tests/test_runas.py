@@ -357,3 +357,38 @@ def test_driver_that_may_not_switch(tmp_path, blobs):
     end = _drive(tmp_path, blobs, RunItem("j", 2, 1, ["json:dumps"], {}, None, None, None,
                                           kind="python", user="nobody"), python_workers=0)
     assert end.state == "failed" and "pool of kind python on member m9" in end.error
+
+
+# --- The job table: committed specs -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [
+    {"user": ""}, {"user": "../x"}, {"user": "007"}, {"user": 65534}, {"user": None},
+    {"inherit_env": False}, {"inherit_env": 1}, {"inherit_env": "yes"},
+])
+def test_committed_spec_user_must_be_normalized(bad):
+    """A committed spec's user and inherit_env pass control's checks and are normalized (present
+    only when set, numbers without leading zeros), or the entry is refused as malformed."""
+    from tests.test_table import T0, Log, refusal, spec
+    log = Log()
+    out = log.apply({"k": "submit", "t": T0, "id": "j1", "spec": spec(**bad), "dg": b"d",
+                     "items": [None]})
+    assert refusal(out) == (False, 400, "malformed")
+
+
+def test_user_survives_snapshots_and_shows_in_records():
+    """user and inherit_env are part of the job: in its record, and kept by to_state/from_state;
+    a job without them has neither in its spec fields (old snapshots load unchanged)."""
+    from meshjobs.table import JobTable
+    from tests.test_table import Log
+    log = Log()
+    assert log.submit("j1", user="nobody", inherit_env=True)["ok"]
+    assert log.submit("j2", dg=b"dg-2", cwd="/tmp")["ok"]
+    j1, j2 = log.table.jobs["j1"], log.table.jobs["j2"]
+    assert j1.spec_fields()["user"] == "nobody" and j1.spec_fields()["inherit_env"] is True
+    assert "user" not in j2.spec_fields() and "inherit_env" not in j2.spec_fields()
+    again = JobTable.from_state(log.table.to_state())
+    rec = again.record(again.jobs["j1"])
+    assert (rec["user"], rec["inherit_env"], rec["cwd"]) == ("nobody", True, None)
+    rec = again.record(again.jobs["j2"])
+    assert (rec["user"], rec["inherit_env"], rec["cwd"]) == (None, False, "/tmp")
