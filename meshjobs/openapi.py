@@ -96,7 +96,8 @@ _SCHEMAS: dict[str, Any] = {
             "cwd": {"type": ["string", "null"], "description": "An absolute path: the items' working "
                     "directory (null: the member's own folder). meshctl sends its own folder "
                     "unless --cwd or --no-cwd. Missing on the member: the item fails."},
-            "user": {"type": ["string", "null"], "maxLength": 2 * len(str(limits.uid_max)) + 1,
+            "user": {"type": ["string", "null"], "maxLength": max(limits.user_chars_max,
+                                                                2 * len(str(limits.uid_max)) + 1),
                      "pattern": r"^([A-Za-z0-9._][A-Za-z0-9._-]{0,31}|[0-9]+(:[0-9]+)?)$",
                      "description": "Run the items as this user: a name, or UID or UID:GID "
                                     f"(0 to {limits.uid_max}; an all-digit value is a uid). The "
