@@ -380,7 +380,8 @@ def _lines(raw: bytes, where: str) -> list[Any]:
               help="At most N items of the job at once.")
 @click.option("--env", "env", multiple=True, metavar="K=V", help="An environment variable (repeatable).")
 @click.option("--cwd", metavar="DIR",
-              help="Working directory of the items (default: the folder meshctl runs in).")
+              help="Working directory of the items, absolute (default: the folder meshctl "
+                   "runs in).")
 @click.option("--no-cwd", "no_cwd", is_flag=True,
               help="Run in the member's own folder, not the one meshctl runs in.")
 @click.option("--user", metavar="NAME|UID[:GID]",
@@ -426,14 +427,15 @@ def job_submit(ctx: click.Context, job_id: str | None, pool: str | None, items_f
 
 
 def _submit_cwd(cwd: str | None, no_cwd: bool) -> str | None:
-    """The working directory a submit names: --cwd (made absolute), else the folder meshctl
-    runs in; None with --no-cwd (the member's own folder)."""
+    """The working directory a submit names: --cwd (absolute: it names a folder of the member
+    that runs the items, which meshd checks), else the folder meshctl runs in; None with
+    --no-cwd (the member's own folder)."""
     if no_cwd:
         if cwd is not None:
             raise click.UsageError("give --cwd DIR or --no-cwd, not both")
         return None
     if cwd is not None:
-        return os.path.abspath(cwd)
+        return cwd
     try:
         return os.getcwd()
     except OSError as e:  # the folder was deleted under us

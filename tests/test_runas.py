@@ -193,6 +193,13 @@ def test_hostile_user_over_http(meshd, bad):
     status, body = meshd.request("POST", "/jobs", {"argv": ["true"], "user": bad})
     assert status == 400, body
     assert "user" in body["error"]
+    if isinstance(bad, str) and bad:
+        r = meshd.ctl("job", "submit", "--user", bad, "--", "true")
+        assert r.returncode == 2, r
+        err = r.stderr.decode()
+        assert "user" in err and "Traceback" not in err
+    status, jobs = meshd.request("GET", "/jobs")
+    assert status == 200 and jobs == []
 
 
 def test_resubmit_with_the_same_user_is_the_same_job(meshd):
@@ -251,14 +258,17 @@ def test_inherit_env_gives_meshds_whole_environment(meshd_factory):
 
 
 def test_cwd_defaults_to_meshctls_folder(meshd, tmp_path):
-    """meshctl sends the folder it runs in as the job's cwd (as qsub does); --cwd DIR (relative
-    too) names another; --no-cwd keeps the member's own folder."""
+    """meshctl sends the folder it runs in as the job's cwd (as qsub does); --cwd DIR names
+    another (absolute: a relative one is still refused); --no-cwd keeps the member's own
+    folder."""
     here = tmp_path / "submit-here"
     (here / "sub").mkdir(parents=True)
     job = _submit(meshd, "--", "pwd", cwd=str(here))
     rec = meshd.wait_job(job)
     assert rec["cwd"] == str(here) and _out(meshd, job) == [str(here)]
-    job = _submit(meshd, "--cwd", "sub", "--", "pwd", cwd=str(here))
+    r = meshd.ctl("job", "submit", "--cwd", "sub", "--", "pwd", cwd=str(here))
+    assert r.returncode == 2 and "cwd must be an absolute path" in r.stderr.decode()
+    job = _submit(meshd, "--cwd", str(here / "sub"), "--", "pwd", cwd=str(here))
     assert meshd.wait_job(job)["cwd"] == str(here / "sub")
     assert _out(meshd, job) == [str(here / "sub")]
     job = _submit(meshd, "--no-cwd", "--", "pwd", cwd=str(here))
