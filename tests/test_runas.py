@@ -158,6 +158,10 @@ def test_items_run_as_the_named_user(meshd, tmp_path):
     assert r.returncode == 0, r.stderr
     text = r.stdout.decode()
     assert "user       nobody" in text and "cwd        /" in text
+    status, page = meshd.request("GET", f"/jobs/{rec['id']}?format=html",
+                                 headers={"Accept": "text/html"})
+    assert status == 200
+    assert b"<th>user</th><td>nobody</td>" in page.replace(b"\n", b""), page[:3000]
 
 
 def test_numeric_ids_with_no_user(meshd):
