@@ -406,3 +406,18 @@ def test_user_survives_snapshots_and_shows_in_records():
     assert (rec["user"], rec["inherit_env"], rec["cwd"]) == ("nobody", True, None)
     rec = again.record(again.jobs["j2"])
     assert (rec["user"], rec["inherit_env"], rec["cwd"]) == (None, False, "/tmp")
+
+
+def test_python_items_inherit_env(tmp_path, blobs, monkeypatch):
+    """A python item sees meshd's whole environment during its call only with inherit_env."""
+    monkeypatch.setenv("RUNAS_PY_SECRET", "py-s3cret")
+    (tmp_path / "runasmod.py").write_text(
+        "import os\n\ndef secret(data):\n    return os.environ.get('RUNAS_PY_SECRET', 'unset')\n")
+    outs = []
+    for inherit in (False, True):
+        end = _drive(tmp_path, blobs, RunItem("j", int(inherit), 1, ["runasmod:secret"], {},
+                                              str(tmp_path), None, None, kind="python",
+                                              inherit_env=inherit), python_workers=1)
+        assert end.state == "done", end
+        outs.append(blobs.get(end.stdout))
+    assert outs == [b"unset", b"py-s3cret"]
