@@ -784,14 +784,17 @@ def _killpg(pgid: int, sig: int) -> None:
         pass  # Only members that changed their user remain; the rest got the signal.
 
 
+def _cwd_error(cwd: str, member: str, why: str) -> str:
+    return (f"working directory '{cwd}' is not usable on member {member} ({why}): create it "
+            f"there, or submit with another --cwd (or --no-cwd: the member's own folder)")
+
+
 def _start_error(item: RunItem, argv0: str, e: Exception, member: str = "") -> str:
     """Say why the item's program could not start, and what to do about it."""
     if isinstance(e, OSError):
         why = e.strerror or str(e)
         if item.cwd is not None and e.filename == item.cwd and argv0 != item.cwd:
-            return (f"working directory '{item.cwd}' is not usable on member {member} ({why}): "
-                    f"create it there, or submit with another --cwd (or --no-cwd: the "
-                    f"member's own folder)")
+            return _cwd_error(item.cwd, member, why)
         if isinstance(e, FileNotFoundError):
             return f"no such program '{argv0}' on member: install it or fix the job's argv"
         if isinstance(e, PermissionError):
