@@ -33,15 +33,15 @@ Rules:
    MESH_LEASE_EPOCH; python workers start from the same variables (plus PYTHONPATH and
    PYTHONHOME, to start as meshd did) and layer the job's env and MESH_* over them per call.
    A job with `inherit_env` gets meshd's whole environment instead of the named variables.
-9. Users (meshjobs.runas): an item whose job (or pool) names a user runs with that user's uid,
-   gid and supplementary groups, and its HOME, USER and LOGNAME, when this member may switch
-   users; otherwise, or when the user is unknown here, it fails without running and its error
-   says why. Python items run in meshd's own workers: they take no other user.
 8. Orphans: an item that leaves its group (setsid) and whose process outlives it is re-parented
    to PID 1, or to the nearest child subreaper. When that is this process (meshd is a
    container's PID 1, or runs as a subreaper), the driver thread reaps those orphans' zombies
    every limits.orphan_reap_ms, and only them: its own children (items' leaders, python
    workers) are left to the waits that report their ends.
+9. Users (meshjobs.runas): an item whose job (or pool) names a user runs with that user's uid,
+   gid and supplementary groups, and its HOME, USER and LOGNAME, when this member may switch
+   users; otherwise, or when the user is unknown here, it fails without running and its error
+   says why. Python items run in meshd's own workers: they take no other user.
 """
 
 from __future__ import annotations
