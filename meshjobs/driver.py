@@ -28,12 +28,12 @@ Rules:
    stdout blob; what it printed, then the traceback or why the call failed, is the stderr blob.
    Outputs are stored and the end reported exactly as for command items. A cut or a runtime
    limit kills the worker (SIGKILL to its group) and a new one takes its place.
-7. Items see meshd's whole environment only when their job asks (`inherit_env`, below);
-   otherwise a command item gets the variables `env_pass`
-   names (meshjobs.itemenv), then the job's env, then MESH_JOB_ID, MESH_ITEM_INDEX and
-   MESH_LEASE_EPOCH; python workers start from the same variables (plus PYTHONPATH and
-   PYTHONHOME, to start as meshd did) and layer the job's env and MESH_* over them per call.
-   A job with `inherit_env` gets meshd's whole environment instead of the named variables.
+7. Items see meshd's whole environment only when their job asks: a command item gets the
+   variables `env_pass` names (meshjobs.itemenv), then the job's env, then MESH_JOB_ID,
+   MESH_ITEM_INDEX and MESH_LEASE_EPOCH; python workers start from the same variables (plus
+   PYTHONPATH and PYTHONHOME, to start as meshd did) and layer the job's env and MESH_* over
+   them per call. A job with `inherit_env` gets meshd's whole environment instead of the
+   named variables.
 8. Orphans: an item that leaves its group (setsid) and whose process outlives it is re-parented
    to PID 1, or to the nearest child subreaper. When that is this process (meshd is a
    container's PID 1, or runs as a subreaper), the driver thread reaps those orphans' zombies
