@@ -421,3 +421,19 @@ def test_python_items_inherit_env(tmp_path, blobs, monkeypatch):
         assert end.state == "done", end
         outs.append(blobs.get(end.stdout))
     assert outs == [b"unset", b"py-s3cret"]
+
+
+def test_refusal_says_who_the_member_runs_as():
+    """A member not root names its uid and what to do; one that may switch, or is asked for its
+    own ids, runs the item."""
+    from meshjobs.runas import Identity, refusal, resolve
+    ident = resolve("nobody", "m1")
+    assert ident == Identity(NOBODY.pw_uid, NOBODY.pw_gid,
+                             tuple(os.getgrouplist("nobody", NOBODY.pw_gid)), "nobody",
+                             NOBODY.pw_dir)
+    why = refusal("nobody", ident, "m1", False, 1000, 1000)
+    assert why == ("member m1 runs as uid 1000, not root: it cannot run items as user 'nobody'; "
+                   "start meshd as root there to run items as other users, or submit without "
+                   "--user (items then run as uid 1000, gid 1000)")
+    assert refusal("nobody", ident, "m1", True, 1000, 1000) is None
+    assert refusal("nobody", ident, "m1", False, NOBODY.pw_uid, NOBODY.pw_gid) is None
