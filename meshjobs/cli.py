@@ -470,18 +470,31 @@ def _lines(raw: bytes, where: str) -> list[Any]:
 @click.option("--max-leases", type=click.IntRange(1, limits.max_leases_max),
               help="At most N items of the job at once.")
 @click.option("--env", "env", multiple=True, metavar="K=V", help="An environment variable (repeatable).")
-@click.option("--cwd", metavar="DIR", help="Working directory (absolute).")
+@click.option("--cwd", metavar="DIR",
+              help="Working directory of the items, absolute (default: the folder meshctl "
+                   "runs in).")
+@click.option("--no-cwd", "no_cwd", is_flag=True,
+              help="Run in the member's own folder, not the one meshctl runs in.")
+@click.option("--user", metavar="NAME|UID[:GID]",
+              help="Run the items as this user (the member must run as root).")
+@click.option("--inherit-env", "inherit_env", is_flag=True,
+              help="Give items meshd's whole environment, not the minimal one (see "
+                   "docs/security.md).")
 @json_option
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def job_submit(ctx: click.Context, job_id: str | None, pool: str | None, items_from: str | None,
                retries: int | None, runtime: float | None, priority: int | None,
                tags: tuple[str, ...], hold: bool, max_leases: int | None, env: tuple[str, ...],
-               cwd: str | None, as_json: bool, argv: tuple[str, ...]) -> None:
-    """Submit a job: meshctl job submit [OPTIONS] -- PROGRAM [ARGS]...; prints its id."""
+               cwd: str | None, no_cwd: bool, user: str | None, inherit_env: bool,
+               as_json: bool, argv: tuple[str, ...]) -> None:
+    """Submit a job: meshctl job submit [OPTIONS] -- PROGRAM [ARGS]...; prints its id.
+
+    Items run in the folder meshctl runs in (as qsub does), unless --cwd names another or
+    --no-cwd keeps the member's own."""
     spec: dict[str, Any] = {"argv": list(argv)}
     optional = {"id": job_id, "pool": pool, "retries": retries, "priority": priority,
-                "max_leases": max_leases, "cwd": cwd}
+                "max_leases": max_leases, "cwd": _submit_cwd(cwd, no_cwd), "user": user}
     spec.update({k: v for k, v in optional.items() if v is not None})
     if runtime is not None:
         spec["runtime_s"] = runtime
@@ -489,6 +502,8 @@ def job_submit(ctx: click.Context, job_id: str | None, pool: str | None, items_f
         spec["tags"] = list(tags)
     if hold:
         spec["hold"] = True
+    if inherit_env:
+        spec["inherit_env"] = True
     if env:
         spec["env"] = _parse_env(env)
     if items_from is not None:
@@ -500,6 +515,23 @@ def job_submit(ctx: click.Context, job_id: str | None, pool: str | None, items_f
         _print_json(record)
     else:
         click.echo(record["id"])
+
+
+def _submit_cwd(cwd: str | None, no_cwd: bool) -> str | None:
+    """The working directory a submit names: --cwd (absolute: it names a folder of the member
+    that runs the items, which meshd checks), else the folder meshctl runs in; None with
+    --no-cwd (the member's own folder)."""
+    if no_cwd:
+        if cwd is not None:
+            raise click.UsageError("give --cwd DIR or --no-cwd, not both")
+        return None
+    if cwd is not None:
+        return cwd
+    try:
+        return os.getcwd()
+    except OSError as e:  # the folder was deleted under us
+        raise click.UsageError(f"the current folder cannot be read ({e.strerror or e}): give "
+                               "--cwd DIR, or --no-cwd to run in the member's own folder") from None
 
 
 def _when(value: Any) -> str:
@@ -622,6 +654,10 @@ def job_status(ctx: click.Context, job_ids: tuple[str, ...], tag: str | None, st
         ("argv", _shell_words(record.get("argv"))),
         ("items", counts),
         ("pool", record.get("pool")),
+        ("user", record.get("user") or "- (the pool's default, or meshd's own)"),
+        ("cwd", record.get("cwd") or "- (the member's own folder)"),
+        *([("env", "meshd's whole environment (--inherit-env)")]
+          if record.get("inherit_env") else []),
         ("priority", record.get("priority")),
         ("tags", tags),
         ("submitted", _when(record.get("submitted_at"))),

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshjobs import limits
-from meshjobs.control import POOL_RE
+from meshjobs.control import POOL_RE, ControlError, parse_user
 from meshjobs.itemenv import DEFAULT_PASS, PASS_RE
 from meshjobs.node import Pool
 
@@ -36,7 +36,7 @@ AUTH_KEYS = {"tokens", "allow_anonymous", "anonymous_role", "metrics"}
 ROLES = ("read", "submit", "admin")  # each role may do what the ones before it may
 TOKEN_KEYS = {"name", "role", "sha256"}
 LOOPBACK_NAMES = ("localhost", "ip6-localhost")
-POOL_KEYS = {"kind", "slots", "runtime_s", "hold", "drain"}
+POOL_KEYS = {"kind", "slots", "runtime_s", "hold", "drain", "user"}
 POOL_KINDS = ("command", "python")  # python: slots pre-forked meshjobs.pyworker processes
 
 
@@ -187,13 +187,39 @@ def _pools(raw: Any) -> dict[str, Pool]:
         if p.get("drain") or p.get("hold"):
             slots = 0  # a draining or held pool takes no new items
         pools[name] = Pool(name=name, kind=kind, slots=slots,
-                           runtime_s=None if runtime is None else float(runtime))
+                           runtime_s=None if runtime is None else float(runtime),
+                           user=_pool_user(name, kind, p.get("user")))
     workers = python_workers(pools)
     if workers > limits.py_workers_max:
         # Each slot of a python pool is a resident process, not a fork per item.
         raise ConfigError(f"[pools]: python pools have {workers} slots together, over "
                           f"{limits.py_workers_max} worker processes (py_workers_max)")
     return pools
+
+
+def _pool_user(pool: str, kind: str, value: Any) -> str | None:
+    """[pools.X] user: who the pool's items run as when their job names no user; a user name, or
+    "UID" / "UID:GID", that this machine knows (daemon.py checks meshd may switch to it)."""
+    if value is None:
+        return None
+    from meshjobs import runas
+    try:
+        user = parse_user(value)
+    except ControlError as e:
+        raise ConfigError(f"[pools.{pool}] user: {e.message}") from None
+    if kind != "command":
+        raise ConfigError(f"[pools.{pool}] user: a pool of kind {kind} calls functions in meshd's "
+                          "own workers, which run as meshd's user: remove the key")
+    try:
+        runas.resolve(user, "this member")
+    except runas.RunAsError:
+        if ":" in user or not user.isdigit():
+            why = "no such user on this machine: create it, or fix the key"
+        else:
+            why = (f"uid {user} has no entry in this machine's user database, so its group is "
+                   f"unknown: give it (\"{user}:GID\"), or create the user")
+        raise ConfigError(f"[pools.{pool}] user = {user!r}: {why}") from None
+    return user
 
 
 def python_workers(pools: dict[str, Pool]) -> int:

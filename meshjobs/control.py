@@ -41,13 +41,17 @@ JOB_ID_RE = re.compile(rf"^[A-Za-z0-9._-]{{1,{limits.job_id_chars_max}}}$")
 POOL_RE = re.compile(rf"^[A-Za-z0-9._-]{{1,{limits.pool_chars_max}}}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RID_RE = re.compile(rf"^[A-Za-z0-9._:-]{{1,{limits.rid_chars_max}}}$")
+# A user a job runs as: a name of the POSIX portable set (not starting with '-'), or a numeric
+# uid with an optional gid. ASCII only: str.isdigit() would take other scripts' digits.
+USER_NAME_RE = re.compile(rf"^[A-Za-z0-9._][A-Za-z0-9._-]{{0,{limits.user_chars_max - 1}}}$")
+USER_IDS_RE = re.compile(r"^([0-9]+)(?::([0-9]+))?$")
 
 JOB_STATES = ("queued", "held", "running", "done", "failed", "cancelled")
 ITEM_STATES = ("pending", "leased", "done", "failed", "timeout", "cancelled")
 
 SUBMIT_KEYS = frozenset(
     {"id", "argv", "pool", "priority", "retries", "runtime_s", "hold", "tags", "env", "cwd",
-     "items", "max_leases", "names"}
+     "items", "max_leases", "names", "user", "inherit_env"}
 )
 TONE_KEYS = frozenset({"priority", "hold", "max_leases"})
 CHANGE_OPS = frozenset({"submit", "cancel", "forget", "tone", "bulk"})  # the ops that are log entries
@@ -216,6 +220,12 @@ def parse_submit(body: object) -> dict:
     if body.get("names") is not None:
         # Only when given, so that a spec committed before names existed stays normalized.
         spec["names"] = parse_names(body["names"])
+    # Only when given, as names: a spec committed before these existed stays normalized (and its
+    # digest, which decides whether a resubmit is "the same job", stays what it was).
+    if body.get("user") is not None:
+        spec["user"] = parse_user(body["user"])
+    if body.get("inherit_env") is not None and _bool(body["inherit_env"], "inherit_env"):
+        spec["inherit_env"] = True
     if "items" in body and body["items"] is not None:
         items = body["items"]
         if not isinstance(items, list) or not items:
@@ -236,6 +246,27 @@ def parse_submit(body: object) -> dict:
     if "names" in spec and len(spec["names"]) != len(spec.get("items") or spec["names"]):
         raise ControlError(400, "names must have one entry per item")
     return spec
+
+
+def parse_user(value: object) -> str:
+    """The user a job's items run as: a user name (POSIX portable characters, not starting with
+    '-', not all digits), or "UID" or "UID:GID" (decimal, 0..uid_max). Numbers are normalized
+    ("007:0100" is "7:100"), so two spellings of one user are one job spec."""
+    hint = (f"give a user name (up to {limits.user_chars_max} of letters, digits, '.', '_' and "
+            f"'-', not starting with '-') or a numeric UID or UID:GID (0 to {limits.uid_max})")
+    if not isinstance(value, str):
+        raise ControlError(400, f"user must be a string: {hint}")
+    if len(value) > max(limits.user_chars_max, 2 * len(str(limits.uid_max)) + 1):
+        raise ControlError(400, f"user {value[:40]!r}... is too long: {hint}")
+    m = USER_IDS_RE.fullmatch(value)
+    if m is not None:
+        ids = [int(g) for g in m.groups() if g is not None]
+        if any(i > limits.uid_max for i in ids):
+            raise ControlError(400, f"user {value[:40]!r}: an id is over {limits.uid_max}: {hint}")
+        return ":".join(map(str, ids))
+    if not USER_NAME_RE.fullmatch(value) or value in (".", ".."):
+        raise ControlError(400, f"bad user {value[:40]!r}: {hint}")
+    return value
 
 
 def parse_names(value: object) -> list[str]:

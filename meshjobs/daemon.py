@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> None:
             if args.slots < 0 or "default" not in cfg.pools:
                 raise ConfigError("--slots needs a default pool and a count of 0 or more")
             cfg.pools["default"].slots = args.slots
+        _check_pool_users(cfg)
     except ConfigError as e:
         print(f"meshd: {e}", file=sys.stderr)
         sys.exit(2)
@@ -71,6 +72,22 @@ def main(argv: list[str] | None = None) -> None:
     # second (measured in bench/blobs.py: about a fifth of a small put's cost).
     gc.set_threshold(20_000, 50, 50)
     sys.exit(Member(cfg).serve())
+
+
+def _check_pool_users(cfg: Config) -> None:
+    """A pool's default user ([pools.X] user) this member cannot run items as stops it at start
+    (config.py checked that the user exists)."""
+    from meshjobs import runas
+    may_switch = runas.can_switch_user()
+    for pool in cfg.pools.values():
+        if pool.user is None:
+            continue
+        ident = runas.resolve(pool.user, cfg.name)
+        why = runas.refusal(pool.user, ident, cfg.name, may_switch, os.geteuid(), os.getegid())
+        if why is not None:
+            raise ConfigError(f"[pools.{pool.name}] user = {pool.user!r}: {why.split(': ', 1)[0]}:"
+                              " start meshd as root, or remove the key (items then run as "
+                              "meshd's own user)")
 
 
 class Member:
@@ -222,7 +239,8 @@ class Member:
 
         driver = Driver(blobs, os.path.join(cfg.data, "spool"),
                         on_end=lambda end: jobs.item_ended(end), writers=writers, on_fatal=fatal,
-                        python_workers=python_workers(cfg.pools), env_pass=cfg.item_env_pass)
+                        python_workers=python_workers(cfg.pools), env_pass=cfg.item_env_pass,
+                        member=cfg.name)
         links = mover = None
         if not cfg.fleet_of_one:
             from meshjobs.blobmover import BlobMover
@@ -253,7 +271,9 @@ class Member:
                        header_timeout_s=cfg.http_header_timeout_s,
                        idle_timeout_s=cfg.http_idle_timeout_s,
                        body_timeout_s=cfg.http_body_timeout_s, timings=timings,
-                       item_logs=item_logs)
+                       item_logs=item_logs,
+                       # Alone, this member is the one that would run the job: it can tell now.
+                       user_check=driver.check_user if cfg.fleet_of_one else None)
         http.history = jobs.history = history
         del voters
 

@@ -28,21 +28,28 @@ Rules:
    stdout blob; what it printed, then the traceback or why the call failed, is the stderr blob.
    Outputs are stored and the end reported exactly as for command items. A cut or a runtime
    limit kills the worker (SIGKILL to its group) and a new one takes its place.
-7. Items never see meshd's whole environment: a command item gets the variables `env_pass`
-   names (meshjobs.itemenv), then the job's env, then MESH_JOB_ID, MESH_ITEM_INDEX and
-   MESH_LEASE_EPOCH; python workers start from the same variables (plus PYTHONPATH and
-   PYTHONHOME, to start as meshd did) and layer the job's env and MESH_* over them per call.
+7. Items see meshd's whole environment only when their job asks: a command item gets the
+   variables `env_pass` names (meshjobs.itemenv), then the job's env, then MESH_JOB_ID,
+   MESH_ITEM_INDEX and MESH_LEASE_EPOCH; python workers start from the same variables (plus
+   PYTHONPATH and PYTHONHOME, to start as meshd did) and layer the job's env and MESH_* over
+   them per call. A job with `inherit_env` gets meshd's whole environment instead of the
+   named variables.
 8. Orphans: an item that leaves its group (setsid) and whose process outlives it is re-parented
    to PID 1, or to the nearest child subreaper. When that is this process (meshd is a
    container's PID 1, or runs as a subreaper), the driver thread reaps those orphans' zombies
    every limits.orphan_reap_ms, and only them: its own children (items' leaders, python
    workers) are left to the waits that report their ends.
+9. Users (meshjobs.runas): an item whose job (or pool) names a user runs with that user's uid,
+   gid and supplementary groups, and its HOME, USER and LOGNAME, when this member may switch
+   users; otherwise, or when the user is unknown here, it fails without running and its error
+   says why. Python items run in meshd's own workers: they take no other user.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import queue
 import selectors
@@ -60,7 +67,7 @@ import structlog
 
 from blobstore.digest import EMPTY_DIGEST
 from blobstore.errors import BlobError
-from meshjobs import limits
+from meshjobs import limits, runas
 from meshjobs.itemenv import DEFAULT_PASS, base_env
 from meshjobs.pypool import PyEnd, PyPool
 
@@ -99,6 +106,8 @@ class RunItem:
     stdin: str | None  # a blob digest, or None for an empty stdin
     runtime_s: float | None
     kind: str = "command"  # the pool's kind: "command" runs argv, "python" calls argv[0]
+    user: str | None = None  # run as this user (control.parse_user's form); None: as meshd
+    inherit_env: bool = False  # start from meshd's whole environment, not the `env_pass` one
 
     @property
     def key(self) -> RunKey:
@@ -170,13 +179,18 @@ class Driver:
         on_fatal: Callable[[BaseException], None] | None = None,
         python_workers: int | None = None,
         env_pass: Iterable[str] = DEFAULT_PASS,
+        member: str = "this member",
+        may_switch_user: bool | None = None,
     ) -> None:
         """python_workers: the python worker processes to pre-fork when run() starts (the
         slots of this member's python pools together). None starts os.cpu_count() workers when
         the first python item comes; 0 starts one then.
 
         env_pass: the names of this process's environment variables items see (`[items]
-        env_pass`; see meshjobs.itemenv): items and python workers start from those alone."""
+        env_pass`; see meshjobs.itemenv): items and python workers start from those alone.
+
+        member: this member's name, for errors. may_switch_user: whether items may run as other
+        users (None: whether this process holds CAP_SETUID and CAP_SETGID, meshjobs.runas)."""
         self._blobs = blobs
         # The blob writer threads (group commit, backpressure); without them, outputs are
         # stored on the driver thread.
@@ -185,6 +199,9 @@ class Driver:
         self._spool_dir = spool_dir
         # Taken once: meshd's environment does not change while it runs.
         self._base_env = base_env(os.environ, env_pass)
+        self._full_env = dict(os.environ)  # for jobs that ask for it (inherit_env)
+        self._member = member
+        self._may_switch = runas.can_switch_user() if may_switch_user is None else may_switch_user
         self._on_end = on_end
         self._clock_ms = clock_ms
         self._log = log if log is not None else structlog.get_logger(__name__)
@@ -387,13 +404,32 @@ class Driver:
             self._remove(paths)
             self._report_unstarted(item, "failed", started_ms, error)
             return
+        ident: runas.Identity | None = None
+        if item.user is not None:
+            try:
+                ident = self._identity(item.user)
+            except runas.RunAsError as e:
+                self._remove(paths)
+                self._report_unstarted(item, "failed", started_ms, e.message)
+                return
+        base = dict(self._full_env if item.inherit_env else self._base_env)
+        if ident is not None:
+            # The user's HOME, USER and LOGNAME, never meshd's (a uid the user database does
+            # not know gets none); the job's env may still set them.
+            for name in runas.IDENTITY_VARS:
+                base.pop(name, None)
+            base.update(ident.env())
         env = {
-            **self._base_env,
+            **base,
             **item.env,
             "MESH_JOB_ID": item.job_id,
             "MESH_ITEM_INDEX": str(item.index),
             "MESH_LEASE_EPOCH": str(item.epoch),
         }
+        ids: dict[str, Any] = {}
+        if ident is not None and self._may_switch:
+            # extra_groups always: without it the item would keep meshd's supplementary groups.
+            ids = {"user": ident.uid, "group": ident.gid, "extra_groups": list(ident.groups)}
         # The child holds its own copies of the spool files; ours are closed once it runs.
         with contextlib.ExitStack() as files:
             try:
@@ -418,11 +454,13 @@ class Driver:
                     env=env,
                     start_new_session=True,
                     close_fds=True,
+                    **ids,
                 )
             except (OSError, ValueError, TypeError) as e:
                 files.close()
                 self._remove(paths)
-                self._report_unstarted(item, "failed", started_ms, _start_error(item, argv0, e))
+                self._report_unstarted(item, "failed", started_ms,
+                                       _start_error(item, argv0, e, self._member))
                 return
         try:
             pidfd = os.pidfd_open(proc.pid)
@@ -443,6 +481,24 @@ class Driver:
         self._sel.register(pidfd, selectors.EVENT_READ, run)
         self._log.debug("item_started", job=item.job_id, index=item.index, epoch=item.epoch,
                         pid=proc.pid)
+
+    def check_user(self, user: str) -> str | None:
+        """Why this member cannot run items as `user`, or None when it can (any thread: it
+        reads the user database, nothing of the driver's)."""
+        try:
+            self._identity(user)
+        except runas.RunAsError as e:
+            return e.message
+        return None
+
+    def _identity(self, user: str) -> runas.Identity:
+        """The ids `user` runs with here; RunAsError when this member cannot run items so."""
+        ident = runas.resolve(user, self._member)
+        why = runas.refusal(user, ident, self._member, self._may_switch, os.geteuid(),
+                            os.getegid())
+        if why is not None:
+            raise runas.RunAsError(why)
+        return ident
 
     def _spool_stdin(self, item: RunItem, path: str) -> str | None:
         """Write the item's stdin blob to path; return why it could not, or None."""
@@ -583,6 +639,21 @@ class Driver:
             self._report_unstarted(item, "failed", self._clock_ms(),
                                    "empty argv: give the job's argv[0] as 'package.module:function'")
             return
+        if item.user is not None:
+            try:
+                ident = runas.resolve(item.user, self._member)
+            except runas.RunAsError as e:
+                self._report_unstarted(item, "failed", self._clock_ms(), e.message)
+                return
+            if (ident.uid, ident.gid) != (os.geteuid(), os.getegid()):
+                self._report_unstarted(
+                    item, "failed", self._clock_ms(),
+                    f"pool of kind python on member {self._member} calls functions in meshd's "
+                    f"own workers (uid {os.geteuid()}): they cannot run as user {item.user!r}; "
+                    f"use a command pool, or submit without --user")
+                return
+        if item.inherit_env:
+            item = dataclasses.replace(item, env={**self._full_env, **item.env})
         self._python_pool().submit(item)
 
     def _py_load(self, item: RunItem) -> bytes | str:
@@ -714,13 +785,17 @@ def _killpg(pgid: int, sig: int) -> None:
         pass  # Only members that changed their user remain; the rest got the signal.
 
 
-def _start_error(item: RunItem, argv0: str, e: Exception) -> str:
+def _cwd_error(cwd: str, member: str, why: str) -> str:
+    return (f"working directory '{cwd}' is not usable on member {member} ({why}): create it "
+            f"there, or submit with another --cwd (or --no-cwd: the member's own folder)")
+
+
+def _start_error(item: RunItem, argv0: str, e: Exception, member: str = "") -> str:
     """Say why the item's program could not start, and what to do about it."""
     if isinstance(e, OSError):
         why = e.strerror or str(e)
         if item.cwd is not None and e.filename == item.cwd and argv0 != item.cwd:
-            return (f"working directory '{item.cwd}' is not usable on member ({why}): "
-                    f"create it or fix the job's cwd")
+            return _cwd_error(item.cwd, member, why)
         if isinstance(e, FileNotFoundError):
             return f"no such program '{argv0}' on member: install it or fix the job's argv"
         if isinstance(e, PermissionError):

@@ -176,8 +176,12 @@ class HttpApi:
         body_timeout_s: float = limits.http_body_s_max,
         timings: MemberMetrics | None = None,
         item_logs: Any = None,
+        user_check: Callable[[str], str | None] | None = None,
     ) -> None:
         self._host = host
+        # Why this member cannot run a job's items as a user (None: it can), when it is the only
+        # member that could run them (a fleet of one): a submit it could never run is a 400.
+        self._user_check = user_check
         # Live output of running items (meshjobs.itemlogs.ItemLogs); None: only stored output.
         self._item_logs = item_logs
         self.history: Any = None  # the member's History (set by meshd): GET /history reads it
@@ -660,6 +664,10 @@ class HttpApi:
         body = await self._body_json(request)
         rid = await self._rid(request)
         spec = dict(parse_submit(body))
+        if spec.get("user") is not None and self._user_check is not None:
+            why = await self._blob_call(self._user_check, spec["user"])
+            if why is not None:
+                raise HttpError(400, why)
         raw_items = spec.pop("items", None)
         if raw_items is None:
             items: list[str | None] = [None]

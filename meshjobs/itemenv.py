@@ -19,6 +19,10 @@ The default list, and why each is there:
 - TMPDIR: where temporary files go, when the operator moved them for meshd.
 SHELL, TERM and the like are left out: items are started directly, not through a shell, and have
 no terminal. Anything else an item needs goes in the job's `env`, or in `env_pass` for the fleet.
+
+Two things change this, both per job (meshjobs.driver): `inherit_env` starts the item from meshd's
+whole environment instead (docs/security.md says what that risks), and a job that runs as another
+user (`user`) gets that user's HOME, USER and LOGNAME instead of meshd's (meshjobs.runas).
 """
 
 from __future__ import annotations

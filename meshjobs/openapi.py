@@ -93,7 +93,20 @@ _SCHEMAS: dict[str, Any] = {
             "tags": {"type": ["array", "null"], "maxItems": limits.tags_max,
                      "items": {"type": "string", "maxLength": limits.tag_chars_max}},
             "env": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
-            "cwd": {"type": ["string", "null"], "description": "An absolute path."},
+            "cwd": {"type": ["string", "null"], "description": "An absolute path: the items' working "
+                    "directory (null: the member's own folder). meshctl sends its own folder "
+                    "unless --cwd or --no-cwd. Missing on the member: the item fails."},
+            "user": {"type": ["string", "null"], "maxLength": max(limits.user_chars_max,
+                                                                2 * len(str(limits.uid_max)) + 1),
+                     "pattern": r"^([A-Za-z0-9._][A-Za-z0-9._-]{0,31}|[0-9]+(:[0-9]+)?)$",
+                     "description": "Run the items as this user: a name, or UID or UID:GID "
+                                    f"(0 to {limits.uid_max}; an all-digit value is a uid). The "
+                                    "member that runs an item resolves it; it must run as root "
+                                    "(else the item fails, or a fleet of one answers 400). null: "
+                                    "the pool's default user ([pools.X] user), or meshd's own."},
+            "inherit_env": {"type": ["boolean", "null"], "default": False,
+                            "description": "Give items meshd's whole environment (its secrets "
+                                           "too) rather than the minimal one."},
             "max_leases": {"type": ["integer", "null"], "minimum": 1,
                            "maximum": limits.max_leases_max,
                            "description": "At most this many items of the job run at once."},
@@ -157,6 +170,10 @@ _SCHEMAS: dict[str, Any] = {
             "tags": {"type": "array", "items": {"type": "string"}},
             "pool": {"type": "string"},
             "argv": {"type": "array", "items": {"type": "string"}},
+            "cwd": {"type": ["string", "null"]},
+            "user": {"type": ["string", "null"],
+                     "description": "The user the job asked for; null: the pool's default."},
+            "inherit_env": {"type": "boolean"},
             "items_total": {"type": "integer"},
             "items_done": {"type": "integer"},
             "items_failed": {"type": "integer"},

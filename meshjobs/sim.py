@@ -781,6 +781,8 @@ class Sim:
             spec["id"] = f"job{cid}"
         if rng.random() < 0.15:
             spec["max_leases"] = rng.randint(1, 3)
+        if cid % 7 == 3:  # a user to run as (not drawn: the seeds' runs stay what they were)
+            spec["user"] = "nobody" if cid % 2 else "1000:1000"
         items: list[str | None] = [None] * n
         if rng.random() < self.cfg.inputs:
             items = [rng.randbytes(32).hex() if rng.random() < 0.7 else None for _ in range(n)]

@@ -83,6 +83,7 @@ class Job:
         "st", "attempts", "fails", "epoch", "member", "rc", "sig", "stdin", "out", "err",
         "started_ms", "ended_ms", "not_before", "queue", "n_pending", "n_leased", "n_done",
         "n_failed", "n_cancelled", "started", "errors", "held", "names", "version",
+        "user", "inherit_env",
     )
 
     def __init__(self, job_id: str, seq: int, spec: dict, digest: bytes, stdin: list, t: int) -> None:
@@ -100,6 +101,10 @@ class Job:
         self.hold: bool = spec["hold"]
         self.max_leases: int | None = spec["max_leases"]
         self.names: list[str] | None = spec.get("names")  # input file names, when given
+        # The user its items run as ("name", "uid" or "uid:gid"); None: the pool's default on
+        # the member that runs an item, or meshd's own user.
+        self.user: str | None = spec.get("user")
+        self.inherit_env: bool = spec.get("inherit_env", False)  # meshd's whole environment
         self.digest = digest
         self.submitted_ms = t
         self.finished_ms = 0
@@ -158,6 +163,8 @@ class Job:
             "retries": self.retries, "runtime_s": self.runtime_s, "tags": self.tags,
             "priority": self.priority, "hold": self.hold, "max_leases": self.max_leases,
             **({} if self.names is None else {"names": self.names}),
+            **({} if self.user is None else {"user": self.user}),
+            **({"inherit_env": True} if self.inherit_env else {}),
         }
 
 
@@ -634,6 +641,8 @@ class JobTable:
             "argv": list(job.argv),
             "env": dict(job.env),
             "cwd": job.cwd,
+            "user": job.user,
+            "inherit_env": job.inherit_env,
             "retries": job.retries,
             "runtime_s": job.runtime_s,
             "max_leases": job.max_leases,

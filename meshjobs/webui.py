@@ -272,6 +272,8 @@ def job_page(member: str, record: dict, failed: Sequence[tuple[dict, str | None]
                   + (" (held: no new items start)" if record.get("hold") and st != "held" else "")),
         ("program", f"<code>{e(argv_text(record.get('argv')))}</code>"),
         ("pool", e(str(record.get("pool", "")))),
+        ("user", e(str(record.get("user") or "the pool's default, or meshd's own"))),
+        ("folder", e(str(record.get("cwd") or "the member's own"))),
         ("tags", e(tags_text(record.get("tags")))),
         ("items", e(f"{record.get('items_done', 0)} done, {record.get('items_failed', 0)} failed, "
                     f"{record.get('items_running', 0)} running, "

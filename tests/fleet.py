@@ -280,9 +280,11 @@ class Meshd:
         return out
 
     def ctl(self, *args: str, timeout_s: float = 60.0, input: bytes | None = None,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        """meshctl against this member; its token and certificate go in MESHJOBS_TOKEN and
-        MESHJOBS_CACERT unless `env` says otherwise ("" leaves one out)."""
+            env: dict[str, str] | None = None,
+            cwd: str | None = None) -> subprocess.CompletedProcess:
+        """meshctl against this member (run in folder `cwd`, default the test's); its token and
+        certificate go in MESHJOBS_TOKEN and MESHJOBS_CACERT unless `env` says otherwise ("" leaves
+        one out)."""
         extra = {"MESHJOBS_TOKEN": self.token or "", "MESHJOBS_CACERT": self.cacert or ""}
         extra.update(env or {})
         full = env_with_path()
@@ -290,7 +292,8 @@ class Meshd:
             full.pop(k, None)
         full.update({k: v for k, v in extra.items() if v != ""})
         return subprocess.run([sys.executable, "-m", "meshjobs.cli", "--at", self.url, *args],
-                              capture_output=True, timeout=timeout_s, env=full, input=input)
+                              capture_output=True, timeout=timeout_s, env=full, input=input,
+                              cwd=cwd)
 
     def wait_job(self, job_id: str, timeout_s: float = 60.0) -> dict:
         deadline = time.monotonic() + timeout_s

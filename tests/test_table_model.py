@@ -345,7 +345,8 @@ class TableMachine(RuleBasedStateMachine):
         # The digest is what makes two submits the same job; the variant picks one of two.
         spec = {"argv": ["x", str(variant)], "pool": pool, "env": {}, "cwd": None,
                 "retries": retries, "runtime_s": None, "tags": [], "priority": priority,
-                "hold": hold, "max_leases": max_leases}
+                "hold": hold, "max_leases": max_leases,
+                **({"user": "nobody", "inherit_env": True} if variant else {})}
         e = {"k": "submit", "t": self.now, "id": job_id, "spec": spec,
              "dg": f"{job_id}/{variant}".encode(), "items": [None] * n}
         if rid is not None:

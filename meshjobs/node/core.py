@@ -839,7 +839,10 @@ class JobNode(LeaderDuties, Following, Feeding):
             self._count("runs_started")
             self._out.append(Run(jid, i, epoch, list(job.argv), dict(job.env), job.cwd,
                                  None if stdin is None else stdin.hex(), runtime,
-                                 pool.kind if pool is not None else "command"))
+                                 pool.kind if pool is not None else "command",
+                                 job.user if job.user is not None
+                                 else pool.user if pool is not None else None,
+                                 job.inherit_env))
 
     # --- reads ----------------------------------------------------------------------------------
 

@@ -135,6 +135,8 @@ class Run:
     stdin: str | None
     runtime_s: float | None
     kind: str = "command"  # the kind of the item's pool on this member
+    user: str | None = None  # run as: the job's user, else the pool's default, else meshd's own
+    inherit_env: bool = False  # the item gets meshd's whole environment, not the minimal one
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,7 @@ class Pool:
     kind: str = "command"
     slots: int = 1
     runtime_s: float | None = None
+    user: str | None = None  # [pools.X] user: who its items run as when the job names nobody
 
 
 @dataclass
