@@ -141,6 +141,7 @@ class Replica(SyncObj):
         self.applied: list[Applied] = []
         self._names = names or {}
         self._journal: DurableJournal | None = None
+        self._behind = True  # see View.behind
         self.dump_damage: DumpCorrupt | None = None
         self.raft_stats: dict[str, int] = dict.fromkeys(RAFT_COUNTERS, 0)
         self._election_s = election_s
@@ -549,11 +550,17 @@ class Replica(SyncObj):
         is_leader = self._isLeader()
         noop = getattr(self, "_SyncObj__noopIDx", None)
         ready = bool(is_leader and noop is not None and self.raftLastApplied >= noop)
+        if self._behind:
+            # Caught up (once, for good): as the leader, its table holds its whole term; as a
+            # follower, it has applied all it knows committed, having heard of a leader.
+            self._behind = not (ready if is_leader else (
+                leader_id is not None and self.raftLastApplied >= self.raftCommitIndex))
         return View(
             term=self.raftCurrentTerm,
             leader=self._names.get(leader_id, leader_id) if leader_id else None,
             is_leader=is_leader,
             ready=ready,
+            behind=self._behind,
         )
 
     def raft_dropped(self) -> dict[str, int]:

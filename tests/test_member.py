@@ -372,3 +372,34 @@ def test_orphans_of_items_are_reaped_when_meshd_is_a_subreaper(meshd_factory):
         time.sleep(0.05)
     reaped = [v for k, v in m.metrics().items() if "orphans_reaped" in k]
     assert reaped and reaped[0] >= 1, reaped
+
+
+def test_restarted_member_never_says_an_acknowledged_job_is_missing(tmp_path):
+    """Rule: a member killed (-9) and started again answers for a job it acknowledged before
+    either 503 (its table is still catching up: try again) or the job, never 404: "no such job"
+    would end a client's wait (exit 3) for a job that exists. Asked from the moment its HTTP
+    port answers, before it is ready."""
+    from tests.fleet import Meshd, free_port, wait_until
+
+    m = Meshd(str(tmp_path / "m1"), http=f"127.0.0.1:{free_port()}")
+    try:
+        m.start()
+        for _ in range(3):
+            status, rec = m.request("POST", "/jobs", {"argv": ["sleep", "60"]})
+            assert status == 201
+            m.kill9()
+            m.proc.wait()
+            m.start(wait_ready=False)
+            seen: list[int] = []
+
+            def answered(job_id: str = rec["id"], seen: list[int] = seen) -> bool:
+                status, body = m.request("GET", f"/jobs/{job_id}")
+                seen.append(status)
+                assert status in (200, 503), (status, body)
+                assert status == 200 or "catching up" in body["error"], body
+                return status == 200
+
+            wait_until(answered, what="the job, from the restarted member")
+            m.wait_ready()
+    finally:
+        m.stop()

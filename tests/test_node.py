@@ -192,6 +192,34 @@ def test_submit_without_id_gets_one() -> None:
     assert ids[0] == ids[1] and ids[0] in f.table.jobs
 
 
+def test_a_member_behind_never_says_no_such_job() -> None:
+    """Rule: a member that has just started and not caught up (View.behind; a worker: no state
+    from the leader yet) answers 503, not 404, for a job it does not know, and for the job list
+    and bulk reads; once caught up, 404 as before, and it stays caught up."""
+    f = Fleet1()
+    f.node = JobNode(JobTable(), NodeConfig(member="m1", boot="b1"), random.Random(1))
+    f.node.step(View(term=3, leader="m1", is_leader=True, ready=False, behind=True))
+    asks = [{"op": "get", "id": "j1"}, {"op": "list", "state": None, "tag": None, "limit": 5},
+            {"op": "bulk", "action": "status", "ids": ["j1"]}]
+    for token, ask in enumerate(asks, 1):
+        f.ctl(token, ask)
+    f.take()
+    for token in range(1, len(asks) + 1):
+        ans = f.answer(token)
+        assert ans.status == 503 and "catching up" in ans.body["error"], ans
+        assert "try again" in ans.body["error"]
+    f.node.step(View(term=3, leader="m1", is_leader=True, ready=True, behind=False))
+    f.node.step(View(term=4, leader=None))  # a later election: stale reads are ordinary again
+    f.ctl(9, {"op": "get", "id": "j1"})
+    f.take()
+    assert f.answer(9).status == 404
+    worker = JobNode(JobTable(), NodeConfig(member="w1", boot="b", role="worker", voters={"m1": "x"}),
+                     random.Random(1))
+    worker.step(View())
+    worker.step(Ctl(1, {"op": "get", "id": "j1"}))
+    assert [e.answer.status for e in worker.take() if isinstance(e, Reply)] == [503]
+
+
 def test_get_unknown_and_forgotten() -> None:
     """get: an unknown job is 404; a forgotten one 404 saying it was forgotten."""
     f = Fleet1()

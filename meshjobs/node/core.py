@@ -152,6 +152,7 @@ class JobNode(LeaderDuties, Following, Feeding):
         self._parked: list[tuple[int, int, Answer, int]] = []
         self._revoking: dict[tuple[str, int, int], int] = {}
         self._was_ready = False
+        self._whole = False  # this member's table has caught up once since start (`_behind`)
         self._leader_since_ms = 0
         self._leader_seen_ms = 0  # a worker: when a frame from the leader itself last came
         self._leader_hint_ms = 0  # and when a voter last said who leads
@@ -326,6 +327,9 @@ class JobNode(LeaderDuties, Following, Feeding):
             self._get(token, req)
         elif op == "changes":
             self._changes_op(token, req)
+        elif (op == "list" or (op == "bulk" and (req["action"] == "status" or req["dry_run"]))) \
+                and self._behind():
+            self._reply(token, 503, {"error": self._behind_error("which jobs there are")})
         elif op == "list":
             self._list(token, req)
         elif op == "fleet":
@@ -424,8 +428,26 @@ class JobNode(LeaderDuties, Following, Feeding):
     def _not_found(self, token: int, job_id: str) -> None:
         if job_id in self.table.forgotten:
             self._reply(token, 404, {"error": f"job {job_id} was forgotten"})
+        elif self._behind():
+            self._reply(token, 503, {"error": self._behind_error(f"whether job {job_id} exists")})
         else:
             self._reply(token, 404, {"error": f"no job {job_id} (see `meshctl jobs`)"})
+
+    def _behind(self) -> bool:
+        """Has this member's table not caught up yet since it started? Then a job it does not
+        know may exist all the same (it was acknowledged before a restart, and its entry is not
+        applied again yet): a read that would say "no such job" is answered 503 instead."""
+        if not self._whole:
+            if self.cfg.role == "worker":
+                self._whole = self.view.ready  # a state from the leader itself has come
+            else:
+                self._whole = not self.view.behind
+        return not self._whole
+
+    def _behind_error(self, what: str) -> str:
+        return (f"member {self.cfg.member} has just started and its table is still catching up "
+                f"with the job log, so it cannot tell {what} yet: try again in a moment, or ask "
+                "another member")
 
     def _change(self, token: int, req: dict) -> None:
         rid = req["rid"]

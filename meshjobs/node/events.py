@@ -44,6 +44,10 @@ class View:
     leader: str | None = None
     is_leader: bool = False
     ready: bool = False  # leader: its table holds every committed entry of its term
+    # The member has just started and its table has not caught up yet with the entries it held
+    # before (a voter: no leader yet, or fewer entries applied than it knows committed). While
+    # it is behind, a job it does not know may still exist: "no such job" is no answer then.
+    behind: bool = False
 
 
 @dataclass(frozen=True)
