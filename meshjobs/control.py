@@ -42,12 +42,16 @@ POOL_RE = re.compile(rf"^[A-Za-z0-9._-]{{1,{limits.pool_chars_max}}}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RID_RE = re.compile(rf"^[A-Za-z0-9._:-]{{1,{limits.rid_chars_max}}}$")
 
-JOB_STATES = ("queued", "held", "running", "done", "failed", "cancelled")
+JOB_STATES = ("waiting", "queued", "held", "running", "done", "failed", "cancelled", "dep_failed")
+# What a dependent waits for of each parent (`--after ID:COND`): that it ends done ("ok"), that
+# it ends at all ("end"), or that it ends without succeeding ("fail": failed, a timeout among
+# them, cancelled or dep_failed).
+DEP_CONDITIONS = ("ok", "end", "fail")
 ITEM_STATES = ("pending", "leased", "done", "failed", "timeout", "cancelled")
 
 SUBMIT_KEYS = frozenset(
     {"id", "argv", "pool", "priority", "retries", "runtime_s", "hold", "tags", "env", "cwd",
-     "items", "max_leases", "names"}
+     "items", "max_leases", "names", "after"}
 )
 TONE_KEYS = frozenset({"priority", "hold", "max_leases"})
 CHANGE_OPS = frozenset({"submit", "cancel", "forget", "tone"})  # the ops that are log entries
@@ -213,6 +217,13 @@ def parse_submit(body: object) -> dict:
     if body.get("names") is not None:
         # Only when given, so that a spec committed before names existed stays normalized.
         spec["names"] = parse_names(body["names"])
+    if body.get("after") is not None:
+        after = parse_after(body["after"])
+        if spec["id"] is not None and any(a["id"] == spec["id"] for a in after):
+            raise ControlError(400, f"job {spec['id']} cannot wait for itself: remove it from after")
+        if after:
+            # Only when given, so that a spec committed before dependencies stays normalized.
+            spec["after"] = after
     if "items" in body and body["items"] is not None:
         items = body["items"]
         if not isinstance(items, list) or not items:
@@ -233,6 +244,46 @@ def parse_submit(body: object) -> dict:
     if "names" in spec and len(spec["names"]) != len(spec.get("items") or spec["names"]):
         raise ControlError(400, "names must have one entry per item")
     return spec
+
+
+def parse_after(value: object) -> list[dict[str, str]]:
+    """The jobs a job waits for: a list of "ID", "ID:COND" or {"id": ID, "on": COND}, COND one of
+    DEP_CONDITIONS (default "ok"); normalized to [{"id": ID, "on": COND}, ...] in the order given.
+    Each parent at most once."""
+    if not isinstance(value, list):
+        raise ControlError(400, 'after must be a list of parent jobs: "ID", "ID:ok|end|fail" or '
+                                '{"id": "ID", "on": "ok|end|fail"}')
+    if len(value) > limits.deps_max:
+        raise ControlError(400, f"a job waits for at most {limits.deps_max} parent jobs, not "
+                                f"{len(value)}: chain them, or wait for fewer")
+    out: list[dict[str, str]] = []
+    seen: set[str] = set()
+    for i, dep in enumerate(value):
+        if isinstance(dep, str):
+            job_id, sep, on = dep.rpartition(":")
+            if not sep:
+                job_id, on = dep, "ok"
+        elif isinstance(dep, dict):
+            unknown = set(dep) - {"id", "on"}
+            if unknown:
+                raise ControlError(400, f"after[{i}]: unknown key(s) "
+                                        f"{', '.join(sorted(map(str, unknown)))[:100]}: use id and on")
+            job_id, on = dep.get("id"), dep.get("on", "ok")
+        else:
+            raise ControlError(400, f"after[{i}] must be \"ID[:ok|end|fail]\" or "
+                                    f"{{\"id\": ..., \"on\": ...}}, not {type(dep).__name__}")
+        if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id):
+            raise ControlError(400, f"after[{i}]: bad job id {str(job_id)[:80]!r}: use 1 to "
+                                    f"{limits.job_id_chars_max} letters, digits, '.', '_' or '-'")
+        if not isinstance(on, str) or on not in DEP_CONDITIONS:
+            raise ControlError(400, f"after[{i}]: unknown condition {str(on)[:40]!r} for job "
+                                    f"{job_id}: use ok (it ended done), end (it ended) or fail "
+                                    "(it ended failed or cancelled)")
+        if job_id in seen:
+            raise ControlError(400, f"after names job {job_id} twice: name each parent once")
+        seen.add(job_id)
+        out.append({"id": job_id, "on": on})
+    return out
 
 
 def parse_names(value: object) -> list[str]:
