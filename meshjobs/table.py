@@ -361,7 +361,7 @@ class JobTable:
                 if waits is None or parent.id not in waits:
                     raise AssertionError(f"{kid_id} listed as waiting on {parent.id}, but is not")
                 on = waits.pop(parent.id)
-                if state in DEP_SATISFIED[on]:
+                if self._holds(state, on):
                     if not waits:
                         kid.waiting_on = None
                         kid.version = index
@@ -373,6 +373,10 @@ class JobTable:
                     changed.append(kid_id)
                     work.append(kid)
         return changed
+
+    def _holds(self, parent_state: str, on: str) -> bool:
+        """Whether a parent that ended in `parent_state` satisfies the condition `on`."""
+        return parent_state in DEP_SATISFIED[on]
 
     def _unwait(self, job: Job) -> None:
         """`job` waits on nothing any more (it ended): out of its parents' dependents."""
@@ -463,7 +467,7 @@ class JobTable:
                     job.waiting_on = {}
                 job.waiting_on[parent.id] = dep["on"]
                 self.dependents.setdefault(parent.id, {})[job_id] = None
-            elif parent.state not in DEP_SATISFIED[dep["on"]]:
+            elif not self._holds(parent.state, dep["on"]):
                 impossible = True  # settled at the submit: the parent ended the wrong way
         self._count("jobs_submitted")
         self._count("items_submitted", len(stdin))
