@@ -362,12 +362,14 @@ class JobTable:
                     raise AssertionError(f"{kid_id} listed as waiting on {parent.id}, but is not")
                 on = waits.pop(parent.id)
                 if self._holds(state, on):
+                    # Its record changed (one parent fewer in waiting_on) even when it still
+                    # waits: a new version, and the feed names it.
+                    kid.version = index
+                    changed.append(kid_id)
                     if not waits:
                         kid.waiting_on = None
-                        kid.version = index
                         self._ready(kid)
                         self._count("jobs_released")
-                        changed.append(kid_id)
                 else:
                     self._dep_fail(kid, index, t)
                     changed.append(kid_id)
@@ -562,7 +564,9 @@ class JobTable:
         self._count("results_refused", refused)
         out = {"ok": True, "accepted": accepted, "refused": refused}
         if deps:
-            out["deps"] = deps  # dependents this entry released or ended (the feed names them)
+            # Dependents this entry changed (released, ended, or waiting on fewer parents),
+            # each once: the feed names them.
+            out["deps"] = list(dict.fromkeys(deps))
         return out
 
     def _apply_revoke(self, e: dict, index: int, t: int) -> dict:
@@ -600,7 +604,7 @@ class JobTable:
         job.finished_ms = max(t, 1)
         self.finished[job.id] = job.finished_ms
         self._count("jobs_cancelled")
-        deps = self._ended(job, index, t)
+        deps = list(dict.fromkeys(self._ended(job, index, t)))
         return {"ok": True, "id": job.id, **({"deps": deps} if deps else {})}
 
     def _apply_forget(self, e: dict, index: int, t: int) -> dict:

@@ -453,3 +453,18 @@ def test_spec_fields_keep_after() -> None:
     submit(log, "c", "p:fail")
     assert log.job("c").spec_fields()["after"] == [{"id": "p", "on": "fail"}]
     assert spec() == {k: v for k, v in log.job("p").spec_fields().items()}
+
+
+def test_a_dependent_waiting_on_fewer_gets_a_new_version() -> None:
+    """When one of several parents ends as asked, the dependent's record changes (waiting_on
+    shrinks): its version is that entry's, and the entry's outcome names it once."""
+    log = Log()
+    submit(log, "p1")
+    submit(log, "p2")
+    submit(log, "p3")
+    submit(log, "c", "p1", "p2", "p3")
+    _, epoch = log.lease(("p1", 0), ("p2", 0))
+    out = log.result(row("p1", 0, epoch), row("p2", 0, epoch))
+    assert out["deps"] == ["c"]
+    assert log.job("c").version == log.index and log.job("c").state == "waiting"
+    assert [d["id"] for d in log.table.record(log.job("c"))["waiting_on"]] == ["p3"]

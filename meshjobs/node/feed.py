@@ -39,7 +39,10 @@ def named_jobs(kind: Any, e: dict, out: dict) -> list[str]:
     named = _named_jobs(kind, e, out)
     if isinstance(deps, list):
         seen = set(named)
-        named += [j for j in deps if isinstance(j, str) and j not in seen]
+        for j in deps:
+            if isinstance(j, str) and j not in seen:
+                seen.add(j)
+                named.append(j)
     return named
 
 
