@@ -254,8 +254,8 @@ def parse_after(value: object) -> list[dict[str, str]]:
         raise ControlError(400, 'after must be a list of parent jobs: "ID", "ID:ok|end|fail" or '
                                 '{"id": "ID", "on": "ok|end|fail"}')
     if len(value) > limits.deps_max:
-        raise ControlError(400, f"a job waits for at most {limits.deps_max} parent jobs, not "
-                                f"{len(value)}: chain them, or wait for fewer")
+        raise ControlError(400, f"after names {len(value)} parent jobs; a job waits for at most "
+                                f"{limits.deps_max}: chain them, or wait for fewer")
     out: list[dict[str, str]] = []
     seen: set[str] = set()
     for i, dep in enumerate(value):
