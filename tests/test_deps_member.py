@@ -10,10 +10,11 @@ parent provably runs, never after a fixed sleep.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
-from tests.fleet import make_fleet, start_all, wait_until
+from tests.fleet import EventStream, make_fleet, start_all, wait_until
 from tests.test_fleet import leader_of
 
 pytestmark = pytest.mark.fleet
@@ -127,6 +128,35 @@ def test_bad_after_refused_over_http(meshd, after):
     status, body = meshd.request("POST", "/jobs", {"id": "c1", "argv": ["true"], "after": after})
     assert status == 400 and "after" in body["error"], (status, body)
     assert meshd.request("GET", "/jobs/c1")[0] == 404
+
+
+def test_events_follow_a_released_dependent(meshd, tmp_path):
+    """/events names a dependent when the entry that ended its parent releases it: a held
+    dependent (nothing else changes it afterwards) is sent, filtered by state=held, with its
+    waiting_on empty; a state filter of waiting is accepted."""
+    flag = tmp_path / "go"
+    _submit(meshd, "--id", "p", "--", *_blocked(str(flag)))
+    _submit(meshd, "--id", "c", "--hold", "--after", "p", "--", "true")
+    assert _record(meshd, "c")["state"] == "waiting"
+    since = _record(meshd, "c")["version"]
+    waiting = EventStream(meshd, "state=waiting")
+    assert waiting.status == 200, waiting.body
+    waiting.close()
+    stream = EventStream(meshd, f"job=c&state=held&since={since}")
+    try:
+        assert stream.status == 200, stream.body
+        flag.touch()
+        # Keep-alive comments come every events_keepalive_s: the wait is bounded by them.
+        deadline = time.monotonic() + 30
+        ev = stream.next()
+        while ev.get("event") != "job":
+            assert time.monotonic() < deadline, "no event for the released dependent"
+            ev = stream.next()
+        assert ev["data"]["id"] == "c" and ev["data"]["state"] == "held"
+        assert ev["data"]["waiting_on"] == []
+        assert ev["data"]["version"] == _record(meshd, "p")["version"]
+    finally:
+        stream.close()
 
 
 def test_forget_of_a_waited_for_parent_refused(meshd, tmp_path):
