@@ -285,6 +285,13 @@ def job_page(member: str, record: dict, failed: Sequence[tuple[dict, str | None]
         ("finished (UTC)", e(when(record.get("finished_at")))),
         ("took", e(took(record.get("submitted_at"), record.get("finished_at")))),
     ]
+    after = record.get("after")
+    if isinstance(after, list) and after:
+        waits = {str(d.get("id")) for d in record.get("waiting_on") or [] if isinstance(d, dict)}
+        facts.append(("after", ", ".join(
+            f'<a href="/jobs/{e(q(str(d.get("id"))))}">{e(str(d.get("id")))}</a>:'
+            f'{e(str(d.get("on")))}' + (" (waiting)" if str(d.get("id")) in waits else "")
+            for d in after if isinstance(d, dict))))
     failed_rows = []
     for item, tail in failed:
         failed_rows.append(

@@ -468,3 +468,18 @@ def test_a_dependent_waiting_on_fewer_gets_a_new_version() -> None:
     assert out["deps"] == ["c"]
     assert log.job("c").version == log.index and log.job("c").state == "waiting"
     assert [d["id"] for d in log.table.record(log.job("c"))["waiting_on"]] == ["p3"]
+
+
+def test_job_page_shows_parents() -> None:
+    """The job page lists a dependent's parents (links), marking those it still waits for."""
+    from meshjobs import webui
+
+    log = Log()
+    submit(log, "p1")
+    submit(log, "p2")
+    submit(log, "c", "p1", "p2:end")
+    end(log, "p1")
+    html = webui.job_page("m1", log.table.record(log.job("c"), items=True), [], 0)
+    assert 'href="/jobs/p1">p1</a>:ok' in html and "p2</a>:end (waiting)" in html
+    assert "p1</a>:ok (waiting)" not in html
+    assert 'class="state waiting"' in html
