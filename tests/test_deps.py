@@ -483,3 +483,31 @@ def test_job_page_shows_parents() -> None:
     assert 'href="/jobs/p1">p1</a>:ok' in html and "p2</a>:end (waiting)" in html
     assert "p1</a>:ok (waiting)" not in html
     assert 'class="state waiting"' in html
+
+
+def test_node_leases_a_dependent_only_once_released() -> None:
+    """The job node (one member, its own log): a dependent submitted while its parent runs gets
+    no lease proposed with its submit (nor later, while it waits); the entry that ends the
+    parent releases it, the next round leases and runs it, and a client waiting on the
+    dependent's version (?since=) is answered at its release."""
+    from tests.test_node import Fleet1, submit_req
+
+    f = Fleet1(slots=2)
+    f.ctl(1, submit_req(rid="r1", job_id="p"))
+    f.settle()
+    assert [r.job_id for r in f.runs] == ["p"]
+    f.ctl(2, submit_req(rid="r2", job_id="c", n=2, after=["p"]))
+    f.take()
+    assert not any(g[0] == "c" for e in f.pending_of("lease") for g in e["g"])
+    f.settle()
+    assert f.answer(2).status == 201 and f.answer(2).body["state"] == "waiting"
+    assert [r.job_id for r in f.runs] == ["p"]
+    since = f.table.jobs["c"].version
+    f.ctl(3, {"op": "get", "id": "c", "items": False, "wait_ms": 60_000, "since": since})
+    f.take()
+    assert 3 not in f.replies
+    f.end(f.runs[0])
+    f.settle()
+    assert f.table.jobs["p"].state == "done"
+    assert f.answer(3).status == 200 and f.answer(3).body["waiting_on"] == []
+    assert sorted((r.job_id, r.index) for r in f.runs) == [("c", 0), ("c", 1), ("p", 0)]
