@@ -382,7 +382,8 @@ def _lines(raw: bytes, where: str) -> list[Any]:
 @click.option("--cwd", metavar="DIR", help="Working directory (absolute).")
 @click.option("--after", "after", multiple=True, metavar="ID[:ok|end|fail]",
               help="Run only after job ID ended done (ok, the default), ended at all (end), or "
-                   "failed or was cancelled (fail); repeatable (all must hold). Until then the "
+                   "failed, timed out or was cancelled (fail); repeatable (all must hold). "
+                   "Until then the "
                    "job is waiting; if one can no longer hold it ends dep_failed.")
 @json_option
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -672,7 +673,7 @@ def job_results(ctx: click.Context, job_id: str, out_dir: Path | None, with_stde
                 sep: str | None, json_lines: bool, as_json: bool) -> None:
     """Every finished item's stdout in item order, to standard output or files under --out.
 
-    Exits 1 when the job failed or was cancelled, 5 when it has not finished (what exists is
+    Exits 1 when the job failed, was cancelled or ended dep_failed, 5 when it has not finished (what exists is
     printed all the same); stderr names the items that failed or have no output."""
     client = _client(ctx)
     want_json = _wants_json(ctx, as_json)
