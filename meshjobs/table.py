@@ -257,8 +257,11 @@ class JobTable:
         except Refused as r:
             outcome = self._refuse(r)
         if rid is not None:
-            # The outcome is remembered with the fingerprint its key is bound to.
-            self.rids[rid] = outcome if fp is None else {**outcome, "fp": fp}
+            # The outcome is remembered with the fingerprint its key is bound to; without the
+            # dependents it changed (a retry changes none, and a cancel that ends a long chain
+            # would keep every id of it in every snapshot).
+            kept = {k: v for k, v in outcome.items() if k != "deps"} if "deps" in outcome else outcome
+            self.rids[rid] = kept if fp is None else {**kept, "fp": fp}
             while len(self.rids) > limits.rids_remembered_max:
                 del self.rids[next(iter(self.rids))]
         return outcome

@@ -511,3 +511,16 @@ def test_node_leases_a_dependent_only_once_released() -> None:
     assert f.table.jobs["p"].state == "done"
     assert f.answer(3).status == 200 and f.answer(3).body["waiting_on"] == []
     assert sorted((r.job_id, r.index) for r in f.runs) == [("c", 0), ("c", 1), ("p", 0)]
+
+
+def test_remembered_outcome_keeps_no_dependents() -> None:
+    """A change's outcome is remembered under its request id without the dependents it changed
+    (a retry changes none, and snapshots stay small); the first answer names them."""
+    log = Log()
+    submit(log, "p")
+    submit(log, "c", "p")
+    first = log.op("cancel", "p", rid="r-cancel")
+    assert first["deps"] == ["c"]
+    again = log.op("cancel", "p", rid="r-cancel")
+    assert again == {"ok": True, "id": "p"}
+    assert "deps" not in log.table.rids["r-cancel"]

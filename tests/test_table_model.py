@@ -120,7 +120,7 @@ class Model:
         if changed and out.get("ok"):
             out["deps"] = changed
         if rid is not None:
-            self.rids[rid] = out
+            self.rids[rid] = {k: v for k, v in out.items() if k != "deps"}
         return out
 
     def settle(self, t: int) -> list[str]:
