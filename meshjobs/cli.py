@@ -1,8 +1,8 @@
 """meshctl: the command line of meshjobs, a small HTTP client of any member.
 
 Rules:
-- Exit codes say what happened: 0 ok, 1 the job failed or was cancelled (`job wait`, `job
-  results`), 5 the job has not finished (`job results`, which prints what exists), 2 bad
+- Exit codes say what happened: 0 ok, 1 the job failed, was cancelled or ended dep_failed
+  (`job wait`, `job results`), 5 the job has not finished (`job results`, which prints what exists), 2 bad
   usage or input, or a missing or refused token (HTTP 400/401/403/409/413/415/421), 3 no such
   job or forgotten (404), 4 no leader, or the member unreachable or its certificate not trusted
   (503, refused, timeout, TLS). Messages go to stderr and say what to do; the words come
@@ -41,7 +41,7 @@ from meshjobs import limits
 from meshjobs.control import JOB_STATES
 
 DEFAULT_AT = "http://127.0.0.1:7700"
-TERMINAL = ("done", "failed", "cancelled")
+TERMINAL = ("done", "failed", "cancelled", "dep_failed")
 WAIT_POLL_S = 30
 # A change may wait ctl_commit_ms_max for its commit; the client waits a little longer.
 TIMEOUT_S = limits.ctl_commit_ms_max / 1000 + 5
@@ -480,6 +480,11 @@ def _lines(raw: bytes, where: str) -> list[Any]:
 @click.option("--inherit-env", "inherit_env", is_flag=True,
               help="Give items meshd's whole environment, not the minimal one (see "
                    "docs/security.md).")
+@click.option("--after", "after", multiple=True, metavar="ID[:ok|end|fail]",
+              help="Run only after job ID ended done (ok, the default), ended at all (end), or "
+                   "failed, timed out or was cancelled (fail); repeatable (all must hold). "
+                   "Until then the "
+                   "job is waiting; if one can no longer hold it ends dep_failed.")
 @json_option
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
@@ -487,7 +492,7 @@ def job_submit(ctx: click.Context, job_id: str | None, pool: str | None, items_f
                retries: int | None, runtime: float | None, priority: int | None,
                tags: tuple[str, ...], hold: bool, max_leases: int | None, env: tuple[str, ...],
                cwd: str | None, no_cwd: bool, user: str | None, inherit_env: bool,
-               as_json: bool, argv: tuple[str, ...]) -> None:
+               after: tuple[str, ...], as_json: bool, argv: tuple[str, ...]) -> None:
     """Submit a job: meshctl job submit [OPTIONS] -- PROGRAM [ARGS]...; prints its id.
 
     Items run in the folder meshctl runs in (as qsub does), unless --cwd names another or
@@ -506,6 +511,8 @@ def job_submit(ctx: click.Context, job_id: str | None, pool: str | None, items_f
         spec["inherit_env"] = True
     if env:
         spec["env"] = _parse_env(env)
+    if after:
+        spec["after"] = list(after)  # meshd checks each (control.parse_after)
     if items_from is not None:
         spec["items"], names = _items_from(items_from)
         if names is not None:
@@ -663,6 +670,7 @@ def job_status(ctx: click.Context, job_ids: tuple[str, ...], tag: str | None, st
         ("submitted", _when(record.get("submitted_at"))),
         ("finished", _when(record.get("finished_at"))),
     ]
+    rows += _dep_rows(record)
     for name, value in rows:
         click.echo(f"{name:<10} {value}")
     names = record.get("names") if isinstance(record.get("names"), list) else None
@@ -682,6 +690,27 @@ def job_status(ctx: click.Context, job_ids: tuple[str, ...], tag: str | None, st
     if more > 0:
         click.echo(f"... and {more} more failed item(s): meshctl --json job status {job_id}")
     _show_running(job_id, items)
+
+
+DEP_WORDS = {"ok": "ends done", "end": "ends", "fail": "fails or is cancelled"}
+
+
+def _dep_rows(record: dict) -> list[tuple[str, str]]:
+    """What a job with parents waits for (or waited for), in words."""
+    after = record.get("after")
+    if not isinstance(after, list) or not after:
+        return []
+    waiting = [d for d in record.get("waiting_on") or [] if isinstance(d, dict)]
+    rows = [("after", ", ".join(f"{d.get('id')}:{d.get('on')}" for d in after
+                                if isinstance(d, dict)))]
+    if waiting:
+        rows.append(("waits for", "; ".join(
+            f"job {d.get('id')} until it {DEP_WORDS.get(str(d.get('on')), d.get('on'))}"
+            for d in waiting)))
+    elif record.get("state") == "dep_failed":
+        rows.append(("why", "a job it waited for ended in a way that can never satisfy its "
+                            "condition: nothing of it ran (see the parents' status)"))
+    return rows
 
 
 def _show_running(job_id: str, items: list) -> None:
@@ -777,7 +806,7 @@ def job_results(ctx: click.Context, job_id: str, out_dir: Path | None, with_stde
                 sep: str | None, json_lines: bool, as_json: bool) -> None:
     """Every finished item's stdout in item order, to standard output or files under --out.
 
-    Exits 1 when the job failed or was cancelled, 5 when it has not finished (what exists is
+    Exits 1 when the job failed, was cancelled or ended dep_failed, 5 when it has not finished (what exists is
     printed all the same); stderr names the items that failed or have no output."""
     client = _client(ctx)
     want_json = _wants_json(ctx, as_json)
@@ -934,7 +963,7 @@ def _fetch_blob(client: Client, digest: str | None, path: Path, index: Any) -> N
 @json_option
 @click.pass_context
 def job_wait(ctx: click.Context, job_id: str, timeout: float | None, as_json: bool) -> None:
-    """Wait until a job ends: exit 0 when done, 1 when failed or cancelled.
+    """Wait until a job ends: exit 0 when done, 1 when failed, cancelled or dep_failed.
 
     Each answer comes at the job's next change (an item started or ended), so the progress
     line on a terminal is current. A member that cannot answer (down, restarting, no leader)

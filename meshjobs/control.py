@@ -46,12 +46,16 @@ RID_RE = re.compile(rf"^[A-Za-z0-9._:-]{{1,{limits.rid_chars_max}}}$")
 USER_NAME_RE = re.compile(rf"^[A-Za-z0-9._][A-Za-z0-9._-]{{0,{limits.user_chars_max - 1}}}$")
 USER_IDS_RE = re.compile(r"^([0-9]+)(?::([0-9]+))?$")
 
-JOB_STATES = ("queued", "held", "running", "done", "failed", "cancelled")
+JOB_STATES = ("waiting", "queued", "held", "running", "done", "failed", "cancelled", "dep_failed")
+# What a dependent waits for of each parent (`--after ID:COND`): that it ends done ("ok"), that
+# it ends at all ("end"), or that it ends without succeeding ("fail": failed, a timeout among
+# them, cancelled or dep_failed).
+DEP_CONDITIONS = ("ok", "end", "fail")
 ITEM_STATES = ("pending", "leased", "done", "failed", "timeout", "cancelled")
 
 SUBMIT_KEYS = frozenset(
     {"id", "argv", "pool", "priority", "retries", "runtime_s", "hold", "tags", "env", "cwd",
-     "items", "max_leases", "names", "user", "inherit_env"}
+     "items", "max_leases", "names", "user", "inherit_env", "after"}
 )
 TONE_KEYS = frozenset({"priority", "hold", "max_leases"})
 CHANGE_OPS = frozenset({"submit", "cancel", "forget", "tone", "bulk"})  # the ops that are log entries
@@ -226,6 +230,13 @@ def parse_submit(body: object) -> dict:
         spec["user"] = parse_user(body["user"])
     if body.get("inherit_env") is not None and _bool(body["inherit_env"], "inherit_env"):
         spec["inherit_env"] = True
+    if body.get("after") is not None:
+        after = parse_after(body["after"])
+        if spec["id"] is not None and any(a["id"] == spec["id"] for a in after):
+            raise ControlError(400, f"job {spec['id']} cannot wait for itself: remove it from after")
+        if after:
+            # Only when given, so that a spec committed before dependencies stays normalized.
+            spec["after"] = after
     if "items" in body and body["items"] is not None:
         items = body["items"]
         if not isinstance(items, list) or not items:
@@ -267,6 +278,46 @@ def parse_user(value: object) -> str:
     if not USER_NAME_RE.fullmatch(value) or value in (".", ".."):
         raise ControlError(400, f"bad user {value[:40]!r}: {hint}")
     return value
+
+
+def parse_after(value: object) -> list[dict[str, str]]:
+    """The jobs a job waits for: a list of "ID", "ID:COND" or {"id": ID, "on": COND}, COND one of
+    DEP_CONDITIONS (default "ok"); normalized to [{"id": ID, "on": COND}, ...] in the order given.
+    Each parent at most once."""
+    if not isinstance(value, list):
+        raise ControlError(400, 'after must be a list of parent jobs: "ID", "ID:ok|end|fail" or '
+                                '{"id": "ID", "on": "ok|end|fail"}')
+    if len(value) > limits.deps_max:
+        raise ControlError(400, f"after names {len(value)} parent jobs; a job waits for at most "
+                                f"{limits.deps_max}: chain them, or wait for fewer")
+    out: list[dict[str, str]] = []
+    seen: set[str] = set()
+    for i, dep in enumerate(value):
+        if isinstance(dep, str):
+            job_id, sep, on = dep.rpartition(":")
+            if not sep:
+                job_id, on = dep, "ok"
+        elif isinstance(dep, dict):
+            unknown = set(dep) - {"id", "on"}
+            if unknown:
+                raise ControlError(400, f"after[{i}]: unknown key(s) "
+                                        f"{', '.join(sorted(map(str, unknown)))[:100]}: use id and on")
+            job_id, on = dep.get("id"), dep.get("on", "ok")
+        else:
+            raise ControlError(400, f"after[{i}] must be \"ID[:ok|end|fail]\" or "
+                                    f"{{\"id\": ..., \"on\": ...}}, not {type(dep).__name__}")
+        if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id):
+            raise ControlError(400, f"after[{i}]: bad job id {str(job_id)[:80]!r}: use 1 to "
+                                    f"{limits.job_id_chars_max} letters, digits, '.', '_' or '-'")
+        if not isinstance(on, str) or on not in DEP_CONDITIONS:
+            raise ControlError(400, f"after[{i}]: unknown condition {str(on)[:40]!r} for job "
+                                    f"{job_id}: use ok (it ended done), end (it ended) or fail "
+                                    "(it ended failed or cancelled)")
+        if job_id in seen:
+            raise ControlError(400, f"after names job {job_id} twice: name each parent once")
+        seen.add(job_id)
+        out.append({"id": job_id, "on": on})
+    return out
 
 
 def parse_names(value: object) -> list[str]:

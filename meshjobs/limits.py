@@ -25,6 +25,7 @@ priority_abs_max = 1_000_000  # priorities range over [-max, +max]
 retries_max = 100  # re-runs of one failing item
 runtime_s_max = 30 * 24 * 3600  # the longest runtime limit a job may ask for
 max_leases_max = 1_000_000  # "at most N items of this job at once"
+deps_max = 64  # parent jobs one job may wait for (`--after`, the spec's "after")
 
 # --- HTTP and the control path -----------------------------------------------------------------
 http_body_bytes_max = 64 * 1024 * 1024  # one request body (inline item payloads included)

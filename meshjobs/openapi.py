@@ -118,7 +118,25 @@ _SCHEMAS: dict[str, Any] = {
                                 "maxLength": limits.item_name_chars_max, "pattern": "^[^/]+$"},
                       "description": "The input file name of each item (one per item, no '/', "
                                      "not . or ..): `job results --out` names files after them."},
+            "after": {"type": ["array", "null"], "maxItems": limits.deps_max,
+                      "items": {"$ref": "#/components/schemas/After"},
+                      "description": "Jobs this one waits for (each named once; all must hold; "
+                                     "they must exist, and the job's own id is refused). Until "
+                                     "then the job is `waiting` and nothing of it runs; when a "
+                                     "condition can no longer hold it ends `dep_failed`. A "
+                                     "string is short for an object: \"ID\" or \"ID:COND\"."},
         },
+    },
+    "After": {
+        "description": "One parent of a job and what it must do: ok (it ended done; the "
+                       "default), end (it ended, any way), fail (it ended failed, timed out, "
+                       "cancelled or dep_failed).",
+        "oneOf": [
+            {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,128}(:(ok|end|fail))?$"},
+            {"type": "object", "required": ["id"], "additionalProperties": False,
+             "properties": {"id": {"type": "string"},
+                            "on": {"enum": ["ok", "end", "fail"], "default": "ok"}}},
+        ],
     },
     "Tone": {
         "type": "object",
@@ -184,6 +202,16 @@ _SCHEMAS: dict[str, Any] = {
             "names": {"type": "array", "items": {"type": "string"},
                       "description": "Only with ?items=1, for a job submitted with names: the "
                                      "input file name of each item, in item order."},
+            "after": {"type": "array", "description": "Only for a job submitted with after: "
+                                                      "its parents, as {id, on}.",
+                      "items": {"type": "object", "properties": {
+                          "id": {"type": "string"}, "on": {"enum": ["ok", "end", "fail"]}}}},
+            "waiting_on": {"type": "array", "description": "Only with after: the parents not "
+                                                           "ended yet, as {id, on} (empty once "
+                                                           "the job may run).",
+                           "items": {"type": "object", "properties": {
+                               "id": {"type": "string"},
+                               "on": {"enum": ["ok", "end", "fail"]}}}},
         },
     },
     "Forgotten": {

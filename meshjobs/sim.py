@@ -22,7 +22,8 @@ breaks them:
   may fill up (`DiskFull`: read-only, no leases to it, its submits answered 507); some seeds keep
   only 20 finished jobs (retention).
 - Clients submit jobs (some held then released, some cancelled, some forgotten once finished)
-  and retry with the same request id after a 503, a 507 or a timeout.
+  and retry with the same request id after a 503, a 507 or a timeout. With `deps` set, some
+  jobs wait for earlier ones (`after`, each condition drawn from ok, end and fail).
 
 Rule 1: pure and replayable. No IO, clock or threads; every choice comes from one
         `random.Random(seed)`, and nothing iterates a set whose order could change between runs.
@@ -31,7 +32,11 @@ Rule 2: the checks are the point. A broken one raises `SimFailure`, whose messag
         the seed. Checked after every committed entry (against an oracle table that applies the
         log): at most one accepted result per lease epoch, and only under the item's current
         epoch; epochs never go backwards; a forgotten id never comes back; `table.check()`; the
-        blobs of a committed result or submit are on `blob_copies` members. Checked after every
+        blobs of a committed result or submit are on `blob_copies` members; a dependent never
+        starts before each parent has ended the way its condition asks, waits only while a
+        parent has not ended, and ends dep_failed only when a condition can no longer hold (the
+        parents' final states are noted as each entry, or each change of a batch, ends them).
+        Checked after every
         step: every member's table equals every other table (and the oracle) at the same index;
         a submit, cancel or forget is answered 200/201 only once committed; a change of an
         acknowledged, committed job is never answered 404; no answer is given twice.
@@ -83,7 +88,7 @@ T0_MS = 1_700_000_000_000
 VOTERS = ("v1", "v2", "v3")
 WORKERS = ("w1", "w2")
 MEMBERS = VOTERS + WORKERS
-FINAL_STATES = ("done", "failed", "cancelled")
+FINAL_STATES = ("done", "failed", "cancelled", "dep_failed")
 
 
 def _fp(*parts: object) -> str:
@@ -145,6 +150,9 @@ class SimConfig:
     lose: str | None = None
     lose_at_step: int = 0
     lost_ms: int = limits.member_lost_ms
+    # A new job waits for 1 to 3 acknowledged jobs (`after`) with this chance. Off by default,
+    # and then not drawn at all, so that the seeds recorded before it replay as they did.
+    deps: float = 0.0
 
 
 @dataclass
@@ -242,6 +250,7 @@ class Sim:
         self.accepted: dict[tuple[str, int, int], int] = {}
         self.max_epoch: dict[tuple[str, int], int] = {}
         self.ever_forgotten: set[str] = set()
+        self.ended: dict[str, str] = {}  # job id -> the state it ended in (ids are never reused)
         # Clients.
         self.clients: list[_Client] = []
         self.waiting: dict[tuple, _Client] = {}
@@ -503,6 +512,7 @@ class Sim:
             rows = self._rows_before(entry)
             self._check_entry(entry, index, t.apply(entry, index), *rows)
         self.count("entries_" + str(kind))
+        self._check_deps(index)
         try:
             t.check()
         except AssertionError as e:
@@ -533,8 +543,48 @@ class Sim:
         before = {(r[0], r[1]): self._item((r[0], r[1])) for r in rows}
         return rows, results, before
 
+    def _note_ends(self) -> None:
+        for jid, job in self.oracle.jobs.items():
+            if job.finished and jid not in self.ended:
+                self.ended[jid] = job.state
+
+    def _check_deps(self, index: int) -> None:
+        """Each dependent against its parents' ends: it starts only once every condition holds,
+        waits only while a parent has not ended and none has failed it, and ends dep_failed
+        only when one can no longer hold."""
+        for jid, job in self.oracle.jobs.items():
+            if not job.after:
+                continue
+            open_, bad = [], []
+            for d in job.after:
+                end = self.ended.get(d["id"])
+                if end is None:
+                    open_.append(d["id"])
+                elif end not in {"ok": ("done",), "end": FINAL_STATES,
+                                 "fail": ("failed", "cancelled", "dep_failed")}[d["on"]]:
+                    bad.append(f"{d['id']} ended {end}, not {d['on']}")
+            state = job.state
+            if state == "dep_failed":
+                if not bad:
+                    self.fail(f"entry {index}: {jid} ended dep_failed, but no condition of "
+                              f"{job.after} became impossible")
+                continue
+            if state == "cancelled" and not job.started:
+                continue
+            if job.started and (open_ or bad):
+                self.fail(f"entry {index}: {jid} started before its parents allowed: "
+                          f"{bad or ('waits on ' + ', '.join(open_))}")
+            if state == "waiting" and (bad or not open_):
+                self.fail(f"entry {index}: {jid} still waits, its parents {job.after} having "
+                          f"ended ({bad or 'all as asked'})")
+            if state not in ("waiting", "cancelled") and (open_ or bad):
+                self.fail(f"entry {index}: {jid} is {state}, its parents not allowing it: "
+                          f"{bad or ('waits on ' + ', '.join(open_))}")
+            self.count("deps_checked")
+
     def _check_entry(self, e: Any, index: int, outcome: dict, rows: list, results: list,
                      before: dict) -> None:
+        self._note_ends()
         if results:
             self._check_results(results, index, before,
                                 outcome if isinstance(e, dict) and e.get("k") == "result" else None)
@@ -786,6 +836,13 @@ class Sim:
         items: list[str | None] = [None] * n
         if rng.random() < self.cfg.inputs:
             items = [rng.randbytes(32).hex() if rng.random() < 0.7 else None for _ in range(n)]
+        if self.cfg.deps and self.acked and rng.random() < self.cfg.deps:
+            # Mostly recent jobs, which are likelier not to have ended yet.
+            known = list(self.acked)[-6:] if rng.random() < 0.7 else sorted(self.acked)
+            parents = rng.sample(known, min(len(known), rng.randint(1, 3)))
+            spec["after"] = [{"id": p, "on": rng.choice(["ok", "ok", "end", "fail"])}
+                             for p in parents]
+            self.count("jobs_with_deps")
         plan = (["release"] if hold else []) + (["cancel"] if rng.random() < 0.15 else [])
         plan += (["poll", "forget"] if rng.random() < 0.3 else []) + ["done"]
         req = {"op": "submit", "rid": f"s{cid}", "fp": _fp("submit", cid), "spec": spec,
@@ -914,6 +971,15 @@ class Sim:
         later = self.now + self.rng.randint(20, 1_000)
         if status in (503, 507):  # 507: that member's disk is full; ask again (elsewhere)
             c.next_ms = later
+            return
+        if status == 400 and c.phase == "submit" and c.req["spec"].get("after"):
+            # A parent that was forgotten (by its client, or expired) since it was picked.
+            gone = [d["id"] for d in c.req["spec"]["after"] if d["id"] in self.oracle.forgotten]
+            if not gone or "after" not in body.get("error", ""):
+                self.fail(f"client {c.cid}: submit with after answered 400 {body}, though its "
+                          "parents are all known")
+            c.phase = "refused"
+            self.count("submits_refused_after")
             return
         if status == 400 or status == 413:
             self.fail(f"client {c.cid} {c.phase}: a well-formed request answered {status} {body}")

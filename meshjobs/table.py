@@ -20,6 +20,15 @@ Rule 5: a forgotten job id does not come back while its tombstone is kept: tombs
         of the state and of every snapshot, in the order the jobs were forgotten, and only the
         newest `limits.forgotten_ids_max` are kept (the oldest is dropped first). An id whose
         tombstone was dropped reads as unknown, and a submit may use it again.
+Rule 6: dependencies are decided when a parent ends, never later. A job submitted with
+        `after` waits (state "waiting", nothing of it leased) on each parent not yet ended; when
+        a parent ends, in the apply of the entry that ended it, each edge to it is settled: the
+        condition holds (the dependent waits on one parent fewer, and runs once it waits on
+        none) or it never can (the dependent ends "dep_failed", its items cancelled unrun, and
+        its own dependents are settled in turn). A parent that has ended already is settled at
+        the submit. So a finished job has no dependents waiting on it, and expiring or
+        forgetting it changes nothing for them; parents exist at the submit and are older
+        than the job, so the edges cannot form a cycle.
 
 Items live in per-job parallel arrays (compact: a finished item costs a few dozen bytes) and a
 per-job queue of pending indexes: an item whose lease is revoked goes back to the head of that
@@ -54,7 +63,13 @@ TRANSITIONS: dict[str, frozenset[tuple[int, int]]] = {
 
 RC_NONE = -(2**31)  # "no exit code" in the rc array
 _EMPTY = blake3.blake3(b"").digest()  # the digest of the empty payload
-JOB_FINAL_STATES = frozenset({"done", "failed", "cancelled"})
+JOB_FINAL_STATES = frozenset({"done", "failed", "cancelled", "dep_failed"})
+# The parent's final states that satisfy each condition of `after` (control.DEP_CONDITIONS).
+DEP_SATISFIED = {
+    "ok": frozenset({"done"}),
+    "end": JOB_FINAL_STATES,
+    "fail": frozenset({"failed", "cancelled", "dep_failed"}),
+}
 RID_REUSED = ("this Idempotency-Key was used before for a different request (another method, "
               "path or body): a retry must repeat the same request; use a new key for a new one")
 
@@ -84,6 +99,7 @@ class Job:
         "started_ms", "ended_ms", "not_before", "queue", "n_pending", "n_leased", "n_done",
         "n_failed", "n_cancelled", "started", "errors", "held", "names", "version",
         "user", "inherit_env",
+        "after", "waiting_on", "dep_failed",
     )
 
     def __init__(self, job_id: str, seq: int, spec: dict, digest: bytes, stdin: list, t: int) -> None:
@@ -105,6 +121,11 @@ class Job:
         # the member that runs an item, or meshd's own user.
         self.user: str | None = spec.get("user")
         self.inherit_env: bool = spec.get("inherit_env", False)  # meshd's whole environment
+        self.after: list[dict[str, str]] | None = spec.get("after")  # its parents, when given
+        # The parents not ended yet -> the condition waited for, in the order of `after`
+        # (None when it waits on none); and whether it ended because one can never hold.
+        self.waiting_on: dict[str, str] | None = None
+        self.dep_failed = False
         self.digest = digest
         self.submitted_ms = t
         self.finished_ms = 0
@@ -149,8 +170,12 @@ class Job:
     def state(self) -> str:
         if self.cancelled:
             return "cancelled"
+        if self.dep_failed:
+            return "dep_failed"
         if self.finished_ms:
             return "failed" if self.n_failed else "done"
+        if self.waiting_on:
+            return "waiting"
         if self.hold:
             return "held"
         if not self.started:
@@ -165,6 +190,7 @@ class Job:
             **({} if self.names is None else {"names": self.names}),
             **({} if self.user is None else {"user": self.user}),
             **({"inherit_env": True} if self.inherit_env else {}),
+            **({} if self.after is None else {"after": self.after}),
         }
 
 
@@ -188,6 +214,9 @@ class JobTable:
         # Jobs with items waiting for a lease and not held: what `pick` looks at, so that the
         # leader's every round does not walk all the jobs. Derived too (rebuilt on load).
         self.ready: dict[str, Job] = {}
+        # Parent id -> the jobs waiting on it (in submit order): the reverse of every waiting
+        # job's `waiting_on`. Derived too (rebuilt on load from the jobs' `waiting_on`).
+        self.dependents: dict[str, dict[str, None]] = {}
         self._names: dict[str, str] = {}
         self._helds: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._texts: dict[str, str] = {}  # one object per distinct item error text
@@ -240,8 +269,11 @@ class JobTable:
         except Refused as r:
             outcome = self._refuse(r)
         if rid is not None:
-            # The outcome is remembered with the fingerprint its key is bound to.
-            self.rids[rid] = outcome if fp is None else {**outcome, "fp": fp}
+            # The outcome is remembered with the fingerprint its key is bound to; without the
+            # dependents it changed (a retry changes none, and a cancel that ends a long chain
+            # would keep every id of it in every snapshot).
+            kept = {k: v for k, v in outcome.items() if k != "deps"} if "deps" in outcome else outcome
+            self.rids[rid] = kept if fp is None else {**kept, "fp": fp}
             while len(self.rids) > limits.rids_remembered_max:
                 del self.rids[next(iter(self.rids))]
         return outcome
@@ -312,15 +344,78 @@ class JobTable:
         return held
 
     def _ready(self, job: Job) -> None:
-        if job.n_pending and not job.hold:
+        if job.n_pending and not job.hold and not job.waiting_on:
             self.ready[job.id] = job
         else:
             self.ready.pop(job.id, None)
 
-    def _finish_if_done(self, job: Job, t: int) -> None:
+    def _finish_if_done(self, job: Job, t: int) -> bool:
         if not job.finished_ms and job.n_done + job.n_failed + job.n_cancelled == job.n:
             job.finished_ms = max(t, 1)
             self.finished[job.id] = job.finished_ms
+            return True
+        return False
+
+    # --- dependencies (Rule 6) ----------------------------------------------------------------
+
+    def _ended(self, job: Job, index: int, t: int) -> list[str]:
+        """`job` has just ended: settle every edge to it, and to each dependent that ends
+        dep_failed in turn (a worklist, not recursion: chains may be long). Returns the ids of
+        the dependents it changed, in the order they changed."""
+        changed: list[str] = []
+        work = deque([job])
+        while work:
+            parent = work.popleft()
+            kids = self.dependents.pop(parent.id, None)
+            if not kids:
+                continue
+            state = parent.state
+            for kid_id in kids:
+                kid = self.jobs[kid_id]
+                waits = kid.waiting_on
+                if waits is None or parent.id not in waits:
+                    raise AssertionError(f"{kid_id} listed as waiting on {parent.id}, but is not")
+                on = waits.pop(parent.id)
+                if self._holds(state, on):
+                    # Its record changed (one parent fewer in waiting_on) even when it still
+                    # waits: a new version, and the feed names it.
+                    kid.version = index
+                    changed.append(kid_id)
+                    if not waits:
+                        kid.waiting_on = None
+                        self._ready(kid)
+                        self._count("jobs_released")
+                else:
+                    self._dep_fail(kid, index, t)
+                    changed.append(kid_id)
+                    work.append(kid)
+        return changed
+
+    def _holds(self, parent_state: str, on: str) -> bool:
+        """Whether a parent that ended in `parent_state` satisfies the condition `on`."""
+        return parent_state in DEP_SATISFIED[on]
+
+    def _unwait(self, job: Job) -> None:
+        """`job` waits on nothing any more (it ended): out of its parents' dependents."""
+        for parent_id in job.waiting_on or ():
+            kids = self.dependents[parent_id]
+            del kids[job.id]
+            if not kids:
+                del self.dependents[parent_id]
+        job.waiting_on = None
+
+    def _dep_fail(self, job: Job, index: int, t: int) -> None:
+        """A condition of `job` can never hold: it ends dep_failed, its items cancelled unrun."""
+        self._unwait(job)
+        for i in range(job.n):
+            if job.st[i] in (PENDING, LEASED):
+                self._move("cancel", job, i, CANCELLED)
+                job.ended_ms[i] = t
+        job.dep_failed = True
+        job.version = index
+        job.finished_ms = max(t, 1)
+        self.finished[job.id] = job.finished_ms
+        self._count("jobs_dep_failed")
 
     def _apply_batch(self, e: dict, index: int, t: int) -> dict:
         """Many control changes in one entry (the leader batches what arrives together): each
@@ -362,6 +457,18 @@ class JobTable:
                 return {"ok": True, "id": job_id, "new": False}
             raise Refused(409, f"a different job with id {job_id} exists; submit with another id "
                                "or the same spec", "conflict")
+        after = spec.get("after") or []
+        for dep in after:
+            parent_id = dep["id"]
+            if parent_id == job_id:
+                raise Refused(400, f"job {job_id} cannot wait for itself: remove it from after",
+                              "bad_after")
+            if parent_id not in self.jobs:
+                gone = ("was forgotten" if parent_id in self.forgotten
+                        else "does not exist (see `meshctl jobs`)")
+                raise Refused(400, f"job {parent_id} named in after {gone}: a job may wait only "
+                                   "for jobs the fleet has; submit the parent first, or drop it",
+                              "bad_after")
         self.seq += 1
         # Items of an array often share one payload: one bytes object for each distinct digest,
         # not one per item as decoding made them.
@@ -369,9 +476,21 @@ class JobTable:
         stdin = [None if d is None else shared.setdefault(d, d) for d in stdin]
         job = self.jobs[job_id] = Job(job_id, self.seq, spec, digest, stdin, t)
         job.version = index
-        self._ready(job)
+        impossible = False
+        for dep in after:
+            parent = self.jobs[dep["id"]]
+            if not parent.finished:
+                if job.waiting_on is None:
+                    job.waiting_on = {}
+                job.waiting_on[parent.id] = dep["on"]
+                self.dependents.setdefault(parent.id, {})[job_id] = None
+            elif not self._holds(parent.state, dep["on"]):
+                impossible = True  # settled at the submit: the parent ended the wrong way
         self._count("jobs_submitted")
         self._count("items_submitted", len(stdin))
+        if impossible:
+            self._dep_fail(job, index, t)
+        self._ready(job)
         return {"ok": True, "id": job_id, "new": True}
 
     def _apply_lease(self, e: dict, index: int, t: int) -> dict:
@@ -387,7 +506,7 @@ class JobTable:
             job = self.jobs.get(g[0])
             i = g[1]
             if (job is None or not 0 <= i < job.n or job.st[i] != PENDING or job.hold
-                    or job.not_before.get(i, 0) > t
+                    or job.waiting_on or job.not_before.get(i, 0) > t
                     or (job.max_leases is not None and job.n_leased >= job.max_leases)):
                 refused += 1
                 continue
@@ -409,6 +528,7 @@ class JobTable:
         if not isinstance(results, list) or len(results) > limits.result_batch_max:
             raise Refused(400, "malformed result", "malformed")
         accepted = refused = 0
+        deps: list[str] = []
         for r in results:
             if not _result_ok(r):
                 refused += 1
@@ -453,10 +573,16 @@ class JobTable:
                 else:
                     self._move("result", job, i, state)
             accepted += 1
-            self._finish_if_done(job, t)
+            if self._finish_if_done(job, t):
+                deps += self._ended(job, index, t)
         self._count("results_accepted", accepted)
         self._count("results_refused", refused)
-        return {"ok": True, "accepted": accepted, "refused": refused}
+        out = {"ok": True, "accepted": accepted, "refused": refused}
+        if deps:
+            # Dependents this entry changed (released, ended, or waiting on fewer parents),
+            # each once: the feed names them.
+            out["deps"] = list(dict.fromkeys(deps))
+        return out
 
     def _apply_revoke(self, e: dict, index: int, t: int) -> dict:
         leases = e.get("l")
@@ -487,15 +613,23 @@ class JobTable:
             if job.st[i] in (PENDING, LEASED):
                 self._move("cancel", job, i, CANCELLED)
                 job.ended_ms[i] = t
+        self._unwait(job)
         job.cancelled = True
         job.version = index
         job.finished_ms = max(t, 1)
         self.finished[job.id] = job.finished_ms
         self._count("jobs_cancelled")
-        return {"ok": True, "id": job.id}
+        deps = list(dict.fromkeys(self._ended(job, index, t)))
+        return {"ok": True, "id": job.id, **({"deps": deps} if deps else {})}
 
     def _apply_forget(self, e: dict, index: int, t: int) -> dict:
         job = self._job(e.get("id"))
+        kids = self.dependents.get(job.id)
+        if kids:
+            shown = ", ".join(list(kids)[:10]) + (f" and {len(kids) - 10} more" if len(kids) > 10 else "")
+            raise Refused(409, f"job {job.id} is {job.state} and job(s) {shown} wait for it: "
+                               "cancel them first, or let it end (forgetting it then loses "
+                               "nothing they need)", "has_dependents")
         if not job.finished:
             raise Refused(409, f"job {job.id} is {job.state}: cancel it first "
                                f"(meshctl job cancel {job.id})", "not_finished")
@@ -655,6 +789,10 @@ class JobTable:
             "submitted_at": job.submitted_ms / 1000.0,
             "finished_at": job.finished_ms / 1000.0 if job.finished_ms else None,
         }
+        if job.after is not None:
+            # The parents it names, and those of them it still waits for (empty once it runs).
+            rec["after"] = [dict(d) for d in job.after]
+            rec["waiting_on"] = [{"id": p, "on": on} for p, on in (job.waiting_on or {}).items()]
         if items:
             rec["items"] = [self.item_record(job, i) for i in range(job.n)]
             if job.names is not None:
@@ -724,6 +862,13 @@ class JobTable:
             # Each job's version, in the order of "jobs" (a list of its own, so that a
             # snapshot made before versions existed still loads).
             "versions": [j.version for j in self.jobs.values()],
+            # Dependencies: each waiting job's parents not ended yet (in order), and the jobs
+            # that ended dep_failed. Only when some job has them, so that a snapshot of a
+            # table without dependencies is as it was.
+            **({"waits": [[j.id, list(j.waiting_on.items())] for j in self.jobs.values()
+                          if j.waiting_on]} if self.dependents else {}),
+            **({"dep_failed": [j.id for j in self.jobs.values() if j.dep_failed]}
+               if any(j.dep_failed for j in self.jobs.values()) else {}),
         }
 
     @classmethod
@@ -780,6 +925,13 @@ class JobTable:
             raise ValueError(f"snapshot has {len(versions)} job versions for {len(t.jobs)} jobs")
         for j, v in zip(t.jobs.values(), versions, strict=True):
             j.version = v
+        for jid, waits in s.get("waits", ()):
+            j = t.jobs[jid]
+            j.waiting_on = {p: on for p, on in waits}
+            for p in j.waiting_on:
+                t.dependents.setdefault(p, {})[jid] = None
+        for jid in s.get("dep_failed", ()):
+            t.jobs[jid].dep_failed = True
         for j in sorted((j for j in t.jobs.values() if j.finished_ms), key=lambda j: (j.finished_ms, j.seq)):
             t.finished[j.id] = j.finished_ms
         for j in t.jobs.values():
@@ -823,11 +975,33 @@ class JobTable:
             assert 0 < j.version <= self.applied_index, f"{jid}: version {j.version} out of the log"
             done = j.n_done + j.n_failed + j.n_cancelled == j.n
             assert bool(j.finished_ms) == (done or j.cancelled), f"{jid}: finished mark"
+            if j.waiting_on is not None:
+                assert j.waiting_on, f"{jid}: an empty waiting_on is kept as None"
+                assert not j.finished_ms and not j.started and not j.n_leased, \
+                    f"{jid}: waiting, yet ended or leased"
+                assert not j.dep_failed and not j.cancelled, f"{jid}: waiting, yet ended"
+                after = {d["id"]: d["on"] for d in j.after or ()}
+                for p, on in j.waiting_on.items():
+                    assert after.get(p) == on, f"{jid}: waits on {p}:{on}, not in its after"
+                    parent = self.jobs.get(p)
+                    assert parent is not None and not parent.finished_ms, \
+                        f"{jid}: waits on {p}, which has ended or is gone"
+                    assert parent.seq < j.seq, f"{jid}: waits on a younger job {p} (a cycle?)"
+                    assert jid in self.dependents.get(p, {}), f"{jid}: not among {p}'s dependents"
+            if j.dep_failed:
+                assert j.finished_ms and not j.cancelled and j.after, f"{jid}: dep_failed mark"
+                assert j.n_cancelled == j.n, f"{jid}: dep_failed with items that ran"
         assert leased_seen == set(self.leased), "lease map and item states disagree"
         assert set(self.finished) == {jid for jid, j in self.jobs.items() if j.finished_ms}, \
             "finished index and jobs disagree"
-        assert set(self.ready) == {jid for jid, j in self.jobs.items() if j.n_pending and not j.hold}, \
+        assert set(self.ready) == {jid for jid, j in self.jobs.items()
+                                   if j.n_pending and not j.hold and not j.waiting_on}, \
             "ready index and jobs disagree"
+        for p, kids in self.dependents.items():
+            assert kids, f"an empty dependents entry for {p}"
+            for kid in kids:
+                waits = self.jobs[kid].waiting_on if kid in self.jobs else None
+                assert waits is not None and p in waits, f"{kid} listed as waiting on {p}, but is not"
         assert all(self.jobs[jid] is j for jid, j in self.ready.items()), "ready index holds a stale job"
 
 

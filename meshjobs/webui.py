@@ -18,7 +18,7 @@ from typing import Any
 from meshjobs import limits
 from meshjobs.control import JOB_STATES
 
-TERMINAL_STATES = ("done", "failed", "cancelled")
+TERMINAL_STATES = ("done", "failed", "cancelled", "dep_failed")
 FAILED_ITEM_STATES = ("failed", "timeout")
 
 e = html.escape
@@ -117,7 +117,7 @@ STYLE = (
     "@media (prefers-color-scheme:dark){body{color:#e8e8e8;background:#161616}"
     "th{background:#262626!important}a{color:#8ab4f8}.done{color:#6fcf73!important}"
     ".failed,.timeout,#msg.bad{color:#ff7070!important}.running,.leased{color:#7ab7ff!important}"
-    ".held{color:#c59cf0!important}.cancelled{color:#e0a040!important}}"
+    ".held,.waiting{color:#c59cf0!important}.cancelled,.dep_failed{color:#e0a040!important}}"
     "header{padding:.6em 2em;border-bottom:1px solid #ccc}header a{margin-right:1.2em}"
     "header .me{float:right;color:#666}"
     "main{padding:0 2em 1em}#msg{margin:.5em 2em;position:sticky;top:0;background:inherit}"
@@ -131,7 +131,8 @@ STYLE = (
     "pre.out{border:1px solid #ccc;padding:.5em;max-height:30em;overflow:auto}"
     "form.filters label{margin-right:1em}form.filters input{width:10em}"
     ".state{font-weight:600}.done{color:#1b6e20}.failed,.timeout{color:#b00020}"
-    ".cancelled{color:#8a5300}.running,.leased{color:#0b57d0}.held{color:#6b3fa0}"
+    ".cancelled,.dep_failed{color:#8a5300}.running,.leased{color:#0b57d0}"
+    ".held,.waiting{color:#6b3fa0}"
     ".queued,.pending{color:#555}"
     "button{margin:0 .3em .2em 0;cursor:pointer}.note{color:#666}"
 )
@@ -286,6 +287,13 @@ def job_page(member: str, record: dict, failed: Sequence[tuple[dict, str | None]
         ("finished (UTC)", e(when(record.get("finished_at")))),
         ("took", e(took(record.get("submitted_at"), record.get("finished_at")))),
     ]
+    after = record.get("after")
+    if isinstance(after, list) and after:
+        waits = {str(d.get("id")) for d in record.get("waiting_on") or [] if isinstance(d, dict)}
+        facts.append(("after", ", ".join(
+            f'<a href="/jobs/{e(q(str(d.get("id"))))}">{e(str(d.get("id")))}</a>:'
+            f'{e(str(d.get("on")))}' + (" (waiting)" if str(d.get("id")) in waits else "")
+            for d in after if isinstance(d, dict))))
     failed_rows = []
     for item, tail in failed:
         failed_rows.append(
@@ -469,7 +477,7 @@ UI_SCRIPT_TEMPLATE = r"""
 (() => {
   const POLL_MS = __POLL_MS__;
   const SSE_RETRY_MS = __SSE_RETRY_MS__;
-  const TERMINAL = ["done", "failed", "cancelled"];
+  const TERMINAL = ["done", "failed", "cancelled", "dep_failed"];
   const main = document.querySelector("main");
   const meta = document.querySelector('meta[name="meshjobs-csrf"]');
   const csrf = meta ? meta.content : "";

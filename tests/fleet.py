@@ -303,7 +303,7 @@ class Meshd:
                 raise TimeoutError(f"job {job_id} did not finish within {timeout_s} s")
             status, rec = self.request("GET", f"/jobs/{job_id}?items=1&wait={min(left, 10):.1f}")
             assert status == 200, (status, rec)
-            if rec["state"] in ("done", "failed", "cancelled"):
+            if rec["state"] in ("done", "failed", "cancelled", "dep_failed"):
                 return rec
 
 

@@ -346,3 +346,54 @@ def test_planted_hint_freshness_is_caught() -> None:
         except SimFailure as e:
             caught.append(str(e))
     assert any("says it is fresh" in msg for msg in caught), caught
+
+
+# --- dependencies (issue 12 point 6) --------------------------------------------------------------
+
+DEPS = SimConfig(deps=0.4)
+
+
+@pytest.mark.parametrize("seed", (1, 2, 3))
+def test_dependencies_safe_and_live(seed: int) -> None:
+    """Jobs that wait for earlier ones (ok, end and fail): every entry, each dependent is checked
+    against its parents' ends (never started before they allow, waiting only while one runs,
+    dep_failed only when a condition can no longer hold), and once healed every one ends."""
+    report = run(seed, DEPS)
+    c = report.counts
+    assert c.get("jobs_with_deps", 0) > 0 and c.get("deps_checked", 0) > 0, c
+    assert c.get("table_jobs_released", 0) > 0 and c.get("table_jobs_dep_failed", 0) > 0, c
+
+
+def test_dependencies_under_harsh_faults() -> None:
+    """Dependencies with many more crashes, partitions, drops and lost proposals."""
+    c = run(7, replace(HARSH, deps=0.4)).counts
+    assert c.get("jobs_with_deps", 0) > 0, c
+
+
+@settings(max_examples=2, deadline=None, database=None, phases=[Phase.generate])
+@given(seed=st.integers(min_value=0, max_value=2**32 - 1))
+def test_dependencies_random_seed(seed: int) -> None:
+    """A seed hypothesis picks, with dependencies."""
+    _check_run(seed, DEPS)
+
+
+class EarlyReleaseTable(JobTable):
+    """Planted bug: a dependent is released whatever its parent's end (every condition holds)."""
+
+    def _holds(self, parent_state: str, on: str) -> bool:
+        return True
+
+
+def test_planted_early_release_is_caught() -> None:
+    """Safety check: a table that releases a dependent its parents do not allow is caught, and
+    the failure names its seed."""
+    for seed in range(1, 8):
+        try:
+            run(seed, replace(DEPS, liveness_ms_max=1_000), table_cls=EarlyReleaseTable)
+        except SimFailure as e:
+            msg = str(e)
+            assert msg.startswith(f"seed={seed} ")
+            if "before its parents allowed" in msg or "still waits" in msg or \
+                    "its parents not allowing it" in msg:
+                return
+    raise AssertionError("no seed caught a table that releases dependents early")

@@ -3,7 +3,8 @@
 A `RuleBasedStateMachine` drives a real `JobTable` with random submits (ids from a small pool, so
 conflicts and forgotten ids happen), leases (of picked and of random items), results (under
 current and stale epochs), revokes, cancels, forgets, tones, garbage entries and snapshot round
-trips, and keeps a simple model of what the table must hold. After every step the table's own
+trips, and keeps a simple model of what the table must hold. Some submits wait for other jobs
+(`after`): the model settles dependents the plainest way, to a fixpoint after each entry. After every step the table's own
 check passes and agrees with the model: item states, epochs, queues, backoffs, tombstones and
 counters.
 """
@@ -22,11 +23,13 @@ from meshjobs import limits
 from meshjobs.table import ITEM_STATE_NAMES, JobTable, backoff_ms
 
 # Ids are six characters or more so that garbage (short strings) never names a real job.
-JOB_IDS = ["job-aa", "job-bb", "job-cc", "job-dd"]
+JOB_IDS = ["job-aa", "job-bb", "job-cc", "job-dd", "job-ee", "job-ff"]
 RIDS = ["rid-0", "rid-1", "rid-2", "rid-3"]
 POOLS = ["default", "gpu"]
 KINDS = ["submit", "lease", "result", "revoke", "cancel", "forget", "tone"]
 FINAL = {"done", "failed", "timeout", "cancelled"}
+SATISFIED = {"ok": {"done"}, "end": {"done", "failed", "cancelled", "dep_failed"},
+             "fail": {"failed", "cancelled", "dep_failed"}}
 CODES = {"done": 2, "failed": 3, "timeout": 4}
 # Tombstones kept while the machine runs (limits.forgotten_ids_max, made small so that the
 # oldest are dropped and their ids submitted again within a run).
@@ -58,6 +61,8 @@ class MJob:
     finished_ms: int = 0
     cancelled: bool = False
     started: bool = False
+    waiting_on: dict[str, str] = field(default_factory=dict)
+    dep_failed: bool = False
 
     def n(self, state: str) -> int:
         return sum(1 for it in self.items if it.state == state)
@@ -66,8 +71,12 @@ class MJob:
     def state(self) -> str:
         if self.cancelled:
             return "cancelled"
+        if self.dep_failed:
+            return "dep_failed"
         if self.finished_ms:
             return "failed" if self.n("failed") + self.n("timeout") else "done"
+        if self.waiting_on:
+            return "waiting"
         if self.hold:
             return "held"
         return "running" if self.started else "queued"
@@ -107,9 +116,45 @@ class Model:
             self.count("duplicate_rids")
             return self.rids[rid]
         out = getattr(self, "_" + e["k"])(e, index, e["t"])
+        changed = self.settle(e["t"])
+        if changed and out.get("ok"):
+            out["deps"] = changed
         if rid is not None:
-            self.rids[rid] = out
+            self.rids[rid] = {k: v for k, v in out.items() if k != "deps"}
         return out
+
+    def settle(self, t: int) -> list[str]:
+        """Dependents whose parents have ended: released, or dep_failed; until nothing moves.
+        Returns the jobs changed (their order is the table's business: compared as a set)."""
+        changed: list[str] = []
+        moved = True
+        while moved:
+            moved = False
+            for jid, j in self.jobs.items():
+                for p in list(j.waiting_on):
+                    parent = self.jobs[p]
+                    if not parent.finished_ms:
+                        continue
+                    on = j.waiting_on.pop(p)
+                    if parent.state not in SATISFIED[on]:
+                        self.dep_fail(j, t)
+                        changed.append(jid)
+                        moved = True
+                        break
+                    changed.append(jid)
+                    if not j.waiting_on:
+                        self.count("jobs_released")
+        return changed
+
+    def dep_fail(self, j: MJob, t: int) -> None:
+        j.waiting_on.clear()
+        for it in j.items:
+            it.state = "cancelled"
+        j.queue.clear()
+        j.not_before.clear()
+        j.dep_failed = True
+        j.finished_ms = max(t, 1)
+        self.count("jobs_dep_failed")
 
     def _submit(self, e: dict, index: int, t: int) -> dict:
         job_id = e["id"]
@@ -121,13 +166,24 @@ class Model:
                 return {"ok": True, "id": job_id, "new": False}
             return self.refuse(409, "conflict")
         s = e["spec"]
+        after = s.get("after") or []
+        if any(d["id"] == job_id or d["id"] not in self.jobs for d in after):
+            return self.refuse(400, "bad_after")
         n = len(e["items"])
         self.seq += 1
-        self.jobs[job_id] = MJob(self.seq, e["dg"], s["pool"], s["retries"], s["priority"],
-                                 s["hold"], s["max_leases"], [MItem() for _ in range(n)],
-                                 list(range(n)))
+        job = self.jobs[job_id] = MJob(self.seq, e["dg"], s["pool"], s["retries"],
+                                       s["priority"], s["hold"], s["max_leases"],
+                                       [MItem() for _ in range(n)], list(range(n)))
         self.count("jobs_submitted")
         self.count("items_submitted", n)
+        for d in after:
+            parent = self.jobs[d["id"]]
+            if not parent.finished_ms:
+                job.waiting_on[d["id"]] = d["on"]
+            elif parent.state not in SATISFIED[d["on"]]:
+                job.dep_failed = True
+        if job.dep_failed:
+            self.dep_fail(job, t)
         return {"ok": True, "id": job_id, "new": True}
 
     def _lease(self, e: dict, index: int, t: int) -> dict:
@@ -135,7 +191,7 @@ class Model:
         for jid, i, _member, _boot in e["g"]:
             job = self.jobs.get(jid)
             if (job is None or not 0 <= i < len(job.items) or job.items[i].state != "pending"
-                    or job.hold or job.not_before.get(i, 0) > t
+                    or job.hold or job.waiting_on or job.not_before.get(i, 0) > t
                     or (job.max_leases is not None and job.n("leased") >= job.max_leases)):
                 refused += 1
                 continue
@@ -206,6 +262,7 @@ class Model:
                 it.state = "cancelled"
         job.queue.clear()
         job.not_before.clear()
+        job.waiting_on.clear()
         job.cancelled = True
         job.finished_ms = max(t, 1)
         self.count("jobs_cancelled")
@@ -215,6 +272,8 @@ class Model:
         job = self.lookup(e["id"])
         if isinstance(job, dict):
             return job
+        if any(e["id"] in j.waiting_on for j in self.jobs.values()):
+            return self.refuse(409, "has_dependents")
         if not job.finished_ms:
             return self.refuse(409, "not_finished")
         del self.jobs[e["id"]]
@@ -245,7 +304,8 @@ class Model:
 
     def pick(self, pool: str, count: int, now: int, skip: set) -> list[tuple[str, int]]:
         ready = sorted(((jid, j) for jid, j in self.jobs.items()
-                        if j.pool == pool and j.queue and not j.hold and not j.finished_ms),
+                        if j.pool == pool and j.queue and not j.hold and not j.finished_ms
+                        and not j.waiting_on),
                        key=lambda x: (-x[1].priority, x[1].seq))
         picked: list[tuple[str, int]] = []
         for jid, job in ready:
@@ -263,8 +323,9 @@ class Model:
 
 
 def normal(out: dict) -> dict:
-    """An outcome without its message (the model does not predict the wording)."""
-    return {k: v for k, v in out.items() if k != "error"}
+    """An outcome without its message (the model does not predict the wording), and the
+    dependents it changed as a set (the model does not predict their order)."""
+    return {k: sorted(set(v)) if k == "deps" else v for k, v in out.items() if k != "error"}
 
 
 def comparable_state(table: JobTable) -> Any:
@@ -339,19 +400,44 @@ class TableMachine(RuleBasedStateMachine):
     @rule(job_id=st.sampled_from(JOB_IDS), variant=st.integers(0, 1), n=st.integers(1, 4),
           pool=st.sampled_from(POOLS), retries=st.integers(0, 2), priority=st.integers(-1, 1),
           hold=st.booleans(), max_leases=st.sampled_from([None, 1, 2]),
-          rid=st.sampled_from([None, None, None, *RIDS]))
+          rid=st.sampled_from([None, None, None, *RIDS]),
+          after=st.sampled_from([[]] * 3) | st.lists(
+              st.tuples(st.sampled_from(JOB_IDS), st.sampled_from(["ok", "end", "fail"])),
+              max_size=3, unique_by=lambda d: d[0]))
     def submit(self, job_id: str, variant: int, n: int, pool: str, retries: int, priority: int,
-               hold: bool, max_leases: int | None, rid: str | None) -> None:
+               hold: bool, max_leases: int | None, rid: str | None,
+               after: list[tuple[str, str]]) -> None:
         # The digest is what makes two submits the same job; the variant picks one of two.
         spec = {"argv": ["x", str(variant)], "pool": pool, "env": {}, "cwd": None,
                 "retries": retries, "runtime_s": None, "tags": [], "priority": priority,
                 "hold": hold, "max_leases": max_leases,
                 **({"user": "nobody", "inherit_env": True} if variant else {})}
+        if after:
+            spec["after"] = [{"id": p, "on": on} for p, on in after]
         e = {"k": "submit", "t": self.now, "id": job_id, "spec": spec,
-             "dg": f"{job_id}/{variant}".encode(), "items": [None] * n}
+             "dg": f"{job_id}/{variant}/{after}".encode(), "items": [None] * n}
         if rid is not None:
             e["rid"] = rid
         self.apply(e, gap=1)
+
+    @precondition(lambda self: self.model.jobs)
+    @rule(data=st.data(), n=st.integers(1, 3), hold=st.booleans())
+    def submit_dependent(self, data: st.DataObject, n: int, hold: bool) -> None:
+        """A job that waits for jobs the table has (the other submit rule mostly names ids that
+        are taken or parents that are not there)."""
+        free = [j for j in JOB_IDS if j not in self.model.jobs and j not in self.model.forgotten]
+        if not free:
+            return
+        job_id = data.draw(st.sampled_from(free))
+        parents = data.draw(st.lists(st.sampled_from(sorted(self.model.jobs)), min_size=1,
+                                     max_size=3, unique=True))
+        after = [{"id": p, "on": data.draw(st.sampled_from(["ok", "end", "fail"]))}
+                 for p in parents]
+        spec = {"argv": ["x"], "pool": "default", "env": {}, "cwd": None, "retries": 0,
+                "runtime_s": None, "tags": [], "priority": 0, "hold": hold, "max_leases": None,
+                "after": after}
+        self.apply({"k": "submit", "t": self.now, "id": job_id, "spec": spec,
+                    "dg": f"{job_id}/dep/{after}".encode(), "items": [None] * n})
 
     @rule(pool=st.sampled_from(POOLS), count=st.integers(1, 5), gap=st.integers(1, 3),
           member=st.sampled_from(["m1", "m2"]), skip_first=st.booleans())
@@ -485,6 +571,7 @@ class TableMachine(RuleBasedStateMachine):
             assert j.not_before == mj.not_before, jid
             assert list(j.attempts) == [it.attempts for it in mj.items], jid
             assert j.state == mj.state, jid
+            assert dict(j.waiting_on or {}) == mj.waiting_on, jid
             assert j.finished_ms == mj.finished_ms, jid
             assert (j.errors or {}) == {i: it.error for i, it in enumerate(mj.items) if it.error}
             assert j.errors != {}, "an empty error dict is kept as None"

@@ -33,7 +33,20 @@ from meshjobs.table import JobTable
 
 
 def named_jobs(kind: Any, e: dict, out: dict) -> list[str]:
-    """The job ids a committed entry (applied with outcome `out`) may have changed."""
+    """The job ids a committed entry (applied with outcome `out`) may have changed: those it
+    names, and the dependents its outcome says it released or ended (`deps`)."""
+    deps = out.get("deps")
+    named = _named_jobs(kind, e, out)
+    if isinstance(deps, list):
+        seen = set(named)
+        for j in deps:
+            if isinstance(j, str) and j not in seen:
+                seen.add(j)
+                named.append(j)
+    return named
+
+
+def _named_jobs(kind: Any, e: dict, out: dict) -> list[str]:
     if kind in ("submit", "cancel", "tone", "forget"):
         job_id = out.get("id", e.get("id"))
         return [job_id] if isinstance(job_id, str) else []

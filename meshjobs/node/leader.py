@@ -228,8 +228,8 @@ class LeaderDuties:
                 continue
             seen.add(e["id"])
             spec = e["spec"]
-            if spec.get("pool") != pool or spec.get("hold"):
-                continue
+            if spec.get("pool") != pool or spec.get("hold") or spec.get("after"):
+                continue  # a dependent most likely waits: the table says once it is applied
             n = len(e["items"])
             if spec.get("max_leases") is not None:
                 n = min(n, spec["max_leases"])
