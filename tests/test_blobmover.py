@@ -23,23 +23,13 @@ from meshjobs import limits
 from meshjobs.blobmover import BlobMover
 from meshjobs.frames import Frame, FrameType
 from meshjobs.links import Links
+from tests.fleet import wait_until
 
 SECRET = bytes(range(32))
 WAIT_S = 30.0
 MiB = 1 << 20
 ROOT = Path(__file__).resolve().parent.parent
 
-
-def wait_for(pred: Callable[[], Any], timeout: float = WAIT_S, what: str = "") -> Any:
-    """Poll until pred() is truthy; fail after timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what or pred}")
-        time.sleep(0.02)
 
 
 class Member:
@@ -137,7 +127,7 @@ def fleet(tmp_path: Path):
         for a in new:
             for b in new:
                 if a is not b:
-                    wait_for(lambda a=a, b=b: a.links.peers().get(b.name, {}).get("up"),
+                    wait_until(lambda a=a, b=b: a.links.peers().get(b.name, {}).get("up"),
                              what=f"{a.name} linked to {b.name}")
         return new
 
@@ -160,7 +150,7 @@ def test_copy_arrives_durable_and_pinned(fleet, tmp_path: Path) -> None:
     payloads = [b"", b"hello, blobs", os.urandom(5 * MiB + 12345)]
     digests = tuple(a.put(p, tmp_path) for p in payloads)
     a.mover.copy("b", "job-1", digests)
-    wait_for(a.copies, what="on_copied")
+    wait_until(a.copies, what="on_copied")
     time.sleep(0.3)  # a second call would come from a second acknowledgement
     assert a.copies() == [("b", digests)]
     st_a, st_b = a.mover.stats(), b.mover.stats()
@@ -185,7 +175,7 @@ def test_copy_of_held_blob_is_acked_not_stored_again(fleet, tmp_path: Path) -> N
     assert b.put(data, tmp_path) == d
     before = b.store.stats()
     a.mover.copy("b", "job-2", (d,))
-    wait_for(a.copies, what="on_copied")
+    wait_until(a.copies, what="on_copied")
     assert a.copies() == [("b", (d,))]
     after = b.store.stats()
     assert after["blobs"] == before["blobs"] == 1
@@ -201,7 +191,7 @@ def test_copy_asked_twice_is_sent_once(fleet, tmp_path: Path) -> None:
     d = a.put(data, tmp_path)
     a.mover.copy("b", "job-4", (d,))
     a.mover.copy("b", "job-4", (d,))
-    wait_for(a.copies, what="on_copied")
+    wait_until(a.copies, what="on_copied")
     time.sleep(0.3)
     assert a.copies() == [("b", (d,))]
     assert a.mover.stats()["chunks_sent"] == 4
@@ -218,13 +208,13 @@ def test_stale_assembly_is_removed(tmp_path: Path) -> None:
         d = hexdigest(data)
         m.mover.frame("p", FrameType.F_BLOB_PUT,
                       good_chunk(d, data[:limits.blob_frame_bytes], size=len(data), last=False))
-        wait_for(lambda: m.mover.stats()["assemblies"] == 1, what="assembly open")
+        wait_until(lambda: m.mover.stats()["assemblies"] == 1, what="assembly open")
         assert len(os.listdir(m.spool)) == 1
         now[0] += limits.blob_assembly_idle_ms - 1
         time.sleep(0.6)
         assert m.mover.stats()["assemblies"] == 1
         now[0] += 1000  # past the idle limit, and past the mover's next look at its assemblies
-        wait_for(lambda: m.dropped("stale") == 1, what="stale assembly dropped")
+        wait_until(lambda: m.dropped("stale") == 1, what="stale assembly dropped")
         assert m.mover.stats()["assemblies"] == 0 and os.listdir(m.spool) == []
     finally:
         m.stop()
@@ -235,7 +225,7 @@ def test_copy_of_blob_not_held_is_skipped(fleet, tmp_path: Path) -> None:
     a, b = fleet("a", "b")
     missing = hexdigest(b"nobody has this")
     a.mover.copy("b", "job-3", (missing,))
-    wait_for(lambda: a.dropped("not_here"), what="not_here counted")
+    wait_until(lambda: a.dropped("not_here"), what="not_here counted")
     time.sleep(0.2)
     assert a.copies() == []
     assert not b.store.has(missing)
@@ -343,7 +333,7 @@ def test_garbage_puts_are_dropped_and_counted(fleet, tmp_path: Path) -> None:
     want["bad_get"] = 1
     want["out_of_order"] = 2
     try:
-        wait_for(lambda: b.mover.stats()["dropped"] == want, timeout=10)
+        wait_until(lambda: b.mover.stats()["dropped"] == want, timeout_s=10)
     finally:
         print("dropped:", b.mover.stats()["dropped"], "wanted:", want)
     assert b.mover_alive()
@@ -353,7 +343,7 @@ def test_garbage_puts_are_dropped_and_counted(fleet, tmp_path: Path) -> None:
     # The mover still works: a real copy of the same blob afterwards succeeds.
     assert a.put(data, tmp_path) == d
     a.mover.copy("b", "job-g", (d,))
-    wait_for(a.copies, what="on_copied after garbage")
+    wait_until(a.copies, what="on_copied after garbage")
     assert read_all(b.store, d) == data and b.store.pinned(d)
 
 
@@ -380,13 +370,13 @@ def test_random_garbage_never_stops_the_mover(fleet, tmp_path: Path) -> None:
             b.mover.frame("a", ftype, fbody)
 
     feed()
-    wait_for(lambda: b.mover.stats()["inbox"] == 0, what="inbox drained")
+    wait_until(lambda: b.mover.stats()["inbox"] == 0, what="inbox drained")
     assert b.mover_alive()
     assert b.mover.stats()["assemblies"] <= limits.blob_assemblies_max
     data = os.urandom(MiB + 1)
     dd = a.put(data, tmp_path)
     a.mover.copy("b", "job-r", (dd,))
-    wait_for(a.copies, what="on_copied after random garbage")
+    wait_until(a.copies, what="on_copied after random garbage")
     assert read_all(b.store, dd) == data
 
 
@@ -480,7 +470,7 @@ def test_copy_of_many_small_blobs(fleet) -> None:
     assert len(set(digests)) == n
     t0 = time.monotonic()
     a.mover.copy("b", "job-many", digests)
-    wait_for(a.copies, timeout=WAIT_S, what="on_copied for 20,000 small blobs")
+    wait_until(a.copies, timeout_s=WAIT_S, what="on_copied for 20,000 small blobs")
     took = time.monotonic() - t0
     print(f"copied {n} small blobs in {took:.2f} s")
     time.sleep(0.3)
@@ -508,7 +498,7 @@ def test_copy_of_small_and_large_blobs_mixed(fleet, tmp_path: Path) -> None:
     # The large ones sit among the small ones in the copy's order.
     digests = small_ds[:100] + large_ds[:1] + small_ds[100:2500] + large_ds[1:] + small_ds[2500:]
     a.mover.copy("b", "job-mix", digests)
-    wait_for(a.copies, what="on_copied for the mixed copy")
+    wait_until(a.copies, what="on_copied for the mixed copy")
     assert a.copies() == [("b", digests)]
     st_b = b.mover.stats()
     assert st_b["blobs_received"] == len(digests) and st_b["dropped"] == {}
@@ -528,7 +518,7 @@ def test_copy_asked_again_while_in_flight_is_not_sent_twice(fleet) -> None:
     n = 3 * limits.blob_inflight_max + 17
     digests = a.put_many(small_payloads(n, salt=b"w"))
     a.mover.copy("b", "job-w", digests)
-    wait_for(lambda: a.mover.stats()["inflight"] == limits.blob_inflight_max,
+    wait_until(lambda: a.mover.stats()["inflight"] == limits.blob_inflight_max,
              what="a full window")
     a.mover.copy("b", "job-w", digests)
     a.mover.copy("b", "job-w", digests[:10])  # another copy of some of the same blobs
@@ -538,7 +528,7 @@ def test_copy_asked_again_while_in_flight_is_not_sent_twice(fleet) -> None:
     assert st["inflight"] == limits.blob_inflight_max
     assert st["sending"] == n - limits.blob_inflight_max
     b.start_mover()
-    wait_for(lambda: len(a.copies()) == 2, what="both copies confirmed")
+    wait_until(lambda: len(a.copies()) == 2, what="both copies confirmed")
     time.sleep(0.3)
     assert sorted(a.copies()) == sorted([("b", digests), ("b", digests[:10])])
     st_a, st_b = a.mover.stats(), b.mover.stats()
@@ -587,12 +577,12 @@ def test_store_without_batches_keeps_blobs_one_by_one(fleet, tmp_path: Path) -> 
     b = Member("b", tmp_path, wrap=wrap)
     try:
         a.links.connect("b", b.address)
-        wait_for(lambda: a.links.peers().get("b", {}).get("up")
+        wait_until(lambda: a.links.peers().get("b", {}).get("up")
                  and b.links.peers().get("a", {}).get("up"), what="linked")
         payloads = small_payloads(300, salt=b"n")
         digests = a.put_many(payloads)
         a.mover.copy("b", "job-n", digests)
-        wait_for(a.copies, what="on_copied through a store without batches")
+        wait_until(a.copies, what="on_copied through a store without batches")
         assert made[0].puts == len(payloads)
         for d, p in zip(digests, payloads, strict=True):
             assert b.store.get(d) == p and b.store.pinned(d)
@@ -622,12 +612,12 @@ def test_garbage_packs_are_dropped_and_counted(fleet) -> None:
     want: dict[str, int] = {}
     for reason, _ in cases:
         want[reason] = want.get(reason, 0) + 1
-    wait_for(lambda: b.mover.stats()["dropped"] == want, timeout=10,
+    wait_until(lambda: b.mover.stats()["dropped"] == want, timeout_s=10,
              what=f"dropped == {want}")
     assert b.store.stats()["blobs"] == 0
     b.mover.frame("a", put, {"blobs": [[d, "job-p", b"wrong"], [d, "job-p", good]]})
     want["digest_mismatch"] += 1
-    wait_for(lambda: b.mover.stats()["acks_sent"] == 1, what="the good entry acknowledged")
+    wait_until(lambda: b.mover.stats()["acks_sent"] == 1, what="the good entry acknowledged")
     assert b.mover.stats()["dropped"] == want
     assert b.store.get(d) == good and b.store.pinned(d)
     assert b.mover_alive()

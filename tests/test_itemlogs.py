@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +17,11 @@ from meshjobs import limits
 from meshjobs.frames import Frame, FrameType, LogAsk, LogPiece, log_piece_body
 from meshjobs.itemlogs import ItemLogs
 from meshjobs.links import Links
+from tests.fleet import wait_until
 
 SECRET = bytes(range(32))
 WAIT_S = 30.0
 
-
-def wait_for(pred: Callable[[], Any], timeout: float = WAIT_S, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what or pred}")
-        time.sleep(0.02)
 
 
 class Runs:
@@ -89,7 +78,7 @@ class Member:
 def pair(tmp_path):
     a, b = Member("a", tmp_path), Member("b", tmp_path)
     a.links.connect("b", b.links.address)
-    wait_for(lambda: a.links.peers().get("b", {}).get("up")
+    wait_until(lambda: a.links.peers().get("b", {}).get("up")
              and b.links.peers().get("a", {}).get("up"), what="a and b linked")
     yield a, b
     a.stop()
@@ -148,7 +137,7 @@ def test_asks_that_cannot_be_sent_are_answered_none(pair, tmp_path, monkeypatch)
     quiet = Member("q", tmp_path, serve=False)  # never answers
     try:
         a.links.connect("q", quiet.links.address)
-        wait_for(lambda: a.links.peers().get("q", {}).get("up"), what="a and q linked")
+        wait_until(lambda: a.links.peers().get("q", {}).get("up"), what="a and q linked")
         futs = [a.logs.ask("q", "j", 0, 1, "stdout", 0, 1) for _ in range(limits.log_asks_max)]
         assert not any(f.done() for f in futs)
         assert a.logs.stats()["waiting"] == limits.log_asks_max
@@ -173,7 +162,7 @@ def test_garbage_asks_are_dropped_and_counted(pair, body):
     """A bad F_LOG_GET is dropped as bad_get, answered with nothing, and the member goes on."""
     a, b = pair
     assert a.links.send("b", FrameType.F_LOG_GET, body)
-    wait_for(lambda: b.dropped("bad_get") == 1, what="the bad ask counted")
+    wait_until(lambda: b.dropped("bad_get") == 1, what="the bad ask counted")
     b.run("j", 0, 5, b"still here")
     assert ask(a, "j", 0, 5, "stdout", 0, 100).data == b"still here"
 
@@ -183,17 +172,17 @@ def test_garbage_and_unasked_answers_are_dropped_and_counted(pair, tmp_path):
     one asked, is unasked; neither resolves an ask."""
     a, b = pair
     b.links.send("a", FrameType.F_LOG_PUT, {"q": 1, "data": "text", "end": False, "err": None})
-    wait_for(lambda: a.dropped("bad_put") == 1, what="the bad answer counted")
+    wait_until(lambda: a.dropped("bad_put") == 1, what="the bad answer counted")
     b.links.send("a", FrameType.F_LOG_PUT, log_piece_body(LogPiece(999, b"x", False)))
-    wait_for(lambda: a.dropped("unasked") == 1, what="the unasked answer counted")
+    wait_until(lambda: a.dropped("unasked") == 1, what="the unasked answer counted")
     quiet = Member("q", tmp_path, serve=False)
     try:
         a.links.connect("q", quiet.links.address)
-        wait_for(lambda: a.links.peers().get("q", {}).get("up"), what="a and q linked")
+        wait_until(lambda: a.links.peers().get("q", {}).get("up"), what="a and q linked")
         fut = a.logs.ask("q", "j", 0, 1, "stdout", 0, 1)
         q = fut.q  # type: ignore[attr-defined]
         b.links.send("a", FrameType.F_LOG_PUT, log_piece_body(LogPiece(q, b"forged", True)))
-        wait_for(lambda: a.dropped("unasked") == 2, what="the answer from the wrong member")
+        wait_until(lambda: a.dropped("unasked") == 2, what="the answer from the wrong member")
         assert not fut.done()
     finally:
         quiet.stop()

@@ -25,22 +25,12 @@ from meshjobs.frames import (
     Session,
 )
 from meshjobs.links import Links, wall_ms
+from tests.fleet import wait_until
 
 SECRET = bytes(range(32))
 OTHER = bytes(range(1, 33))
 WAIT_S = 15.0
 
-
-def wait_for(pred: Callable[[], Any], timeout: float = WAIT_S, what: str = "") -> Any:
-    """Poll until pred() is truthy; fail after timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what or pred}")
-        time.sleep(0.02)
 
 
 class Member:
@@ -106,17 +96,17 @@ def mesh(*ms: Member) -> None:
     for a in ms:
         for b in ms:
             if a is not b:
-                wait_for(lambda a=a, b=b: a.up(b.name), what=f"{a.name} -> {b.name} up")
+                wait_until(lambda a=a, b=b: a.up(b.name), what=f"{a.name} -> {b.name} up")
 
 
 def exchange(a: Member, b: Member, tag: str) -> None:
     """a sends b a frame and back; both arrive."""
     body = {"tag": tag, "from": a.name}
-    wait_for(lambda: a.links.send(b.name, FrameType.F_RESULT, body), what="send accepted")
-    wait_for(lambda: body in b.got(a.name, FrameType.F_RESULT), what=f"{tag} at {b.name}")
+    wait_until(lambda: a.links.send(b.name, FrameType.F_RESULT, body), what="send accepted")
+    wait_until(lambda: body in b.got(a.name, FrameType.F_RESULT), what=f"{tag} at {b.name}")
     back = {"tag": tag, "from": b.name}
-    wait_for(lambda: b.links.send(a.name, FrameType.F_LEASE, back), what="reply accepted")
-    wait_for(lambda: back in a.got(b.name, FrameType.F_LEASE), what=f"{tag} back at {a.name}")
+    wait_until(lambda: b.links.send(a.name, FrameType.F_LEASE, back), what="reply accepted")
+    wait_until(lambda: back in a.got(b.name, FrameType.F_LEASE), what=f"{tag} back at {a.name}")
 
 
 # --- raw sockets speaking (or mangling) the protocol ------------------------------------------
@@ -278,7 +268,7 @@ def test_two_members_exchange_frames_both_ways(members):
     """Frames flow both ways once both are linked; on_peer reports the link up with the hello."""
     a, b = members("a"), members("b")
     a.links.connect("b", b.address)
-    wait_for(lambda: a.up("b") and b.up("a"))
+    wait_until(lambda: a.up("b") and b.up("a"))
     exchange(a, b, "one")
     exchange(b, a, "two")
     assert ("b", True) in [(p, u) for p, u, _ in a.events]
@@ -304,7 +294,7 @@ def test_batch_arrives_in_order(members):
     mesh(a, b)
     batch = [(FrameType.F_JOB_STATE, {"seq": i}) for i in range(500)]
     assert a.links.send_batch("b", batch) == 500
-    wait_for(lambda: len(b.got("a", FrameType.F_JOB_STATE)) == 500)
+    wait_until(lambda: len(b.got("a", FrameType.F_JOB_STATE)) == 500)
     assert [x["seq"] for x in b.got("a", FrameType.F_JOB_STATE)] == list(range(500))
 
 
@@ -327,16 +317,16 @@ def test_reconnect_after_the_peer_restarts_on_the_same_port(members):
     """The dialler redials with backoff; a new member on the old port is linked again."""
     a, b = members("a"), members("b")
     a.links.connect("b", b.address)
-    wait_for(lambda: a.up("b"))
+    wait_until(lambda: a.up("b"))
     exchange(a, b, "before")
     port = b.address
     b.stop()
-    wait_for(lambda: not a.up("b"), what="a sees b down")
-    wait_for(lambda: ("b", False) in [(p, u) for p, u, _ in a.events], what="on_peer down")
+    wait_until(lambda: not a.up("b"), what="a sees b down")
+    wait_until(lambda: ("b", False) in [(p, u) for p, u, _ in a.events], what="on_peer down")
     assert a.links.send("b", FrameType.F_LEASE, {"lost": True}) is False
     time.sleep(0.5)  # a few failed redials
     b2 = members("b", listen=port)
-    wait_for(lambda: a.up("b") and b2.up("a"), what="relinked")
+    wait_until(lambda: a.up("b") and b2.up("a"), what="relinked")
     exchange(a, b2, "after")
     ups = [h["boot"] for p, u, h in a.events if p == "b" and u]
     assert len(ups) == 2 and ups[0] != ups[1]
@@ -348,8 +338,8 @@ def test_one_connection_per_peer_when_both_dial(members):
         a, b = members("a"), members("b")
         a.links.connect("b", b.address)
         b.links.connect("a", a.address)
-        wait_for(lambda a=a, b=b: a.up("b") and b.up("a"))
-        wait_for(lambda a=a, b=b: a.links.stats()["conns"] == 1 and b.links.stats()["conns"] == 1,
+        wait_until(lambda a=a, b=b: a.up("b") and b.up("a"))
+        wait_until(lambda a=a, b=b: a.links.stats()["conns"] == 1 and b.links.stats()["conns"] == 1,
                  what="one connection each")
         exchange(a, b, "dup")
         # It stays that way: the higher name does not keep redialling a working link.
@@ -373,7 +363,7 @@ def test_a_peer_that_stops_reading(members):
     a = members("a")
     slow = RawPeer(a.address, "slow", "a", rcvbuf=4096)
     slow.handshake()
-    wait_for(lambda: a.up("slow"))
+    wait_until(lambda: a.up("slow"))
     big = {"b": b"x" * (256 * 1024)}
     sent = 0
     for _ in range(500):
@@ -405,7 +395,7 @@ def test_a_peer_that_stops_reading(members):
     assert a.links.send_batch("slow", batch) == 5
     assert time.monotonic() - t0 < 2.0, "send_batch() blocked"
     assert a.links.peers()["slow"]["waiting"] == 5
-    wait_for(lambda: a.links.stats()["send_dropped"].get("table_wait") == 5,
+    wait_until(lambda: a.links.stats()["send_dropped"].get("table_wait") == 5,
              what="the batch dropped after waiting")
     waited = time.monotonic() - t0
     assert waited >= limits.table_frame_wait_ms / 1000 * 0.9
@@ -413,7 +403,7 @@ def test_a_peer_that_stops_reading(members):
     # The member still talks to a good peer.
     b = members("b")
     a.links.connect("b", b.address)
-    wait_for(lambda: a.up("b"))
+    wait_until(lambda: a.up("b"))
     exchange(a, b, "still fine")
     slow.close()
 
@@ -423,7 +413,7 @@ def test_table_frames_wait_for_room_and_go_when_it_appears(members):
     a = members("a", queue_frames_max=4)
     slow = RawPeer(a.address, "slow", "a", rcvbuf=4096)
     slow.handshake()
-    wait_for(lambda: a.up("slow"))
+    wait_until(lambda: a.up("slow"))
     pad = {"p": b"z" * (128 * 1024)}
     for _ in range(400):
         if not a.links.send("slow", FrameType.F_BLOB_PUT, pad):
@@ -492,9 +482,9 @@ def test_hostile_input_is_dropped_and_counted(members):
     # A whole handshake recorded, then replayed on a new connection: a challenge, and no more.
     first = RawPeer(a.address, "replayer", "a")
     first.handshake()
-    wait_for(lambda: a.up("replayer"))
+    wait_until(lambda: a.up("replayer"))
     first.send(first.session.seal(FrameType.F_RESULT, {"once": True}))
-    wait_for(lambda: a.got("replayer", FrameType.F_RESULT) == [{"once": True}])
+    wait_until(lambda: a.got("replayer", FrameType.F_RESULT) == [{"once": True}])
     s = raw(a.address)
     s.sendall(first.sent[0])
     s.sendall(b"".join(first.sent[1:]))
@@ -506,7 +496,7 @@ def test_hostile_input_is_dropped_and_counted(members):
     # A sealed frame with one bit changed.
     t = RawPeer(a.address, "tamperer", "a")
     t.handshake()
-    wait_for(lambda: a.up("tamperer"))
+    wait_until(lambda: a.up("tamperer"))
     bad = bytearray(t.session.seal(FrameType.F_RESULT, {"x": 1}))
     bad[-3] ^= 0x40
     t.send(bytes(bad))
@@ -527,7 +517,7 @@ def test_hostile_input_is_dropped_and_counted(members):
     assert all(r["addr"].startswith("127.0.0.1:") and r["reason"] for r in refused)
 
     # None of it disturbed the link to b.
-    wait_for(lambda: a.links.stats()["pending"] == 0)
+    wait_until(lambda: a.links.stats()["pending"] == 0)
     exchange(a, b, "after")
     exchange(b, a, "after too")
     assert b.links.stats()["dropped"] == {}
@@ -543,7 +533,7 @@ def test_a_replayed_handshake_to_a_restarted_member_is_not_answered(members):
     rec = RawPeer(a.address, "d", "a")
     rec.handshake()
     rec.send(rec.session.seal(FrameType.F_LEASE, {"run": "recorded"}))
-    wait_for(lambda: a.got("d", FrameType.F_LEASE) == [{"run": "recorded"}])
+    wait_until(lambda: a.got("d", FrameType.F_LEASE) == [{"run": "recorded"}])
     rec.close()
     a.stop()
 
@@ -556,9 +546,9 @@ def test_a_replayed_handshake_to_a_restarted_member_is_not_answered(members):
     assert got[4] == int(FrameType.F_CHALLENGE), "the answer is a challenge"
     s.sendall(b"".join(rec.sent[1:]))  # the recorded proof and sealed frame
     assert closed_by_peer(s)
-    wait_for(lambda: a2.links.stats()["dropped"].get("proof") == 1)
+    wait_until(lambda: a2.links.stats()["dropped"].get("proof") == 1)
     assert a2.frames == [] and not a2.up("d")
-    wait_for(lambda: a2.links.stats()["pending"] == 0)
+    wait_until(lambda: a2.links.stats()["pending"] == 0)
     assert log.find("link_refused", reason="proof", peer="d")
 
 
@@ -590,13 +580,13 @@ def test_bytes_on_the_wire_are_sealed(members):
     proxy = Proxy(b.address)
     try:
         a.links.connect("b", proxy.address)
-        wait_for(lambda: a.up("b") and b.up("a"))
+        wait_until(lambda: a.up("b") and b.up("a"))
         marker = b"PLAINTEXT-MARKER-" * 64
         body = {"stdout": marker, "argv": ["echo", "confidential-arg"]}
-        wait_for(lambda: a.links.send("b", FrameType.F_BLOB_PUT, body))
-        wait_for(lambda: body in b.got("a", FrameType.F_BLOB_PUT))
-        wait_for(lambda: b.links.send("a", FrameType.F_RESULT, {"out": marker}))
-        wait_for(lambda: {"out": marker} in a.got("b", FrameType.F_RESULT))
+        wait_until(lambda: a.links.send("b", FrameType.F_BLOB_PUT, body))
+        wait_until(lambda: body in b.got("a", FrameType.F_BLOB_PUT))
+        wait_until(lambda: b.links.send("a", FrameType.F_RESULT, {"out": marker}))
+        wait_until(lambda: {"out": marker} in a.got("b", FrameType.F_RESULT))
         wire = proxy.captured()
         assert len(wire) > len(marker) * 2
         for plain in (b"PLAINTEXT-MARKER", b"confidential-arg", b"stdout"):
@@ -604,11 +594,11 @@ def test_bytes_on_the_wire_are_sealed(members):
         # One bit flipped on its way to b: b refuses the frame and says who sent it.
         proxy.flip_up.set()
         a.links.send("b", FrameType.F_RESULT, {"x": "flipped"})
-        wait_for(lambda: b.links.stats()["dropped"].get("aead") == 1, what="aead refusal")
+        wait_until(lambda: b.links.stats()["dropped"].get("aead") == 1, what="aead refusal")
         assert {"x": "flipped"} not in b.got("a", FrameType.F_RESULT)
         assert log.find("link_refused", reason="aead", peer="a", proven=True)
         # The link comes back on its own, with new keys.
-        wait_for(lambda: a.up("b") and b.up("a"))
+        wait_until(lambda: a.up("b") and b.up("a"))
         exchange(a, b, "after the flip")
     finally:
         proxy.close()
@@ -619,10 +609,10 @@ def test_a_silent_connection_is_closed(members):
     a = members("a", silent_ms_max=500, idle_ms=100)
     s = RawPeer(a.address, "quiet", "a")
     s.handshake()
-    wait_for(lambda: a.up("quiet"))
+    wait_until(lambda: a.up("quiet"))
     assert closed_by_peer(s.sock)
     assert a.links.stats()["dropped"].get("silent") == 1
-    wait_for(lambda: not a.up("quiet"))
+    wait_until(lambda: not a.up("quiet"))
 
 
 def test_idle_links_ping_and_stay_up(members):
