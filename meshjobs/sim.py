@@ -153,6 +153,9 @@ class SimConfig:
     # A new job waits for 1 to 3 acknowledged jobs (`after`) with this chance. Off by default,
     # and then not drawn at all, so that the seeds recorded before it replay as they did.
     deps: float = 0.0
+    # A client's cancel or forget goes, with this chance, as one bulk request naming its own job
+    # and another acknowledged one (`bulk` entries). Off by default, and then not drawn at all.
+    bulk: float = 0.0
 
 
 @dataclass
@@ -857,6 +860,11 @@ class Sim:
         if c.phase == "release":
             return {"op": "tone", "rid": rid, "fp": _fp(rid), "id": c.job_id, "hold": False}
         if c.phase in ("cancel", "forget"):
+            if self.cfg.bulk and self.acked and self.rng.random() < self.cfg.bulk:
+                other = self.rng.choice(sorted(self.acked))
+                self.count("bulk_requests")
+                return {"op": "bulk", "action": c.phase, "rid": rid, "fp": _fp(rid),
+                        "ids": list(dict.fromkeys([c.job_id, other])), "dry_run": False}
             return {"op": c.phase, "rid": rid, "fp": _fp(rid), "id": c.job_id}
         return {"op": "get", "id": c.job_id}
 
@@ -954,18 +962,42 @@ class Sim:
                       f"({body.get('error')!r}), its own table at index "
                       f"{m.table.applied_index}; the job was committed (log at {self.last_index})")
         elif req["op"] in ("cancel", "forget") and status == 200:
-            # A change is answered only once applied: the committed table must show it.
-            jid, t = req["id"], self.oracle
-            done = jid in t.forgotten or (req["op"] == "cancel" and jid in t.jobs
-                                            and t.jobs[jid].cancelled)
-            if not done:
-                self.fail(f"{m.name} answered {req['op']} of {jid} 200 before it was committed")
+            self._check_changed(m, req["op"], req["id"])
+        elif req["op"] == "bulk" and status == 200:
+            self._check_bulk(m, req, body)
         c = self.waiting.pop(key, None)
         if c is None:
             return
         c.inflight = None
+        if req["op"] == "bulk" and status == 200:
+            # The client's own job's row stands for the answer a single change would have had.
+            own = next(r["answer"] for r in body["results"] if r["id"] == c.job_id)
+            status = {"changed": 200, "already_final": 409, "refused": 409,
+                      "no_such_job": 404}[own]
         self.count(f"answers_{status}")
         self._answered(c, status, body)
+
+    def _check_changed(self, m: _Member, op: str, jid: str) -> None:
+        """A change is answered only once applied: the committed table must show it."""
+        t = self.oracle
+        done = jid in t.forgotten or (op == "cancel" and jid in t.jobs and t.jobs[jid].cancelled)
+        if not done:
+            self.fail(f"{m.name} answered {op} of {jid} 200 before it was committed")
+
+    def _check_bulk(self, m: _Member, req: dict, body: Any) -> None:
+        """A bulk change answers each job it names, as the committed entry applied it: a job
+        "changed" shows the change in the committed table, and an acknowledged job in the
+        committed log is never "no such job"."""
+        rows = {r.get("id"): r.get("answer") for r in body.get("results", [])}
+        if set(rows) != set(req["ids"]):
+            self.fail(f"{m.name} answered bulk {req['action']} of {req['ids']} for {sorted(rows)}")
+        for jid, what in rows.items():
+            if what == "changed":
+                self._check_changed(m, req["action"], jid)
+            elif what == "no_such_job" and jid in self.oracle.jobs and jid in self.acked:
+                self.fail(f"{m.name} answered bulk {req['action']} of acknowledged job {jid} "
+                          "no_such_job; the job was committed")
+        self.count("bulk_answers_checked")
 
     def _answered(self, c: _Client, status: int, body: Any) -> None:
         later = self.now + self.rng.randint(20, 1_000)

@@ -397,3 +397,43 @@ def test_planted_early_release_is_caught() -> None:
                     "its parents not allowing it" in msg:
                 return
     raise AssertionError("no seed caught a table that releases dependents early")
+
+
+BULK = SimConfig(bulk=0.6, deps=0.2)
+
+
+@pytest.mark.parametrize("seed", (1, 2))
+def test_bulk_changes_safe_and_live(seed: int) -> None:
+    """Clients cancel and forget through bulk requests that name their own job and another: each
+    job a bulk answer says "changed" shows the change in the committed table, none acknowledged
+    is "no such job", and once healed every job ends."""
+    c = run(seed, BULK).counts
+    assert c.get("bulk_requests", 0) > 0 and c.get("bulk_answers_checked", 0) > 0, c
+    assert c.get("table_bulk_changes", 0) > 0, c
+
+
+class HalfBulkTable(JobTable):
+    """Planted bug: a bulk change applies only to its first job, yet answers "changed" for all."""
+
+    def _apply_one(self, entry: object, index: int, nested: bool) -> dict:
+        if not (isinstance(entry, dict) and entry.get("k") == "bulk"
+                and isinstance(entry.get("ids"), list) and len(entry["ids"]) > 1):
+            return super()._apply_one(entry, index, nested)
+        out = super()._apply_one({**entry, "ids": entry["ids"][:1]}, index, nested)
+        if out.get("ok"):
+            out["rows"] += [[job_id, "changed", None] for job_id in entry["ids"][1:]]
+        return out
+
+
+def test_planted_half_bulk_is_caught() -> None:
+    """Safety check: a table that answers a bulk change for jobs it did not change is caught,
+    and the failure names its seed."""
+    for seed in range(1, 8):
+        try:
+            run(seed, replace(BULK, liveness_ms_max=1_000), table_cls=HalfBulkTable)
+        except SimFailure as e:
+            msg = str(e)
+            assert msg.startswith(f"seed={seed} ")
+            if "before it was committed" in msg:
+                return
+    raise AssertionError("no seed caught a table that half-applies bulk changes")
