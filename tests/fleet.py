@@ -20,6 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -494,6 +495,16 @@ def make_fleet(top: str, voters: int = 3, workers: int = 0, slots: int = 2,
             m.raft_port, m.peer_port = ports[name][0], ports[name][1]
         members.append(m)
     return members
+
+
+def running(m: Meshd) -> Iterator[Meshd]:
+    """Start `m`, hand it over, and stop it (by pid) afterwards, also on failure: the body of a
+    fixture that yields a started member (`yield from running(Meshd(...))`)."""
+    try:
+        m.start()
+        yield m
+    finally:
+        m.stop()
 
 
 def wait_until(pred: Any, timeout_s: float = WAIT_S_MAX, what: str = "condition") -> Any:

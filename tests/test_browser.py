@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fleet import Meshd, token_line
+from tests.fleet import Meshd, running, token_line
 
 pytestmark = pytest.mark.fleet
 
@@ -87,12 +87,7 @@ def shot(pg, name: str) -> None:
 @pytest.fixture(scope="module")
 def member(tmp_path_factory):
     """An open member (no [auth]) with two slots."""
-    m = Meshd(str(tmp_path_factory.mktemp("browser") / "m1"), slots=2)
-    try:
-        m.start()
-        yield m
-    finally:
-        m.stop()
+    yield from running(Meshd(str(tmp_path_factory.mktemp("browser") / "m1"), slots=2))
 
 
 @pytest.fixture(scope="module")

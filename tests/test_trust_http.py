@@ -14,7 +14,7 @@ import urllib.parse
 
 import pytest
 
-from tests.fleet import Meshd, env_with_path, make_cert, token_line
+from tests.fleet import Meshd, env_with_path, make_cert, running, token_line
 
 pytestmark = pytest.mark.fleet
 
@@ -45,12 +45,8 @@ def _running(tmp_path_factory, name: str, auth: str, http: str = ""):
     """A started member named `name` with `auth` as its [auth] table; stopped after use."""
     top = str(tmp_path_factory.mktemp(name))
     cfg = write_config(top, name, auth, http=http)
-    m = Meshd(os.path.join(top, name), name=name, config=cfg, token=ROLE_TOKEN["admin"])
-    try:
-        m.start()
-        yield m
-    finally:
-        m.stop()
+    yield from running(Meshd(os.path.join(top, name), name=name, config=cfg,
+                             token=ROLE_TOKEN["admin"]))
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +66,7 @@ def anon(tmp_path_factory):
 @pytest.fixture(scope="module")
 def open_member(tmp_path_factory):
     """A member bound to loopback with no [auth] table: open, as the quick start runs it."""
-    m = Meshd(str(tmp_path_factory.mktemp("open") / "m1"), slots=2)
-    try:
-        m.start()
-        yield m
-    finally:
-        m.stop()
+    yield from running(Meshd(str(tmp_path_factory.mktemp("open") / "m1"), slots=2))
 
 
 def job_ids(m: Meshd) -> set[str]:
