@@ -1307,7 +1307,7 @@ def _since(value: str, now: float) -> float:
             return now - n * DURATION_UNITS[v[-1]]
     try:
         n = float(v)
-        if 0 <= n < 253402300800:
+        if 0 <= n < limits.epoch_s_max:
             return n
     except ValueError:
         pass
@@ -1323,7 +1323,8 @@ def _since(value: str, now: float) -> float:
 @click.option("--since", "since", metavar="TIME|DURATION",
               help="Only jobs dropped at or after this: 30m, 2h, 7d, 2026-12-01T08:00, or epoch "
                    "seconds.")
-@click.option("--limit", type=click.IntRange(1, limits.history_read_max), default=100,
+@click.option("--limit", type=click.IntRange(1, limits.history_read_max),
+              default=limits.history_read_default,
               show_default=True, help="At most this many records.")
 @json_option
 @click.pass_context

@@ -137,7 +137,7 @@ def _parse_since(value: str | None) -> float | None:
         since = float(value) if len(value) <= 32 and value.isascii() else None
     except ValueError:
         since = None
-    if since is None or since != since or not 0 <= since < 253402300800:
+    if since is None or since != since or not 0 <= since < limits.epoch_s_max:
         raise HttpError(400, f"since must be a time in seconds since the epoch (e.g. "
                              f"1767225600), not {value[:40]!r}")
     return since
@@ -874,7 +874,7 @@ class HttpApi:
                                  "use since and limit")
         since = _parse_since(q.get("since"))
         raw_limit = q.get("limit")
-        limit = 100
+        limit = limits.history_read_default
         if raw_limit is not None:
             if (not raw_limit.isascii() or not raw_limit.isdigit() or len(raw_limit) > 6
                     or not 1 <= int(raw_limit) <= limits.history_read_max):

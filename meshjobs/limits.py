@@ -222,4 +222,6 @@ history_keep_files_max = 100  # the most rotated files [history] keep may ask fo
 history_line_bytes_max = 64 * 1024  # one record's line; a longer one drops its argv and env
 history_queue_max = 4_096  # records waiting for the history writer; more are dropped, counted
 history_read_max = 1_000  # records one GET /history answers at most (its limit=)
+history_read_default = 100  # records GET /history and `meshctl history` give without a limit
+epoch_s_max = 253_402_300_800  # the first second of year 10000: a --since / since= past it is refused
 history_read_bytes_max = 64 << 20  # bytes of history files one read looks at, newest first
