@@ -37,7 +37,7 @@ from typing import IO, Any, NoReturn
 import blake3
 import click
 
-from meshjobs import limits
+from meshjobs import limits, placement
 from meshjobs.control import JOB_STATES
 
 DEFAULT_AT = "http://127.0.0.1:7700"
@@ -458,7 +458,8 @@ def _lines(raw: bytes, where: str) -> list[Any]:
 
 @job.command("submit", context_settings={"allow_interspersed_args": False})
 @click.option("--id", "job_id", help="The job id (made up by meshd when absent).")
-@click.option("--pool", help="The pool to run in (default: default).")
+@click.option("--pool", help="The pool to run in (default: default); POOL@MEMBER also names "
+                            "the member(s), as --member does.")
 @click.option("--items-from", "items_from", metavar="PATH",
               help="A directory (one item per file) or a file (one item per line; - for stdin).")
 @click.option("--retries", type=click.IntRange(0, limits.retries_max), help="Re-runs of a failing item.")
@@ -485,6 +486,10 @@ def _lines(raw: bytes, where: str) -> list[Any]:
                    "failed, timed out or was cancelled (fail); repeatable (all must hold). "
                    "Until then the "
                    "job is waiting; if one can no longer hold it ends dep_failed.")
+@click.option("--member", "member", metavar="NAME|GLOB|*",
+              help="Run the items only on this member, or on members whose names match a "
+                   "glob (gpu-*); * runs the job once on every member of the pool (fan-out, one "
+                   "item each). With no such member alive the job waits, and says so.")
 @json_option
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
@@ -492,7 +497,8 @@ def job_submit(ctx: click.Context, job_id: str | None, pool: str | None, items_f
                retries: int | None, runtime: float | None, priority: int | None,
                tags: tuple[str, ...], hold: bool, max_leases: int | None, env: tuple[str, ...],
                cwd: str | None, no_cwd: bool, user: str | None, inherit_env: bool,
-               after: tuple[str, ...], as_json: bool, argv: tuple[str, ...]) -> None:
+               after: tuple[str, ...], member: str | None, as_json: bool,
+               argv: tuple[str, ...]) -> None:
     """Submit a job: meshctl job submit [OPTIONS] -- PROGRAM [ARGS]...; prints its id.
 
     Items run in the folder meshctl runs in (as qsub does), unless --cwd names another or
@@ -513,6 +519,8 @@ def job_submit(ctx: click.Context, job_id: str | None, pool: str | None, items_f
         spec["env"] = _parse_env(env)
     if after:
         spec["after"] = list(after)  # meshd checks each (control.parse_after)
+    if member is not None:
+        spec["member"] = member  # meshd checks it (placement.parse_member)
     if items_from is not None:
         spec["items"], names = _items_from(items_from)
         if names is not None:
@@ -671,6 +679,7 @@ def job_status(ctx: click.Context, job_ids: tuple[str, ...], tag: str | None, st
         ("finished", _when(record.get("finished_at"))),
     ]
     rows += _dep_rows(record)
+    rows += _placement_rows(record)
     for name, value in rows:
         click.echo(f"{name:<10} {value}")
     names = record.get("names") if isinstance(record.get("names"), list) else None
@@ -690,6 +699,22 @@ def job_status(ctx: click.Context, job_ids: tuple[str, ...], tag: str | None, st
     if more > 0:
         click.echo(f"... and {more} more failed item(s): meshctl --json job status {job_id}")
     _show_running(job_id, items)
+
+
+def _placement_rows(record: dict) -> list[tuple[str, str]]:
+    """Where a placed job's items go, which item is whose on a fan-out, and why they wait."""
+    selector = record.get("member")
+    if not isinstance(selector, str):
+        return []
+    rows = [("member", selector + (" (fan-out: once on each member)" if selector == "*" else ""))]
+    fan = placement.fanout_rows(record)
+    if fan:
+        shown = fan[:limits.status_items_shown_max]
+        rows.append(("members", ", ".join(f"{i}:{m}" for i, m in shown)
+                     + (f" and {len(fan) - len(shown)} more" if len(fan) > len(shown) else "")))
+    if record.get("waiting_for"):
+        rows.append(("waiting", str(record["waiting_for"])))
+    return rows
 
 
 DEP_WORDS = {"ok": "ends done", "end": "ends", "fail": "fails or is cancelled"}

@@ -55,7 +55,7 @@ ITEM_STATES = ("pending", "leased", "done", "failed", "timeout", "cancelled")
 
 SUBMIT_KEYS = frozenset(
     {"id", "argv", "pool", "priority", "retries", "runtime_s", "hold", "tags", "env", "cwd",
-     "items", "max_leases", "names", "user", "inherit_env", "after"}
+     "items", "max_leases", "names", "user", "inherit_env", "after", "member"}
 )
 TONE_KEYS = frozenset({"priority", "hold", "max_leases"})
 CHANGE_OPS = frozenset({"submit", "cancel", "forget", "tone", "bulk"})  # the ops that are log entries
@@ -192,8 +192,13 @@ def parse_submit(body: object) -> dict:
     }
     if body.get("id") is not None:
         spec["id"] = parse_job_id(body["id"])
+    member = None
     if body.get("pool") is not None:
         pool = body["pool"]
+        if isinstance(pool, str) and "@" in pool:
+            # "pool@member": the short form of a pool and a member selector (placement.py).
+            from meshjobs.placement import split_pool
+            pool, member = split_pool(pool)
         if not isinstance(pool, str) or not POOL_RE.fullmatch(pool):
             raise ControlError(400, "bad pool name: use letters, digits, '.', '_' or '-'")
         spec["pool"] = pool
@@ -237,6 +242,8 @@ def parse_submit(body: object) -> dict:
         if after:
             # Only when given, so that a spec committed before dependencies stays normalized.
             spec["after"] = after
+    if body.get("member") is not None or member is not None:
+        spec["member"] = _member(body.get("member"), member)
     if "items" in body and body["items"] is not None:
         items = body["items"]
         if not isinstance(items, list) or not items:
@@ -256,7 +263,25 @@ def parse_submit(body: object) -> dict:
         spec["items"] = items
     if "names" in spec and len(spec["names"]) != len(spec.get("items") or spec["names"]):
         raise ControlError(400, "names must have one entry per item")
+    if spec.get("member") == "*" and len(spec.get("items") or ()) > 1:
+        raise ControlError(400, "a fan-out job (member *) runs once on every member, one item "
+                                "each: give at most one item (its stdin goes to every member), "
+                                "or name a member or a glob to spread many items")
     return spec
+
+
+def _member(given: object, from_pool: str | None) -> str:
+    """The member selector of a submit: "member", or the member part of "pool@member" (both
+    only when they agree). Only in the spec when given, so that a spec committed before
+    placement stays normalized."""
+    from meshjobs.placement import parse_member
+    if given is None:
+        return from_pool  # type: ignore[return-value]
+    member = parse_member(given)
+    if from_pool is not None and from_pool != member:
+        raise ControlError(400, f"member {member[:40]!r} and pool@{from_pool[:40]} disagree: "
+                                "name the member once")
+    return member
 
 
 def parse_user(value: object) -> str:
@@ -376,6 +401,9 @@ def parse_request(req: object) -> dict:
                 raise ControlError(400, "an item's stdin must be a blob digest or null")
         if "names" in spec and len(spec["names"]) != len(items):
             raise ControlError(400, "names must have one entry per item")
+        if spec.get("member") == "*" and len(items) > 1:
+            raise ControlError(400, "a fan-out job (member *) has one item per member: give at "
+                                    "most one item")
         return {"op": "submit", "rid": parse_rid(req.get("rid")), "fp": parse_fp(req.get("fp")),
                 "spec": spec, "items": list(items)}
     if op in ("cancel", "forget"):

@@ -41,7 +41,7 @@ import structlog
 from aiohttp import web
 
 from blobstore import BlobCorrupt, BlobGone, StoreFull
-from meshjobs import auth, httpconn, limits, metrics, webui
+from meshjobs import auth, httpconn, limits, metrics, placement, webui
 from meshjobs.auth import AuthError, Caller, Sessions
 from meshjobs.config import Auth
 from meshjobs.connbook import conns_limit
@@ -732,7 +732,21 @@ class HttpApi:
             # Answered at once when the job's version is past `since` (or it has ended), else at
             # its next change, or after `wait` seconds.
             ask["since"] = parse_version(since)
-        return await self._relay(ask, extra_ms=wait_ms)
+        answer = await self._ask(ask, extra_ms=wait_ms)
+        return web.json_response(await self._waiting_for(answer.body), status=answer.status)
+
+    async def _waiting_for(self, record: Any) -> Any:
+        """A placed job with items waiting: why they wait (`waiting_for`), when no member it may
+        go to is alive. Only the leader knows who is alive: the fleet view is asked of it."""
+        if (not isinstance(record, dict) or not isinstance(record.get("member"), str)
+                or not record.get("items_pending")):
+            return record
+        fleet = await self._ask({"op": "fleet"})
+        if not isinstance(fleet.body, dict) or fleet.body.get("partial"):
+            return record  # no leader's view to tell who is alive: say nothing rather than guess
+        members = fleet.body.get("members")
+        why = placement.waiting_for(record, members if isinstance(members, list) else [])
+        return record if why is None else {**record, "waiting_for": why}
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         """Committed changes as server-sent events (meshjobs/eventstream.py)."""

@@ -225,3 +225,7 @@ history_read_max = 1_000  # records one GET /history answers at most (its limit=
 history_read_default = 100  # records GET /history and `meshctl history` give without a limit
 epoch_s_max = 253_402_300_800  # the first second of year 10000: a --since / since= past it is refused
 history_read_bytes_max = 64 << 20  # bytes of history files one read looks at, newest first
+
+# --- Placement: which members a job's items go to (placement.py) ------------------------------
+member_selector_chars_max = 128  # a job's member selector: a name, a glob or "*"
+fanout_members_max = 1_024  # members a fan-out job (member "*") runs on: one item each

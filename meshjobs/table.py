@@ -44,7 +44,7 @@ from typing import Any
 
 import blake3
 
-from meshjobs import limits
+from meshjobs import limits, placement
 from meshjobs.control import ControlError, parse_submit
 
 # Item states, stored as one byte each.
@@ -100,6 +100,7 @@ class Job:
         "n_failed", "n_cancelled", "started", "errors", "held", "names", "version",
         "user", "inherit_env",
         "after", "waiting_on", "dep_failed",
+        "selector", "pins",
     )
 
     def __init__(self, job_id: str, seq: int, spec: dict, digest: bytes, stdin: list, t: int) -> None:
@@ -126,6 +127,10 @@ class Job:
         # (None when it waits on none); and whether it ended because one can never hold.
         self.waiting_on: dict[str, str] | None = None
         self.dep_failed = False
+        # Placement (placement.py): the members its items may go to (spec "member"; None: any),
+        # and for a fan-out ("*") the member each item is pinned to, from the submit entry.
+        self.selector: str | None = spec.get("member")
+        self.pins: list[str] | None = None
         self.digest = digest
         self.submitted_ms = t
         self.finished_ms = 0
@@ -191,6 +196,7 @@ class Job:
             **({} if self.user is None else {"user": self.user}),
             **({"inherit_env": True} if self.inherit_env else {}),
             **({} if self.after is None else {"after": self.after}),
+            **({} if self.selector is None else {"member": self.selector}),
         }
 
 
@@ -457,6 +463,11 @@ class JobTable:
                 return {"ok": True, "id": job_id, "new": False}
             raise Refused(409, f"a different job with id {job_id} exists; submit with another id "
                                "or the same spec", "conflict")
+        pins = e.get("on")
+        if (spec.get("member") == placement.FANOUT) != (pins is not None) or (
+                pins is not None and not placement.fanout_ok(pins, len(stdin))):
+            # A fan-out names its members, one per item, in the entry; no other job does.
+            raise Refused(400, "malformed fan-out member list", "malformed")
         after = spec.get("after") or []
         for dep in after:
             parent_id = dep["id"]
@@ -476,6 +487,8 @@ class JobTable:
         stdin = [None if d is None else shared.setdefault(d, d) for d in stdin]
         job = self.jobs[job_id] = Job(job_id, self.seq, spec, digest, stdin, t)
         job.version = index
+        if pins is not None:
+            job.pins = [self._name(m) for m in pins]
         impossible = False
         for dep in after:
             parent = self.jobs[dep["id"]]
@@ -509,6 +522,11 @@ class JobTable:
                     or job.waiting_on or job.not_before.get(i, 0) > t
                     or (job.max_leases is not None and job.n_leased >= job.max_leases)):
                 refused += 1
+                continue
+            if job.selector is not None and not placement.allows(job.selector, job.pins, i, g[2]):
+                # A stale or buggy leader may not place an item where its job does not go.
+                refused += 1
+                self._count("leases_refused_placement")
                 continue
             self._move("lease", job, i, LEASED)
             job.epoch[i] = index
@@ -722,12 +740,16 @@ class JobTable:
 
     # --- reading ------------------------------------------------------------------------------
 
-    def pick(self, pool: str, count: int, now_ms: int, skip: set[tuple[str, int]]) -> list[tuple[str, int]]:
+    def pick(self, pool: str, count: int, now_ms: int, skip: set[tuple[str, int]],
+             member: str | None = None) -> list[tuple[str, int]]:
         """The next `count` items to lease in `pool`: priority first, then submit order, then
-        each job's queue order; items in `skip` (already being proposed) are passed over."""
+        each job's queue order; items in `skip` (already being proposed) are passed over. With
+        `member`, only items that may go to that member (placement)."""
         if count <= 0:
             return []
         ready = [j for j in self.ready.values() if j.pool == pool]
+        if member is not None:
+            ready = [j for j in ready if j.pins is not None or placement.matches(j.selector, member)]
         ready.sort(key=lambda j: (-j.priority, j.seq))
         picked: list[tuple[str, int]] = []
         for job in ready:
@@ -740,10 +762,55 @@ class JobTable:
                     break
                 if (job.id, i) in skip or job.not_before.get(i, 0) > now_ms:
                     continue
+                if member is not None and job.pins is not None and job.pins[i] != member:
+                    continue
                 picked.append((job.id, i))
                 room -= 1
             if len(picked) >= count:
                 break
+        return picked
+
+    def place(self, pool: str, room: dict[str, int], count: int, now_ms: int,
+              skip: set[tuple[str, int]], prefer: str = "") -> list[tuple[str, int, str]]:
+        """The next items to lease in `pool`, in `pick`'s order, each with the member that
+        takes it: of the members its job may go to (placement), the one with the most room
+        left in `room` (member -> free slots in the pool, charged here), then `prefer`, then the
+        greatest name. At most `count` items; an item no member with room may take waits (the
+        items after it are still looked at)."""
+        if count <= 0:
+            return []
+        left = sum(n for n in room.values() if n > 0)
+        ready = [j for j in self.ready.values() if j.pool == pool]
+        ready.sort(key=lambda j: (-j.priority, j.seq))
+        picked: list[tuple[str, int, str]] = []
+
+        def best(names: Any) -> str | None:
+            return max((n for n in names if room.get(n, 0) > 0),
+                       key=lambda n: (room[n], n == prefer, n), default=None)
+
+        for job in ready:
+            if len(picked) >= count or left <= 0:
+                break
+            quota = count - len(picked)
+            if job.max_leases is not None:
+                inflight = sum(1 for k in skip if k[0] == job.id)
+                quota = min(quota, job.max_leases - job.n_leased - inflight)
+            names: Any = room if job.selector is None else [
+                n for n in room if placement.matches(job.selector, n)]
+            for i in job.queue:
+                if quota <= 0 or left <= 0:
+                    break
+                if (job.id, i) in skip or job.not_before.get(i, 0) > now_ms:
+                    continue
+                member = best((job.pins[i],) if job.pins is not None else names)
+                if member is None:
+                    if job.pins is None:
+                        break  # none of its members has room: no other item of it goes either
+                    continue
+                room[member] -= 1
+                left -= 1
+                picked.append((job.id, i, member))
+                quota -= 1
         return picked
 
     def next_due_ms(self, now_ms: int) -> int | None:
@@ -789,6 +856,13 @@ class JobTable:
             "submitted_at": job.submitted_ms / 1000.0,
             "finished_at": job.finished_ms / 1000.0 if job.finished_ms else None,
         }
+        if job.selector is not None:
+            # Where its items may go; a fan-out's members (item i runs on member i) and those
+            # of them whose item still waits for a lease.
+            rec["member"] = job.selector
+            if job.pins is not None:
+                rec["members"] = list(job.pins)
+                rec["pending_members"] = [job.pins[i] for i in sorted(job.queue)]
         if job.after is not None:
             # The parents it names, and those of them it still waits for (empty once it runs).
             rec["after"] = [dict(d) for d in job.after]
@@ -813,7 +887,7 @@ class JobTable:
 
     def item_record(self, job: Job, i: int) -> dict:
         rc = job.rc[i]
-        return {
+        rec = {
             "index": i,
             "state": ITEM_STATE_NAMES[job.st[i]],
             "attempts": job.attempts[i],
@@ -830,6 +904,9 @@ class JobTable:
             "started_at": job.started_ms[i] / 1000.0 if job.started_ms[i] else None,
             "ended_at": job.ended_ms[i] / 1000.0 if job.ended_ms[i] else None,
         }
+        if job.pins is not None:
+            rec["for_member"] = job.pins[i]  # a fan-out's item: the member it is for
+        return rec
 
     # --- snapshots ------------------------------------------------------------------------------
 
@@ -869,6 +946,9 @@ class JobTable:
                           if j.waiting_on]} if self.dependents else {}),
             **({"dep_failed": [j.id for j in self.jobs.values() if j.dep_failed]}
                if any(j.dep_failed for j in self.jobs.values()) else {}),
+            # Fan-outs: each one's members, item by item. Only when some job has them.
+            **({"pins": [[j.id, j.pins] for j in self.jobs.values() if j.pins is not None]}
+               if any(j.pins is not None for j in self.jobs.values()) else {}),
         }
 
     @classmethod
@@ -932,6 +1012,8 @@ class JobTable:
                 t.dependents.setdefault(p, {})[jid] = None
         for jid in s.get("dep_failed", ()):
             t.jobs[jid].dep_failed = True
+        for jid, pins in s.get("pins", ()):
+            t.jobs[jid].pins = [t._name(m) for m in pins]
         for j in sorted((j for j in t.jobs.values() if j.finished_ms), key=lambda j: (j.finished_ms, j.seq)):
             t.finished[j.id] = j.finished_ms
         for j in t.jobs.values():
@@ -991,6 +1073,13 @@ class JobTable:
             if j.dep_failed:
                 assert j.finished_ms and not j.cancelled and j.after, f"{jid}: dep_failed mark"
                 assert j.n_cancelled == j.n, f"{jid}: dep_failed with items that ran"
+            assert (j.pins is not None) == (j.selector == placement.FANOUT), f"{jid}: fan-out pins"
+            if j.selector is not None:
+                assert j.pins is None or len(j.pins) == j.n, f"{jid}: a pin per item"
+                for i in range(j.n):
+                    m = j.member[i]
+                    assert m is None or placement.allows(j.selector, j.pins, i, m), \
+                        f"{jid}[{i}] ran on {m}, which its member selector does not allow"
         assert leased_seen == set(self.leased), "lease map and item states disagree"
         assert set(self.finished) == {jid for jid, j in self.jobs.items() if j.finished_ms}, \
             "finished index and jobs disagree"

@@ -534,8 +534,46 @@ class JobNode(LeaderDuties, Following, Feeding):
                     self._reply(token, 409, {"error": f"a different job with id {job_id} exists; "
                                                       "submit with another id or the same spec"})
                 return None
+        if spec.get("member") == "*":
+            # A fan-out: its members are fixed here, once, and committed with it (placement.py).
+            on = self._fanout_members(token, spec["pool"], len(items))
+            if on is None:
+                return None
+            entry["on"] = on
+            items = items * len(on)
         entry.update({"id": job_id, "spec": spec, "dg": digest, "items": items})
         return job_id
+
+    def _fanout_members(self, token: int, pool: str, n_items: int) -> list[str] | None:
+        """The members a fan-out of `pool` runs on: those alive that offer the pool now (this
+        one among them), sorted by name; None when it cannot be said (the answer is sent)."""
+        if n_items != 1:
+            self._reply(token, 400, {"error": "a fan-out job (member *) has one item per member: "
+                                              "give at most one item"})
+            return None
+        if self.now_ms - self._leader_since_ms < self.cfg.dead_ms and any(
+                v != self.cfg.member and not (v in self.members and self.members[v].boot)
+                for v in self.cfg.voters):
+            self._reply(token, 503, {"error": "this member has just become leader and has not "
+                                              "heard from every member yet, so it cannot tell "
+                                              "which members a fan-out (member *) runs on: try "
+                                              "again in a few seconds"})
+            return None
+        names = {self.cfg.member} if pool in self.cfg.pools else set()
+        names.update(name for name, m in self.members.items()
+                     if name != self.cfg.member and m.boot and pool in m.pools
+                     and self._alive(name, m.boot))
+        if not names:
+            self._reply(token, 409, {"error": f"no alive member offers pool {pool!r}, so a "
+                                              "fan-out (member *) has nowhere to run: start "
+                                              "one, or submit later"})
+            return None
+        if len(names) > limits.fanout_members_max:
+            self._reply(token, 400, {"error": f"a fan-out runs on at most "
+                                              f"{limits.fanout_members_max} members, and pool "
+                                              f"{pool!r} has {len(names)}: use a glob instead"})
+            return None
+        return sorted(names)
 
     def _new_id(self) -> str:
         while True:

@@ -201,14 +201,22 @@ class LeaderDuties:
             total = min(total, limits.lease_batch_max - len(grants))
             if total <= 0:
                 continue
-            picked = self.table.pick(pool, total, now, set(self._inflight))
+            # Spread by load: of the members an item may go to (placement), the one with the
+            # most free slots in this pool takes it.
+            free = {n: room[n][pool] for n in room if room[n].get(pool, 0) > 0}
+            placed = self.table.place(pool, free, total, now, set(self._inflight), self.cfg.member)
+            for n, left in free.items():
+                room[n][pool] = left
+            picked = [(jid, i) for jid, i, _member in placed]
             if len(picked) < total:
                 picked += self._new_items(pool, total - len(picked))
-            for jid, i in picked:
-                # Spread by load: the member with the most free slots in this pool takes it.
-                member = max((n for n in room if room[n].get(pool, 0) > 0),
-                             key=lambda n: (room[n][pool], n == self.cfg.member, n))
-                room[member][pool] -= 1
+            for k, (jid, i) in enumerate(picked):
+                if k < len(placed):
+                    member = placed[k][2]
+                else:
+                    member = max((n for n in room if room[n].get(pool, 0) > 0),
+                                 key=lambda n: (room[n][pool], n == self.cfg.member, n))
+                    room[member][pool] -= 1
                 self._inflight[(jid, i)] = (now, pool, member)
                 grants.append([jid, i, member, boots[member]])
         if grants:
@@ -230,6 +238,8 @@ class LeaderDuties:
             spec = e["spec"]
             if spec.get("pool") != pool or spec.get("hold") or spec.get("after"):
                 continue  # a dependent most likely waits: the table says once it is applied
+            if spec.get("member") is not None:
+                continue  # placed: leased once committed, where its selector allows
             n = len(e["items"])
             if spec.get("max_leases") is not None:
                 n = min(n, spec["max_leases"])
