@@ -425,6 +425,7 @@ class Driver:
             "MESH_JOB_ID": item.job_id,
             "MESH_ITEM_INDEX": str(item.index),
             "MESH_LEASE_EPOCH": str(item.epoch),
+            "MESH_MEMBER": self._member,  # where it runs (placement: `--member`)
         }
         ids: dict[str, Any] = {}
         if ident is not None and self._may_switch:

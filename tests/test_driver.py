@@ -175,7 +175,7 @@ def test_environment_is_not_the_drivers(tmp_path: Path, blobs: LmdbBlobStore,
         got = dict(line.split("=", 1) for line in
                    (blobs.get(end.stdout) or b"").decode().splitlines())
         assert set(got) == {"KEEP_ME", "TOOL_X", "TOOL_Y", "PATH", "MESH_JOB_ID",
-                            "MESH_ITEM_INDEX", "MESH_LEASE_EPOCH"}, got
+                            "MESH_ITEM_INDEX", "MESH_LEASE_EPOCH", "MESH_MEMBER"}, got
         assert (got["KEEP_ME"], got["TOOL_X"], got["TOOL_Y"]) == ("kept", "x", "job's")
     finally:
         h.close()

@@ -77,7 +77,8 @@ def test_command_item_does_not_see_meshd_secrets(meshd_factory):
         assert value not in "".join(f"{k}={v}\n" for k, v in got.items())
     # Nothing of the test harness's own environment either, but the allowed names.
     allowed = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "JOB_OWN", "PWD",
-               "SHLVL", "_", "MESH_JOB_ID", "MESH_ITEM_INDEX", "MESH_LEASE_EPOCH"}
+               "SHLVL", "_", "MESH_JOB_ID", "MESH_ITEM_INDEX", "MESH_LEASE_EPOCH",
+               "MESH_MEMBER"}
     assert {k for k in got if not k.startswith("LC_")} <= allowed, got
 
 
