@@ -55,7 +55,7 @@ from typing import Any
 import blake3
 import msgpack
 
-from meshjobs import limits
+from meshjobs import limits, placement
 from meshjobs.control import Answer
 from meshjobs.node import (
     Applied,
@@ -156,6 +156,9 @@ class SimConfig:
     # A client's cancel or forget goes, with this chance, as one bulk request naming its own job
     # and another acknowledged one (`bulk` entries). Off by default, and then not drawn at all.
     bulk: float = 0.0
+    # A new job names where its items go (`member`) with this chance: one member, a glob, or
+    # "*" (a fan-out, one item per member). Off by default, and then not drawn at all.
+    place: float = 0.0
 
 
 @dataclass
@@ -254,6 +257,9 @@ class Sim:
         self.max_epoch: dict[tuple[str, int], int] = {}
         self.ever_forgotten: set[str] = set()
         self.ended: dict[str, str] = {}  # job id -> the state it ended in (ids are never reused)
+        # Placed jobs -> (selector, fan-out members) as their committed submit said: what every
+        # committed lease of them is checked against (kept apart from the table under test).
+        self.placed: dict[str, tuple[str, list[str] | None]] = {}
         # Clients.
         self.clients: list[_Client] = []
         self.waiting: dict[tuple, _Client] = {}
@@ -588,6 +594,8 @@ class Sim:
     def _check_entry(self, e: Any, index: int, outcome: dict, rows: list, results: list,
                      before: dict) -> None:
         self._note_ends()
+        if self.cfg.place:
+            self._check_placement(e, index, outcome, rows)
         if results:
             self._check_results(results, index, before,
                                 outcome if isinstance(e, dict) and e.get("k") == "result" else None)
@@ -599,6 +607,33 @@ class Sim:
             if epoch < self.max_epoch.get(key, 0):
                 self.fail(f"lease epoch of {key} went back from {self.max_epoch[key]} to {epoch}")
             self.max_epoch[key] = epoch
+
+    def _check_placement(self, e: Any, index: int, outcome: dict, rows: list) -> None:
+        """Every item of a placed job is leased only to a member its selector matches, and a
+        fan-out's item only to its own member (as the committed submit named them)."""
+        kind = e.get("k") if isinstance(e, dict) else None
+        if kind == "submit" and outcome.get("new") and isinstance(e.get("spec"), dict):
+            sel = e["spec"].get("member")
+            if isinstance(sel, str):
+                self.placed[e["id"]] = (sel, list(e["on"]) if isinstance(e.get("on"), list) else None)
+            return
+        if kind != "lease":
+            return
+        for r in rows:
+            job = self.oracle.jobs.get(r[0])
+            i = r[1]
+            if (job is None or r[0] not in self.placed or not 0 <= i < job.n
+                    or job.st[i] != LEASED or job.epoch[i] != index):
+                continue
+            sel, pins = self.placed[r[0]]
+            member = job.member[i]
+            if pins is not None and (i >= len(pins) or member != pins[i]):
+                self.fail(f"lease entry {index} gave fan-out item {r[0]}[{i}] to {member}, "
+                          f"not its own member {pins[i] if i < len(pins) else '(none)'}")
+            if member is None or not placement.matches(sel, member):
+                self.fail(f"lease entry {index} gave {r[0]}[{i}] to {member}, which its "
+                          f"member selector {sel!r} does not match")
+            self.count("placements_checked")
 
     def _item(self, key: tuple[str, int]) -> tuple | None:
         job = self.oracle.jobs.get(key[0])
@@ -846,6 +881,12 @@ class Sim:
             spec["after"] = [{"id": p, "on": rng.choice(["ok", "ok", "end", "fail"])}
                              for p in parents]
             self.count("jobs_with_deps")
+        if self.cfg.place and rng.random() < self.cfg.place:
+            # Each selector matches a member that offers the pool, so that every job can end.
+            spec["member"] = rng.choice(["v1", "w2", "v*", "w?", "[vw]1", "*", "*"])
+            if spec["member"] == "*":
+                items = items[:1]
+            self.count("jobs_placed")
         plan = (["release"] if hold else []) + (["cancel"] if rng.random() < 0.15 else [])
         plan += (["poll", "forget"] if rng.random() < 0.3 else []) + ["done"]
         req = {"op": "submit", "rid": f"s{cid}", "fp": _fp("submit", cid), "spec": spec,
@@ -952,7 +993,8 @@ class Sim:
             if jid not in self.oracle.jobs and jid not in self.oracle.forgotten:
                 self.fail(f"{m.name} acknowledged submit {req['rid']} (job {jid}) before it "
                           "was committed")
-            if body["items_total"] != len(req["items"]):
+            fanout = req["spec"].get("member") == "*"  # one item per member instead
+            if body["items_total"] != len(req["items"]) and not fanout:
                 self.fail(f"submit {req['rid']} acknowledged with {body['items_total']} items")
         elif (req["op"] in ("cancel", "forget", "tone") and status == 404
               and req["id"] in self.oracle.jobs and req["id"] in self.acked):

@@ -437,3 +437,43 @@ def test_planted_half_bulk_is_caught() -> None:
             if "before it was committed" in msg:
                 return
     raise AssertionError("no seed caught a table that half-applies bulk changes")
+
+
+# --- placement (issue 12 point 1) -------------------------------------------------------------------
+
+PLACE = SimConfig(place=0.5)
+
+
+@pytest.mark.parametrize("seed", (1, 2))
+def test_placement_safe_and_live(seed: int) -> None:
+    """Jobs pinned to a member, to a glob, or fanned out to every member: every committed lease
+    of them goes to a matching member (a fan-out's item to its own), and once healed every one
+    ends."""
+    c = run(seed, PLACE).counts
+    assert c.get("jobs_placed", 0) > 0 and c.get("placements_checked", 0) > 0, c
+
+
+class IgnoresPlacementTable(JobTable):
+    """Planted bug: a table that drops a job's member selector (and fan-out members) when it
+    applies the submit, so that its items go anywhere."""
+
+    def _apply_one(self, entry: object, index: int, nested: bool) -> dict:
+        out = super()._apply_one(entry, index, nested)
+        if isinstance(entry, dict) and entry.get("k") == "submit" and out.get("new"):
+            job = self.jobs[entry["id"]]
+            job.selector = job.pins = None
+        return out
+
+
+def test_planted_placement_ignored_is_caught() -> None:
+    """Safety check: a table that ignores the member selector is caught, and the failure names
+    its seed."""
+    for seed in range(1, 8):
+        try:
+            run(seed, replace(PLACE, liveness_ms_max=1_000), table_cls=IgnoresPlacementTable)
+        except SimFailure as e:
+            msg = str(e)
+            assert msg.startswith(f"seed={seed} ")
+            if "member selector" in msg or "not its own member" in msg:
+                return
+    raise AssertionError("no seed caught a table that ignores member selectors")
