@@ -82,7 +82,9 @@ _SCHEMAS: dict[str, Any] = {
             "argv": {"type": "array", "minItems": 1, "maxItems": limits.argv_items_max,
                      "items": {"type": "string"}, "description": "The program and its arguments."},
             "id": {"type": ["string", "null"], "description": "The job id; made up when absent."},
-            "pool": {"type": ["string", "null"], "default": "default"},
+            "pool": {"type": ["string", "null"], "default": "default",
+                     "description": "The pool; \"POOL@MEMBER\" also names the member(s), as "
+                                    "`member` does (both parts needed)."},
             "priority": {"type": ["integer", "null"], "minimum": -limits.priority_abs_max,
                          "maximum": limits.priority_abs_max, "default": 0},
             "retries": {"type": ["integer", "null"], "minimum": 0, "maximum": limits.retries_max,
@@ -125,6 +127,17 @@ _SCHEMAS: dict[str, Any] = {
                                      "then the job is `waiting` and nothing of it runs; when a "
                                      "condition can no longer hold it ends `dep_failed`. A "
                                      "string is short for an object: \"ID\" or \"ID:COND\"."},
+            "member": {"type": ["string", "null"], "minLength": 1,
+                       "maxLength": limits.member_selector_chars_max,
+                       "pattern": r"^[A-Za-z0-9._\-*?\[\]!]+$",
+                       "description": "Where the items run: a member name, a glob over member "
+                                      "names (fnmatch: gpu-*, node-?, rack[12]-*), or * to run "
+                                      "the job once on every member of the pool (fan-out: one "
+                                      "item per member; at most one item may be given). The "
+                                      "fan-out's members are those alive and offering the pool "
+                                      "when the leader takes the submit, fixed then. Items wait "
+                                      "while no such member is alive (`waiting_for` says so); "
+                                      "they never go to another member."},
         },
     },
     "After": {
@@ -171,6 +184,9 @@ _SCHEMAS: dict[str, Any] = {
             "copies": {"type": "array", "items": {"type": "string"},
                        "description": "The members other than `member` that held a copy of "
                                       "the outputs when the result was committed."},
+            "for_member": {"type": "string",
+                           "description": "Only for a fan-out (member *): the member this "
+                                          "item runs on, and only there."},
         },
     },
     "Job": {
@@ -212,6 +228,18 @@ _SCHEMAS: dict[str, Any] = {
                            "items": {"type": "object", "properties": {
                                "id": {"type": "string"},
                                "on": {"enum": ["ok", "end", "fail"]}}}},
+            "member": {"type": "string", "description": "Only for a job submitted with a "
+                                                        "member selector: the selector."},
+            "members": {"type": "array", "items": {"type": "string"},
+                        "description": "Only for a fan-out (member *): item i runs on "
+                                       "members[i], fixed at the submit."},
+            "pending_members": {"type": "array", "items": {"type": "string"},
+                                "description": "Only for a fan-out: the members whose item "
+                                               "waits for a lease."},
+            "waiting_for": {"type": "string",
+                            "description": "Only when a placed job's items wait because no "
+                                           "member they may go to is alive (as the leader "
+                                           "sees it): why, in words."},
         },
     },
     "Forgotten": {
