@@ -783,6 +783,7 @@ class JobTable:
         ready = [j for j in self.ready.values() if j.pool == pool]
         ready.sort(key=lambda j: (-j.priority, j.seq))
         picked: list[tuple[str, int, str]] = []
+        matching: dict[str, list[str]] = {}
 
         def best(names: Any) -> str | None:
             return max((n for n in names if room.get(n, 0) > 0),
@@ -795,8 +796,12 @@ class JobTable:
             if job.max_leases is not None:
                 inflight = sum(1 for k in skip if k[0] == job.id)
                 quota = min(quota, job.max_leases - job.n_leased - inflight)
-            names: Any = room if job.selector is None else [
-                n for n in room if placement.matches(job.selector, n)]
+            names: Any = room
+            if job.selector is not None and job.pins is None:
+                names = matching.get(job.selector)
+                if names is None:  # once per selector and round, however many jobs name it
+                    names = matching[job.selector] = [
+                        n for n in room if placement.matches(job.selector, n)]
             for i in job.queue:
                 if quota <= 0 or left <= 0:
                     break
