@@ -263,6 +263,9 @@ def parse_submit(body: object) -> dict:
         spec["items"] = items
     if "names" in spec and len(spec["names"]) != len(spec.get("items") or spec["names"]):
         raise ControlError(400, "names must have one entry per item")
+    if spec.get("member") == "*" and "names" in spec:
+        raise ControlError(400, "a fan-out job (member *) has one item per member, named by "
+                                "its member: drop names (--items-from DIR)")
     if spec.get("member") == "*" and len(spec.get("items") or ()) > 1:
         raise ControlError(400, "a fan-out job (member *) runs once on every member, one item "
                                 "each: give at most one item (its stdin goes to every member), "

@@ -30,7 +30,8 @@ Rules:
    limit kills the worker (SIGKILL to its group) and a new one takes its place.
 7. Items see meshd's whole environment only when their job asks: a command item gets the
    variables `env_pass` names (meshjobs.itemenv), then the job's env, then MESH_JOB_ID,
-   MESH_ITEM_INDEX and MESH_LEASE_EPOCH; python workers start from the same variables (plus
+   MESH_ITEM_INDEX and MESH_LEASE_EPOCH (and MESH_MEMBER, this member's name: command items
+   only); python workers start from the same variables (plus
    PYTHONPATH and PYTHONHOME, to start as meshd did) and layer the job's env and MESH_* over
    them per call. A job with `inherit_env` gets meshd's whole environment instead of the
    named variables.

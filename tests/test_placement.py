@@ -58,6 +58,7 @@ def test_selector_forms_are_normalized(body: dict, pool: str, member: str | None
     ({"pool": "p@a@b"}, "bad member selector"),
     ({"pool": "p@x", "member": "y"}, "disagree"),
     ({"member": "*", "items": ["a", "b"]}, "fan-out"),
+    ({"member": "*", "items": ["a"], "names": ["f"]}, "drop names"),
 ])
 def test_bad_selectors_are_refused(body: dict, words: str) -> None:
     """A bad selector is a 400 that says what is wrong and what a good one looks like."""
