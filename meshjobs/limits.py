@@ -225,3 +225,16 @@ history_read_max = 1_000  # records one GET /history answers at most (its limit=
 history_read_default = 100  # records GET /history and `meshctl history` give without a limit
 epoch_s_max = 253_402_300_800  # the first second of year 10000: a --since / since= past it is refused
 history_read_bytes_max = 64 << 20  # bytes of history files one read looks at, newest first
+
+# --- Pools and members under command; finish hooks (meshjobs/fleetctl.py, meshjobs/notify.py) -
+ctl_orders_max = 4_096  # pool holds/drains and member drains/stops the table keeps at once
+stop_grace_s_max = 7 * 24 * 3600  # the longest `meshctl member stop --grace` a member waits
+stop_poll_ms = 500  # a stopping member looks this often whether its runs have ended
+notify_url_chars_max = 2_048  # a job's --notify URL
+notify_queue_max = 1_024  # finish notices waiting for the sender (and retrying); more are dropped
+notify_timeout_s = 10  # one POST of a finish notice: connect and answer
+notify_retry_s_max = 300  # a notice the receiver refuses is retried this long, then dropped
+notify_backoff_s_base = 0.5  # the first retry of a notice waits this long, then twice as long...
+notify_backoff_s_max = 30  # ...but never longer than this
+notify_sent_max = 4_096  # (job, version) notices a leader remembers sending (not sent twice)
+notify_body_bytes_max = 256 * 1024  # a notice's JSON body; a longer record drops argv and env

@@ -46,6 +46,7 @@ import blake3
 
 from meshjobs import limits
 from meshjobs.control import ControlError, parse_submit
+from meshjobs.fleetctl import CtlRefused, FleetCtl
 
 # Item states, stored as one byte each.
 PENDING, LEASED, DONE, FAILED, TIMEOUT, CANCELLED = range(6)
@@ -100,6 +101,7 @@ class Job:
         "n_failed", "n_cancelled", "started", "errors", "held", "names", "version",
         "user", "inherit_env",
         "after", "waiting_on", "dep_failed",
+        "notify",
     )
 
     def __init__(self, job_id: str, seq: int, spec: dict, digest: bytes, stdin: list, t: int) -> None:
@@ -126,6 +128,7 @@ class Job:
         # (None when it waits on none); and whether it ended because one can never hold.
         self.waiting_on: dict[str, str] | None = None
         self.dep_failed = False
+        self.notify: str | None = spec.get("notify")  # the URL its end is POSTed to
         self.digest = digest
         self.submitted_ms = t
         self.finished_ms = 0
@@ -191,6 +194,7 @@ class Job:
             **({} if self.user is None else {"user": self.user}),
             **({"inherit_env": True} if self.inherit_env else {}),
             **({} if self.after is None else {"after": self.after}),
+            **({} if self.notify is None else {"notify": self.notify}),
         }
 
 
@@ -217,6 +221,8 @@ class JobTable:
         # Parent id -> the jobs waiting on it (in submit order): the reverse of every waiting
         # job's `waiting_on`. Derived too (rebuilt on load from the jobs' `waiting_on`).
         self.dependents: dict[str, dict[str, None]] = {}
+        # Pools held or drained and members drained or stopped by command (meshjobs/fleetctl.py).
+        self.ctl = FleetCtl()
         self._names: dict[str, str] = {}
         self._helds: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._texts: dict[str, str] = {}  # one object per distinct item error text
@@ -507,7 +513,8 @@ class JobTable:
             i = g[1]
             if (job is None or not 0 <= i < job.n or job.st[i] != PENDING or job.hold
                     or job.waiting_on or job.not_before.get(i, 0) > t
-                    or (job.max_leases is not None and job.n_leased >= job.max_leases)):
+                    or (job.max_leases is not None and job.n_leased >= job.max_leases)
+                    or self.ctl.refuses(job.pool, g[2], g[3])):
                 refused += 1
                 continue
             self._move("lease", job, i, LEASED)
@@ -720,6 +727,20 @@ class JobTable:
         self._ready(job)
         return {"ok": True, "id": job.id}
 
+    def _apply_pool(self, e: dict, index: int, t: int) -> dict:
+        """Hold, release, drain or undrain a pool, fleet-wide or on one member (fleetctl.py)."""
+        try:
+            return self.ctl.apply_pool(e)
+        except CtlRefused as r:
+            raise Refused(r.status, r.message, "bad_order") from None
+
+    def _apply_member(self, e: dict, index: int, t: int) -> dict:
+        """Drain, undrain or stop a member (fleetctl.py)."""
+        try:
+            return self.ctl.apply_member(e, t)
+        except CtlRefused as r:
+            raise Refused(r.status, r.message, "bad_order") from None
+
     # --- reading ------------------------------------------------------------------------------
 
     def pick(self, pool: str, count: int, now_ms: int, skip: set[tuple[str, int]]) -> list[tuple[str, int]]:
@@ -793,6 +814,8 @@ class JobTable:
             # The parents it names, and those of them it still waits for (empty once it runs).
             rec["after"] = [dict(d) for d in job.after]
             rec["waiting_on"] = [{"id": p, "on": on} for p, on in (job.waiting_on or {}).items()]
+        if job.notify is not None:
+            rec["notify"] = job.notify
         if items:
             rec["items"] = [self.item_record(job, i) for i in range(job.n)]
             if job.names is not None:
@@ -869,6 +892,8 @@ class JobTable:
                           if j.waiting_on]} if self.dependents else {}),
             **({"dep_failed": [j.id for j in self.jobs.values() if j.dep_failed]}
                if any(j.dep_failed for j in self.jobs.values()) else {}),
+            # Pool and member orders, only when there are some (as dependencies).
+            **({"ctl": self.ctl.to_state()} if self.ctl.active() else {}),
         }
 
     @classmethod
@@ -932,6 +957,7 @@ class JobTable:
                 t.dependents.setdefault(p, {})[jid] = None
         for jid in s.get("dep_failed", ()):
             t.jobs[jid].dep_failed = True
+        t.ctl = FleetCtl.from_state(s.get("ctl"))
         for j in sorted((j for j in t.jobs.values() if j.finished_ms), key=lambda j: (j.finished_ms, j.seq)):
             t.finished[j.id] = j.finished_ms
         for j in t.jobs.values():
@@ -1003,6 +1029,7 @@ class JobTable:
                 waits = self.jobs[kid].waiting_on if kid in self.jobs else None
                 assert waits is not None and p in waits, f"{kid} listed as waiting on {p}, but is not"
         assert all(self.jobs[jid] is j for jid, j in self.ready.items()), "ready index holds a stale job"
+        self.ctl.check()
 
 
 def _hex(d: bytes | None) -> str | None:
@@ -1054,4 +1081,6 @@ _APPLIERS = {
     "expire": JobTable._apply_expire,
     "batch": JobTable._apply_batch,
     "bulk": JobTable._apply_bulk,
+    "pool": JobTable._apply_pool,
+    "member": JobTable._apply_member,
 }
