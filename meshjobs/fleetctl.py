@@ -21,7 +21,8 @@ What each order means:
   leased ahead) run to their end.
 - member drain: the leader grants the member no new lease in any pool; its leases run out.
 - member stop: the member's current incarnation (its boot id, stamped into the entry by the
-  leader) takes no new lease and starts nothing not started; once its running items have
+  leader) takes no new lease and starts nothing not started (items leased to it ahead stay
+  leased until it is gone, then are revoked and leased elsewhere); once its running items have
   ended and their results are committed, or after `grace_s` (then its running items are cut,
   and their leases revoked and leased again elsewhere as for any lost member), its meshd exits
   with status 0, saying why in its log. The order is one-shot: the same member started again

@@ -460,6 +460,8 @@ class JobsThread:
         history = getattr(self, "history", None)
         if history is not None:
             m.update(history.counts)
+        if self.notifier is not None:
+            m.update(self.notifier.numbers())
         if self.logs is not None:
             st = self.logs.stats()
             for reason, n in st.get("dropped", {}).items():

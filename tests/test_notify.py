@@ -233,3 +233,12 @@ def test_member_refuses_bad_notify(member: Meshd, url: str) -> None:
     assert status == 400 and "notify" in body["error"], body
     r = member.ctl("job", "submit", "--notify", url, "--", "true")
     assert r.returncode != 0 and b"notify" in r.stderr, r
+
+
+def test_metrics_count_notices(member: Meshd, receiver: Receiver) -> None:
+    """/metrics counts the notices the receiver took (and those dropped, retried, given up)."""
+    status, rec = member.request("POST", "/jobs", {"argv": ["true"], "notify": receiver.url})
+    wait_until(lambda: receiver.of(rec["id"]), what="the notice")
+    m = wait_until(lambda: (lambda x: x if x.get("meshjobs_notify_sent_total", 0) >= 1 else None)(
+        member.metrics()), what="the counter")
+    assert "meshjobs_notify_dropped_total" in m and "meshjobs_notify_given_up_total" in m
