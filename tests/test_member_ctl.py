@@ -87,6 +87,11 @@ def test_stop_exits_once_running_items_end(fleet, tmp_path) -> None:
     out = order(others[1], target.name, "stop")
     assert out["stopping"] is True
     wait_until(lambda: fleet_row(lead, target.name)["stopping"], what="the fleet says stopping")
+    assert b"stopping" in lead.ctl("fleet").stdout
+    status, pools = lead.request("GET", "/pools")
+    default = next(p for p in pools["pools"] if p["pool"] == "default")
+    assert default["members"][target.name]["stopping"] is True
+    assert default["members"][target.name]["free"] == 0
     assert target.proc.poll() is None  # its items still run
     open(flag, "w").close()
     assert target.proc.wait(60) == 0
