@@ -144,7 +144,7 @@ class FleetCtl:
             self.stops.pop(name, None)
         else:
             boot, grace = e.get("boot"), e.get("grace_ms")
-            if not (isinstance(boot, str) and 0 < len(boot) <= 64) or not (
+            if not (isinstance(boot, str) and 0 < len(boot) <= limits.boot_chars_max) or not (
                     grace is None or (type(grace) is int and 0 <= grace <= limits.stop_grace_s_max * 1000)):
                 raise CtlRefused(400, "malformed member order")
             if name not in self.stops:

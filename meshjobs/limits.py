@@ -238,3 +238,5 @@ notify_backoff_s_base = 0.5  # the first retry of a notice waits this long, then
 notify_backoff_s_max = 30  # ...but never longer than this
 notify_sent_max = 4_096  # (job, version) notices a leader remembers sending (not sent twice)
 notify_body_bytes_max = 256 * 1024  # a notice's JSON body; a longer record drops argv and env
+notify_answer_bytes_max = 4_096  # of a receiver's answer to a notice, read (and thrown away)
+boot_chars_max = 64  # a member's boot id in a stop order (as in its F_JOB_HAVE reports)

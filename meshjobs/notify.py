@@ -38,7 +38,11 @@ def _body(record: dict) -> bytes:
     if len(body) > limits.notify_body_bytes_max:
         slim = {k: v for k, v in record.items() if k not in ("argv", "env")}
         slim["truncated"] = True
-        body = json.dumps(slim, separators=(",", ":")).encode()[:limits.notify_body_bytes_max]
+        body = json.dumps(slim, separators=(",", ":")).encode()
+    if len(body) > limits.notify_body_bytes_max:
+        # Still too long (huge tags?): what a receiver needs to look the job up itself.
+        body = json.dumps({k: record.get(k) for k in ("id", "state", "version", "finished_at")}
+                          | {"truncated": True}, separators=(",", ":")).encode()
     return body
 
 
@@ -128,7 +132,7 @@ class Notifier:
             "User-Agent": "meshjobs-notify", "X-Meshjobs-Member": self.member})
         try:
             with self._opener.open(req, timeout=limits.notify_timeout_s) as resp:
-                resp.read(4096)
+                resp.read(limits.notify_answer_bytes_max)
                 if 200 <= resp.status < 300:
                     return None
                 return f"status {resp.status}"

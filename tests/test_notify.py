@@ -242,3 +242,18 @@ def test_metrics_count_notices(member: Meshd, receiver: Receiver) -> None:
     m = wait_until(lambda: (lambda x: x if x.get("meshjobs_notify_sent_total", 0) >= 1 else None)(
         member.metrics()), what="the counter")
     assert "meshjobs_notify_dropped_total" in m and "meshjobs_notify_given_up_total" in m
+
+
+def test_an_oversized_record_is_cut_to_valid_json() -> None:
+    """A record over notify_body_bytes_max drops argv and env (then more), and stays JSON."""
+    from meshjobs.notify import _body
+
+    big = {"id": "j", "state": "done", "version": 3, "finished_at": 1.0,
+           "argv": ["x" * limits.notify_body_bytes_max], "env": {}, "tags": []}
+    out = json.loads(_body(big))
+    assert out["truncated"] is True and "argv" not in out and out["id"] == "j"
+    huge = {**big, "tags": ["t" * limits.notify_body_bytes_max]}
+    out = json.loads(_body(huge))
+    assert out == {"id": "j", "state": "done", "version": 3, "finished_at": 1.0, "truncated": True}
+    small = {"id": "j", "state": "done"}
+    assert json.loads(_body(small)) == small

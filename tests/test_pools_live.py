@@ -126,7 +126,7 @@ def test_orders_survive_a_snapshot() -> None:
     {"k": "member", "a": "stop", "name": "m1"},
     {"k": "member", "a": "stop", "name": "m1", "boot": "b", "grace_ms": -1},
     {"k": "member", "a": "stop", "name": "m1", "boot": "b", "grace_ms": True},
-    {"k": "member", "a": "stop", "name": "m1", "boot": "b" * 65},
+    {"k": "member", "a": "stop", "name": "m1", "boot": "b" * (limits.boot_chars_max + 1)},
     {"k": "member", "a": "nap", "name": "m1"},
 ])
 def test_malformed_orders_are_refused_not_raised(entry: dict) -> None:
