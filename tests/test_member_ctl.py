@@ -139,3 +139,22 @@ def test_stop_of_an_unknown_member_is_refused(fleet) -> None:
     for action in ("stop", "drain"):
         status, body = lead.request("POST", f"/members/ghost/{action}")
         assert status == 404 and "ghost" in body["error"], body
+
+
+def test_pool_hold_survives_a_leader_failover(fleet) -> None:
+    """A pool hold is a committed entry: the leader killed (-9), the new leader still holds
+    the pool (and says so), leases nothing there, and leases it again once released."""
+    lead = leader_of(fleet)
+    r = lead.ctl("pool", "hold", "default")
+    assert r.returncode == 0 and b"held fleet-wide" in r.stdout, r
+    status, rec = lead.request("POST", "/jobs", {"argv": ["true"]})
+    assert status == 201
+    jid = rec["id"]
+    lead.kill9()
+    rest = [m for m in fleet if m is not lead]
+    new = leader_of(rest)
+    status, pools = new.request("GET", "/pools")
+    assert next(p for p in pools["pools"] if p["pool"] == "default")["held"] is True
+    assert record(new, jid)["state"] == "queued"
+    assert new.request("POST", "/pools/default/release")[0] == 200
+    assert new.wait_job(jid, timeout_s=60)["state"] == "done"
