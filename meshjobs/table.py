@@ -513,8 +513,11 @@ class JobTable:
             i = g[1]
             if (job is None or not 0 <= i < job.n or job.st[i] != PENDING or job.hold
                     or job.waiting_on or job.not_before.get(i, 0) > t
-                    or (job.max_leases is not None and job.n_leased >= job.max_leases)
-                    or self.ctl.refuses(job.pool, g[2], g[3])):
+                    or (job.max_leases is not None and job.n_leased >= job.max_leases)):
+                refused += 1
+                continue
+            if self.ctl.refuses(job.pool, g[2], g[3]):
+                # A pool held or drained there, or a member drained or stopping (fleetctl.py).
                 refused += 1
                 continue
             self._move("lease", job, i, LEASED)
