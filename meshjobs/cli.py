@@ -481,6 +481,9 @@ def _lines(raw: bytes, where: str) -> list[Any]:
 @click.option("--inherit-env", "inherit_env", is_flag=True,
               help="Give items meshd's whole environment, not the minimal one (see "
                    "docs/security.md).")
+@click.option("--notify", "notify", metavar="URL",
+              help="POST the job's record (JSON) to this http(s) URL when it ends; retried, "
+                   "with an Idempotency-Key header (job id and version) to tell repeats.")
 @click.option("--after", "after", multiple=True, metavar="ID[:ok|end|fail]",
               help="Run only after job ID ended done (ok, the default), ended at all (end), or "
                    "failed, timed out or was cancelled (fail); repeatable (all must hold). "
@@ -498,7 +501,7 @@ def job_submit(ctx: click.Context, job_id: str | None, pool: str | None, items_f
                tags: tuple[str, ...], hold: bool, max_leases: int | None, env: tuple[str, ...],
                cwd: str | None, no_cwd: bool, user: str | None, inherit_env: bool,
                after: tuple[str, ...], member: str | None, as_json: bool,
-               argv: tuple[str, ...]) -> None:
+               argv: tuple[str, ...], notify: str | None = None) -> None:
     """Submit a job: meshctl job submit [OPTIONS] -- PROGRAM [ARGS]...; prints its id.
 
     Items run in the folder meshctl runs in (as qsub does), unless --cwd names another or
@@ -521,6 +524,8 @@ def job_submit(ctx: click.Context, job_id: str | None, pool: str | None, items_f
         spec["after"] = list(after)  # meshd checks each (control.parse_after)
     if member is not None:
         spec["member"] = member  # meshd checks it (placement.parse_member)
+    if notify is not None:
+        spec["notify"] = notify  # meshd checks it (fleetctl.parse_notify)
     if items_from is not None:
         spec["items"], names = _items_from(items_from)
         if names is not None:
@@ -1401,10 +1406,114 @@ def fleet_cmd(ctx: click.Context, as_json: bool) -> None:
 
     rows = [[str(m.get("name")), str(m.get("role")), alive(m), str(m.get("slots", 0)),
              str(m.get("running", 0)), _size(m.get("blob_bytes")),
-             "disk full" if m.get("disk_full") else ("pressure" if m.get("blob_pressure") else ""),
-             seen(m)]
+             _member_state(m), seen(m)]
             for m in fleet.get("members") or []]
     _table(["MEMBER", "ROLE", "ALIVE", "SLOTS", "RUNNING", "BLOBS", "STATE", "LAST SEEN"], rows)
+
+
+def _member_state(m: dict) -> str:
+    """The STATE column of `meshctl fleet`: stopping, drained, disk full, pressure."""
+    words = [w for w, on in (("stopping", m.get("stopping")), ("drained", m.get("drained")),
+                             ("disk full", m.get("disk_full")),
+                             ("pressure", m.get("blob_pressure") and not m.get("disk_full")))
+             if on]
+    return ", ".join(words)
+
+
+# --- pools and members under command (meshjobs/fleetctl.py) -----------------------------------
+
+
+@cli.group("pool")
+def pool_group() -> None:
+    """Hold, release, drain or undrain a pool, fleet-wide or on one member (needs admin).
+
+    hold: no new leases in the pool, and items leased but not started there wait until
+    release (running ones go on). drain: no new leases; what is leased runs to its end.
+    Orders are committed: they survive restarts and failovers, on top of the config."""
+
+
+def _pool_order(action: str, help_text: str) -> None:
+    @pool_group.command(action, help=help_text)
+    @click.argument("pool")
+    @click.option("--member", metavar="NAME", help="Only on this member (default: fleet-wide).")
+    @json_option
+    @click.pass_context
+    def order(ctx: click.Context, pool: str, member: str | None, as_json: bool) -> None:
+        body = {} if member is None else {"member": member}
+        out = _client(ctx).json("POST", f"/pools/{_q(pool)}/{action}", body)
+        if _wants_json(ctx, as_json):
+            _print_json(out)
+            return
+        click.echo(f"pool {pool}: {_pool_words(out)}")
+
+
+def _pool_words(row: dict) -> str:
+    words = []
+    for what in ("held", "drained"):
+        on = row.get(f"{what}_on") or []
+        if row.get(what):
+            words.append(f"{what} fleet-wide")
+        if on:
+            words.append(f"{what} on {', '.join(map(str, on))}")
+    return "; ".join(words) or "taking work"
+
+
+_pool_order("hold", "Hold POOL: start nothing more in it until release.")
+_pool_order("release", "Release POOL (with --member: only that member's hold).")
+_pool_order("drain", "Drain POOL: running items finish, no new ones are taken.")
+_pool_order("undrain", "Undrain POOL (with --member: only that member's drain).")
+
+
+@cli.command("pools")
+@json_option
+@click.pass_context
+def pools_cmd(ctx: click.Context, as_json: bool) -> None:
+    """Every pool, fleet-wide: slots, free, running, pending, held and drained (and where)."""
+    view = _client(ctx).json("GET", "/pools")
+    if _wants_json(ctx, as_json):
+        _print_json(view)
+        return
+    if view.get("partial"):
+        click.echo("(this member's own view: the leader's could not be had)")
+    rows = [[str(p.get("pool")), str(p.get("slots", 0)), str(p.get("free", 0)),
+             str(p.get("running", 0)), str(p.get("pending", 0)), _pool_words(p)]
+            for p in view.get("pools") or []]
+    _table(["POOL", "SLOTS", "FREE", "RUNNING", "PENDING", "STATE"], rows)
+
+
+@cli.group("member")
+def member_group() -> None:
+    """Drain, undrain or stop a member (needs admin).
+
+    drain: the member gets no new leases (what it runs goes on). stop: it takes no work, and
+    its meshd exits (status 0) once its running items end, or after --grace S (then they are
+    cut and leased again elsewhere); started again, it takes work again (the order is for
+    that run only). undrain lifts a drain, and a stop not done yet."""
+
+
+def _member_order(action: str, help_text: str) -> None:
+    @member_group.command(action, help=help_text)
+    @click.argument("name")
+    @json_option
+    @click.pass_context
+    def order(ctx: click.Context, name: str, as_json: bool, grace: float | None = None) -> None:
+        body = {} if grace is None else {"grace_s": grace}
+        out = _client(ctx).json("POST", f"/members/{_q(name)}/{action}", body)
+        if _wants_json(ctx, as_json):
+            _print_json(out)
+            return
+        state = ("stopping" if out.get("stopping") else "drained" if out.get("drained")
+                 else "taking work")
+        click.echo(f"member {name}: {state}")
+
+    if action == "stop":
+        click.option("--grace", type=click.FloatRange(0, limits.stop_grace_s_max), metavar="S",
+                     help="Cut what still runs after S seconds (default: wait for it).")(order)
+
+
+_member_order("drain", "Drain member NAME: no new leases to it.")
+_member_order("undrain", "Undrain member NAME (also calls off a stop not done yet).")
+_member_order("stop", "Stop member NAME: its meshd exits once its running items end.")
 
 
 def _size(n: object) -> str:

@@ -55,10 +55,10 @@ ITEM_STATES = ("pending", "leased", "done", "failed", "timeout", "cancelled")
 
 SUBMIT_KEYS = frozenset(
     {"id", "argv", "pool", "priority", "retries", "runtime_s", "hold", "tags", "env", "cwd",
-     "items", "max_leases", "names", "user", "inherit_env", "after", "member"}
+     "items", "max_leases", "names", "user", "inherit_env", "after", "member", "notify"}
 )
 TONE_KEYS = frozenset({"priority", "hold", "max_leases"})
-CHANGE_OPS = frozenset({"submit", "cancel", "forget", "tone", "bulk"})  # the ops that are log entries
+CHANGE_OPS = frozenset({"submit", "cancel", "forget", "tone", "bulk", "pool", "member"})  # the ops that are log entries
 BULK_ACTIONS = ("cancel", "forget", "tone", "status")  # what a bulk request may do to many jobs
 BULK_KEYS = frozenset({"ids", "filter", "dry_run", "after", "set"})
 FILTER_KEYS = frozenset({"tag", "state", "pool", "member"})
@@ -244,6 +244,10 @@ def parse_submit(body: object) -> dict:
             spec["after"] = after
     if body.get("member") is not None or member is not None:
         spec["member"] = _member(body.get("member"), member)
+    if body.get("notify") is not None:
+        # Only when given, as user: older specs stay normalized.
+        from meshjobs.fleetctl import parse_notify
+        spec["notify"] = parse_notify(body["notify"])
     if "items" in body and body["items"] is not None:
         items = body["items"]
         if not isinstance(items, list) or not items:
@@ -449,6 +453,9 @@ def parse_request(req: object) -> dict:
                                                   {k: v for k, v in req.items() if k in BULK_KEYS})}
     if op in ("fleet", "health", "metrics"):
         return {"op": op}
+    if op in ("pool", "member", "pools"):
+        from meshjobs.fleetctl import parse_ctl
+        return parse_ctl(req)
     raise ControlError(400, f"unknown control op {str(op)[:40]!r}")
 
 

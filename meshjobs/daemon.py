@@ -286,6 +286,15 @@ class Member:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
 
+        def on_stop_order(why: str) -> None:
+            # `meshctl member stop`: the same clean stop as SIGTERM, exit status 0.
+            log.info("meshd_stopping_by_order", why=why)
+            stop.set()
+
+        jobs.on_exit = on_stop_order
+        from meshjobs.notify import Notifier
+        notifier = jobs.notifier = Notifier(cfg.name)
+
         def guarded(name, body):
             def target():
                 try:
@@ -311,6 +320,7 @@ class Member:
         if links is not None:
             extra.append(guarded("itemlogs", item_logs.run))
         extra.append(guarded("history", history.run))
+        extra.append(guarded("notify", notifier.run))
         for t in extra:
             t.start()
         http_ready = threading.Event()
@@ -358,6 +368,7 @@ class Member:
             mover.stop()
         item_logs.stop()
         history.stop()
+        notifier.stop()
         if links is not None:
             links.stop()
         for t in extra:

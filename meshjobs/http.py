@@ -41,7 +41,7 @@ import structlog
 from aiohttp import web
 
 from blobstore import BlobCorrupt, BlobGone, StoreFull
-from meshjobs import auth, httpconn, limits, metrics, placement, webui
+from meshjobs import auth, fleetctl, httpconn, limits, metrics, placement, webui
 from meshjobs.auth import AuthError, Caller, Sessions
 from meshjobs.config import Auth
 from meshjobs.connbook import conns_limit
@@ -297,6 +297,11 @@ class HttpApi:
         r.add_get("/blobs/{digest}", self._blob)
         r.add_get("/fleet", self._fleet)
         r.add_get("/history", self._history)
+        r.add_get("/pools", self._pools)
+        for action in fleetctl.POOL_ACTIONS:
+            r.add_post(f"/pools/{{pool}}/{action}", self._pool_order)
+        for action in fleetctl.MEMBER_ACTIONS:
+            r.add_post(f"/members/{{name}}/{action}", self._member_order)
         r.add_get("/ui.js", self._ui_script)
         r.add_get("/healthz", self._health)
         r.add_get("/metrics", self._metrics)
@@ -877,6 +882,36 @@ class HttpApi:
         if action != "status":
             ask.update(await self._rid(request))
         return await self._relay(ask)
+
+    async def _pools(self, request: web.Request) -> web.Response:
+        """GET /pools: every pool, fleet-wide (the leader's view; see fleetctl.pools_view)."""
+        return await self._relay({"op": "pools"})
+
+    async def _order_body(self, request: web.Request, keys: frozenset[str]) -> dict:
+        """The optional JSON body of a pool or member order (empty: no options)."""
+        raw = await self._read_body(request)
+        if len(raw) > limits.bulk_body_bytes_max:
+            raise HttpError(413, "an order's body is a small JSON object: "
+                                 f"{', '.join(sorted(keys))}")
+        return fleetctl.parse_body(await self._body_json(request) if raw.strip() else None, keys)
+
+    async def _pool_order(self, request: web.Request) -> web.Response:
+        """POST /pools/{pool}/hold|release|drain|undrain, body {"member": M} or none."""
+        action = request.path.rsplit("/", 1)[1]
+        body = await self._order_body(request, frozenset({"member"}))
+        ask = {"op": "pool", "action": action, "pool": request.match_info["pool"],
+               "member": body.get("member")}
+        fleetctl.parse_ctl({**ask, "rid": "x"})  # refused here, before any round trip
+        return await self._relay({**ask, **await self._rid(request)})
+
+    async def _member_order(self, request: web.Request) -> web.Response:
+        """POST /members/{name}/drain|undrain|stop, body {"grace_s": S} (stop) or none."""
+        action = request.path.rsplit("/", 1)[1]
+        body = await self._order_body(request, frozenset({"grace_s"}))
+        ask = {"op": "member", "action": action, "name": request.match_info["name"],
+               "grace_s": body.get("grace_s")}
+        fleetctl.parse_ctl({**ask, "rid": "x"})
+        return await self._relay({**ask, **await self._rid(request)})
 
     async def _history(self, request: web.Request) -> web.Response:
         """GET /history?since=T&limit=N: this member's records of forgotten and expired jobs,

@@ -58,6 +58,7 @@ from meshjobs.node import (
     UnpinAllBut,
     View,
 )
+from meshjobs.node.events import Exit, Notify
 from meshjobs.replica import fail_stop
 
 log = structlog.get_logger(__name__)
@@ -213,6 +214,10 @@ class JobsThread:
         self._submit_at: dict[int, float] = {}  # token of a submit -> when it was taken
         # Run of this member -> wall time its lease reached the jobs thread (for lease->start).
         self._run_at: dict[tuple[str, int, int], float] = {}
+        # Set by the daemon: what a `meshctl member stop` does once the node says it may exit,
+        # and the sender of jobs' finish notices (meshjobs.notify.Notifier).
+        self.on_exit: Callable[[str], None] | None = None
+        self.notifier: Any = None
 
     def _data_dir(self) -> str | None:
         """The folder of the journal (where a full disk is looked for), if there is one."""
@@ -455,6 +460,8 @@ class JobsThread:
         history = getattr(self, "history", None)
         if history is not None:
             m.update(history.counts)
+        if self.notifier is not None:
+            m.update(self.notifier.numbers())
         if self.logs is not None:
             st = self.logs.stats()
             for reason, n in st.get("dropped", {}).items():
@@ -521,6 +528,13 @@ class JobsThread:
                     time.monotonic() + limits.blob_copy_wait_ms / 1000)
         elif isinstance(eff, Propose):
             pass
+        elif isinstance(eff, Exit):
+            log.info("meshd_stop_ordered", why=eff.why)
+            if self.on_exit is not None:
+                self.on_exit(eff.why)
+        elif isinstance(eff, Notify):
+            if self.notifier is not None:
+                self.notifier.offer(eff.url, eff.key, eff.record)
         else:
             raise AssertionError(f"unknown effect {eff!r}")
 

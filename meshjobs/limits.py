@@ -229,3 +229,17 @@ history_read_bytes_max = 64 << 20  # bytes of history files one read looks at, n
 # --- Placement: which members a job's items go to (placement.py) ------------------------------
 member_selector_chars_max = 128  # a job's member selector: a name, a glob or "*"
 fanout_members_max = 1_024  # members a fan-out job (member "*") runs on: one item each
+# --- Pools and members under command; finish hooks (meshjobs/fleetctl.py, meshjobs/notify.py) -
+ctl_orders_max = 4_096  # pool holds/drains and member drains/stops the table keeps at once
+stop_grace_s_max = 7 * 24 * 3600  # the longest `meshctl member stop --grace` a member waits
+stop_poll_ms = 500  # a stopping member looks this often whether its runs have ended
+notify_url_chars_max = 2_048  # a job's --notify URL
+notify_queue_max = 1_024  # finish notices waiting for the sender (and retrying); more are dropped
+notify_timeout_s = 10  # one POST of a finish notice: connect and answer
+notify_retry_s_max = 300  # a notice the receiver refuses is retried this long, then dropped
+notify_backoff_s_base = 0.5  # the first retry of a notice waits this long, then twice as long...
+notify_backoff_s_max = 30  # ...but never longer than this
+notify_sent_max = 4_096  # (job, version) notices a leader remembers sending (not sent twice)
+notify_body_bytes_max = 256 * 1024  # a notice's JSON body; a longer record drops argv and env
+notify_answer_bytes_max = 4_096  # of a receiver's answer to a notice, read (and thrown away)
+boot_chars_max = 64  # a member's boot id in a stop order (as in its F_JOB_HAVE reports)

@@ -138,6 +138,14 @@ _SCHEMAS: dict[str, Any] = {
                                       "when the leader takes the submit, fixed then. Items wait "
                                       "while no such member is alive (`waiting_for` says so); "
                                       "they never go to another member."},
+            "notify": {"type": ["string", "null"], "format": "uri",
+                       "maxLength": limits.notify_url_chars_max,
+                       "description": "A finish hook: when the job ends, the leader POSTs its "
+                                      "final record (JSON) to this http:// or https:// URL, "
+                                      "retried with backoff for up to "
+                                      f"{limits.notify_retry_s_max} s, with an Idempotency-Key "
+                                      "header (job id and version). At least once: after a "
+                                      "failover the new leader may send it again."},
         },
     },
     "After": {
@@ -258,7 +266,11 @@ _SCHEMAS: dict[str, Any] = {
                 "type": "object", "required": ["name", "role", "alive"],
                 "properties": {"name": {"type": "string"},
                                "role": {"enum": ["leader", "follower", "worker"]},
-                               "alive": {"type": "boolean"}}}},
+                               "alive": {"type": "boolean"},
+                               "drained": {"type": "boolean", "description": "Drained by "
+                                           "command: it gets no new leases."},
+                               "stopping": {"type": "boolean", "description": "Ordered to "
+                                            "stop: it exits once its running items end."}}}},
         },
     },
     "Health": {
@@ -675,7 +687,85 @@ _BULK_PATHS["/history"] = {"get": {
     "responses": {"200": _json({"$ref": "#/components/schemas/History"}, "The records."),
                   "400": _BAD, "404": _err("This member keeps no history.")},
 }}
+_BULK_PATHS["/pools"] = {"get": {
+    "summary": "Every pool, fleet-wide (the leader's view): slots, free, running, pending, and "
+               "whether it is held or drained, fleet-wide or on which members.",
+    "operationId": "pools",
+    "responses": {"200": _json({"$ref": "#/components/schemas/Pools"}, "The pools."),
+                  "503": _BUSY},
+}}
+_ORDER_WORDS = {
+    "hold": "Hold the pool: no new leases in it, and items leased but not started wait until "
+            "release (running ones go on).",
+    "release": "Release the pool (every hold of it; with member: only that member's).",
+    "drain": "Drain the pool: running and leased items finish, no new ones are leased.",
+    "undrain": "Undrain the pool (every drain of it; with member: only that member's).",
+}
+for _action, _words in _ORDER_WORDS.items():
+    _BULK_PATHS[f"/pools/{{pool}}/{_action}"] = {"post": {
+        "summary": _words + " Committed: survives restarts and failovers; applied on top of "
+                            "the config's [pools.X] hold/drain. Needs admin.",
+        "operationId": f"pool{_action.capitalize()}",
+        "parameters": [{"name": "pool", "in": "path", "required": True,
+                        "schema": {"type": "string", "maxLength": limits.pool_chars_max}},
+                       _IDEMPOTENCY_KEY],
+        "requestBody": {"required": False, "content": {"application/json": {"schema": {
+            "type": "object", "additionalProperties": False, "properties": {
+                "member": {"type": "string", "description": "Only on this member."}}}}}},
+        "responses": {"200": _json({"$ref": "#/components/schemas/PoolOrder"}, "Applied."),
+                      "400": _BAD, "404": _err("No such pool or member in the fleet."),
+                      "409": _err("Too many orders kept: lift some first."), "503": _BUSY},
+    }}
+_MEMBER_WORDS = {
+    "drain": "Drain the member: it gets no new leases; what it runs goes on.",
+    "undrain": "Undrain the member (also calls off a stop not done yet).",
+    "stop": "Stop the member: it takes no work and its meshd exits (status 0) once its "
+            "running items end, or after grace_s (then they are cut and leased again "
+            "elsewhere). For its current run only: started again, it takes work.",
+}
+for _action, _words in _MEMBER_WORDS.items():
+    _BULK_PATHS[f"/members/{{name}}/{_action}"] = {"post": {
+        "summary": _words + " Forwarded to the leader and committed. Needs admin.",
+        "operationId": f"member{_action.capitalize()}",
+        "parameters": [{"name": "name", "in": "path", "required": True,
+                        "schema": {"type": "string", "maxLength": limits.pool_chars_max}},
+                       _IDEMPOTENCY_KEY],
+        "requestBody": {"required": False, "content": {"application/json": {"schema": {
+            "type": "object", "additionalProperties": False, "properties": {
+                **({"grace_s": {"type": "number", "minimum": 0,
+                                "maximum": limits.stop_grace_s_max}} if _action == "stop"
+                   else {})}}}}},
+        "responses": {"200": _json({"type": "object", "properties": {
+            "name": {"type": "string"}, "action": {"type": "string"},
+            "drained": {"type": "boolean"}, "stopping": {"type": "boolean"}}}, "Applied."),
+                      "400": _BAD, "404": _err("No such member in the fleet."),
+                      "409": _err("The member has not reported to the leader (stop), or too "
+                                  "many orders are kept."), "503": _BUSY},
+    }}
+_POOL_STATE = {
+    "held": {"type": "boolean", "description": "Held fleet-wide."},
+    "held_on": {"type": "array", "items": {"type": "string"}},
+    "drained": {"type": "boolean", "description": "Drained fleet-wide."},
+    "drained_on": {"type": "array", "items": {"type": "string"}},
+}
 _BULK_SCHEMAS: dict[str, Any] = {
+    "PoolOrder": {"type": "object", "properties": {
+        "pool": {"type": "string"}, "action": {"type": "string"},
+        "member": {"type": ["string", "null"]}, **_POOL_STATE}},
+    "Pools": {"type": "object", "properties": {
+        "leader": {"type": ["string", "null"]},
+        "partial": {"type": "boolean", "description": "This member's own view: the leader's "
+                                                      "could not be had."},
+        "pools": {"type": "array", "items": {"type": "object", "properties": {
+            "pool": {"type": "string"},
+            "slots": {"type": "integer", "description": "Slots of the alive members."},
+            "free": {"type": "integer", "description": "Slots taking work now."},
+            "running": {"type": "integer", "description": "Items leased."},
+            "pending": {"type": "integer", "description": "Items waiting for a slot."},
+            **_POOL_STATE,
+            "members": {"type": "object", "additionalProperties": {"type": "object"}},
+        }}},
+    }},
     "BulkAnswer": {"type": "object", "properties": {
         "action": {"enum": ["cancel", "forget", "tone", "status"]},
         "dry_run": {"type": "boolean"},

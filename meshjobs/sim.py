@@ -82,6 +82,7 @@ from meshjobs.node import (
     UnpinAllBut,
     View,
 )
+from meshjobs.node.events import Exit, Notify
 from meshjobs.table import LEASED, JobTable
 
 T0_MS = 1_700_000_000_000
@@ -159,6 +160,10 @@ class SimConfig:
     # A new job names where its items go (`member`) with this chance: one member, a glob, or
     # "*" (a fan-out, one item per member). Off by default, and then not drawn at all.
     place: float = 0.0
+    # Per step: an operator holds, releases, drains or undrains the pool (fleet-wide or on one
+    # member), or drains or undrains a member (`pool` and `member` entries); after healing every
+    # order is lifted. Off by default, and then not drawn at all.
+    orders: float = 0.0
 
 
 @dataclass
@@ -271,6 +276,14 @@ class Sim:
         self.gone: set[str] = set()  # members lost for good
         self.heard: dict[tuple[str, str], int] = {}  # (worker, voter) -> last F_JOB_STATE from it
         self.wiped: set[str] = set()  # blobs they held (a copy confirmed before the loss counts)
+        # The operators' orders as the committed log says, kept here apart from the table (so
+        # that a table that ignores one is caught): (pool, member or "*") held or drained, and
+        # members drained.
+        self.held: set[tuple[str, str]] = set()
+        self.pool_drains: set[tuple[str, str]] = set()
+        self.member_drains: set[str] = set()
+        self.orders_sent = 0
+        self.orders_lift_ms = 0
         for name in MEMBERS:
             self._start(self.members[name])
 
@@ -411,6 +424,10 @@ class Sim:
                          (m.name, m.inc, eff.digests))
         elif isinstance(eff, Pin | Unpin | UnpinAllBut):
             self.count("pins")
+        elif isinstance(eff, Notify):
+            self.count("notices")
+        elif isinstance(eff, Exit):
+            self.fail(f"{m.name} exits, though the simulator orders no member to stop")
         else:
             self.fail(f"{m.name} made an unknown effect {eff!r}")
 
@@ -596,6 +613,8 @@ class Sim:
         self._note_ends()
         if self.cfg.place:
             self._check_placement(e, index, outcome, rows)
+        if self.cfg.orders and isinstance(e, dict):
+            self._check_orders(e, index, outcome, before)
         if results:
             self._check_results(results, index, before,
                                 outcome if isinstance(e, dict) and e.get("k") == "result" else None)
@@ -634,6 +653,79 @@ class Sim:
                 self.fail(f"lease entry {index} gave {r[0]}[{i}] to {member}, which its "
                           f"member selector {sel!r} does not match")
             self.count("placements_checked")
+    def _check_orders(self, e: dict, index: int, outcome: dict, before: dict) -> None:
+        """No lease is committed to a drained member, or in a pool held or drained (on that
+        member or everywhere), after the entry that ordered it."""
+        kind = e.get("k")
+        if kind == "pool" and outcome.get("ok"):
+            key = (e["pool"], e.get("member") or "*")
+            book = self.held if e["a"] in ("hold", "release") else self.pool_drains
+            if e["a"] in ("hold", "drain"):
+                book.add(key)
+            elif e.get("member") is None:
+                for k in [k for k in book if k[0] == e["pool"]]:
+                    book.discard(k)
+            else:
+                book.discard(key)
+            self.count("orders_committed")
+        elif kind == "member" and outcome.get("ok"):
+            if e["a"] == "drain":
+                self.member_drains.add(e["name"])
+            else:
+                self.member_drains.discard(e["name"])
+            self.count("orders_committed")
+        elif kind == "lease":
+            for g in e.get("g") or ():
+                after = self._item((g[0], g[1]))
+                if after is None or after[0] != LEASED or after[1] != index:
+                    continue  # not granted by this entry
+                pool = self.oracle.jobs[g[0]].pool
+                why = ("member drained" if g[2] in self.member_drains
+                       else "pool held" if {(pool, "*"), (pool, g[2])} & self.held
+                       else "pool drained" if {(pool, "*"), (pool, g[2])} & self.pool_drains
+                       else None)
+                if why is not None:
+                    self.fail(f"entry {index} leased {g[0]}[{g[1]}] to {g[2]} in pool {pool}: "
+                              f"{why} by a committed order")
+                self.count("order_leases_checked")
+
+    def _orders(self) -> None:
+        """An operator's order now and then (while faulty); after healing, every order lifted
+        (sent again every second until the log shows none in force)."""
+        rng = self.rng
+        if self.faulty:
+            if rng.random() >= self.cfg.orders:
+                return
+            member = rng.choice([None, *MEMBERS])
+            if rng.random() < 0.6:
+                req: dict[str, Any] = {"op": "pool", "action": rng.choice(
+                    ["hold", "release", "drain", "undrain"]), "pool": "default", "member": member}
+            else:
+                req = {"op": "member", "action": rng.choice(["drain", "undrain"]),
+                       "name": member or MEMBERS[0], "grace_s": None}
+            self._order(req)
+            return
+        if not (self.held or self.pool_drains or self.member_drains) or self.now < self.orders_lift_ms:
+            return
+        self.orders_lift_ms = self.now + 1_000
+        self._order({"op": "pool", "action": "release", "pool": "default", "member": None})
+        self._order({"op": "pool", "action": "undrain", "pool": "default", "member": None})
+        for name in sorted(self.member_drains):
+            self._order({"op": "member", "action": "undrain", "name": name, "grace_s": None})
+
+    def _order(self, req: dict) -> None:
+        alive = [n for n in MEMBERS if self.members[n].alive]
+        if not alive:
+            return
+        m = self.members[self.rng.choice(alive)]
+        self.orders_sent += 1
+        rid = f"o{self.orders_sent}"
+        req = {**req, "rid": rid, "fp": _fp(rid)}
+        m.tokens += 1
+        key = (m.name, m.inc, m.tokens)
+        self.asked[key] = req
+        m.inbox.append(Ctl(m.tokens, req))
+        self.count("orders_sent")
 
     def _item(self, key: tuple[str, int]) -> tuple | None:
         job = self.oracle.jobs.get(key[0])
@@ -1141,6 +1233,8 @@ class Sim:
         self._raft()
         self._links()
         self._clients()
+        if self.cfg.orders:
+            self._orders()
         for name in MEMBERS:
             m = self.members[name]
             if m.alive:

@@ -46,6 +46,7 @@ import blake3
 
 from meshjobs import limits, placement
 from meshjobs.control import ControlError, parse_submit
+from meshjobs.fleetctl import CtlRefused, FleetCtl
 
 # Item states, stored as one byte each.
 PENDING, LEASED, DONE, FAILED, TIMEOUT, CANCELLED = range(6)
@@ -101,6 +102,7 @@ class Job:
         "user", "inherit_env",
         "after", "waiting_on", "dep_failed",
         "selector", "pins",
+        "notify",
     )
 
     def __init__(self, job_id: str, seq: int, spec: dict, digest: bytes, stdin: list, t: int) -> None:
@@ -131,6 +133,7 @@ class Job:
         # and for a fan-out ("*") the member each item is pinned to, from the submit entry.
         self.selector: str | None = spec.get("member")
         self.pins: list[str] | None = None
+        self.notify: str | None = spec.get("notify")  # the URL its end is POSTed to
         self.digest = digest
         self.submitted_ms = t
         self.finished_ms = 0
@@ -197,6 +200,7 @@ class Job:
             **({"inherit_env": True} if self.inherit_env else {}),
             **({} if self.after is None else {"after": self.after}),
             **({} if self.selector is None else {"member": self.selector}),
+            **({} if self.notify is None else {"notify": self.notify}),
         }
 
 
@@ -223,6 +227,8 @@ class JobTable:
         # Parent id -> the jobs waiting on it (in submit order): the reverse of every waiting
         # job's `waiting_on`. Derived too (rebuilt on load from the jobs' `waiting_on`).
         self.dependents: dict[str, dict[str, None]] = {}
+        # Pools held or drained and members drained or stopped by command (meshjobs/fleetctl.py).
+        self.ctl = FleetCtl()
         self._names: dict[str, str] = {}
         self._helds: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._texts: dict[str, str] = {}  # one object per distinct item error text
@@ -528,6 +534,10 @@ class JobTable:
                 refused += 1
                 self._count("leases_refused_placement")
                 continue
+            if self.ctl.refuses(job.pool, g[2], g[3]):
+                # A pool held or drained there, or a member drained or stopping (fleetctl.py).
+                refused += 1
+                continue
             self._move("lease", job, i, LEASED)
             job.epoch[i] = index
             job.attempts[i] += 1
@@ -738,6 +748,20 @@ class JobTable:
         self._ready(job)
         return {"ok": True, "id": job.id}
 
+    def _apply_pool(self, e: dict, index: int, t: int) -> dict:
+        """Hold, release, drain or undrain a pool, fleet-wide or on one member (fleetctl.py)."""
+        try:
+            return self.ctl.apply_pool(e)
+        except CtlRefused as r:
+            raise Refused(r.status, r.message, "bad_order") from None
+
+    def _apply_member(self, e: dict, index: int, t: int) -> dict:
+        """Drain, undrain or stop a member (fleetctl.py)."""
+        try:
+            return self.ctl.apply_member(e, t)
+        except CtlRefused as r:
+            raise Refused(r.status, r.message, "bad_order") from None
+
     # --- reading ------------------------------------------------------------------------------
 
     def pick(self, pool: str, count: int, now_ms: int, skip: set[tuple[str, int]],
@@ -872,6 +896,8 @@ class JobTable:
             # The parents it names, and those of them it still waits for (empty once it runs).
             rec["after"] = [dict(d) for d in job.after]
             rec["waiting_on"] = [{"id": p, "on": on} for p, on in (job.waiting_on or {}).items()]
+        if job.notify is not None:
+            rec["notify"] = job.notify
         if items:
             rec["items"] = [self.item_record(job, i) for i in range(job.n)]
             if job.names is not None:
@@ -954,6 +980,8 @@ class JobTable:
             # Fan-outs: each one's members, item by item. Only when some job has them.
             **({"pins": [[j.id, j.pins] for j in self.jobs.values() if j.pins is not None]}
                if any(j.pins is not None for j in self.jobs.values()) else {}),
+            # Pool and member orders, only when there are some (as dependencies).
+            **({"ctl": self.ctl.to_state()} if self.ctl.active() else {}),
         }
 
     @classmethod
@@ -1019,6 +1047,7 @@ class JobTable:
             t.jobs[jid].dep_failed = True
         for jid, pins in s.get("pins", ()):
             t.jobs[jid].pins = [t._name(m) for m in pins]
+        t.ctl = FleetCtl.from_state(s.get("ctl"))
         for j in sorted((j for j in t.jobs.values() if j.finished_ms), key=lambda j: (j.finished_ms, j.seq)):
             t.finished[j.id] = j.finished_ms
         for j in t.jobs.values():
@@ -1097,6 +1126,7 @@ class JobTable:
                 waits = self.jobs[kid].waiting_on if kid in self.jobs else None
                 assert waits is not None and p in waits, f"{kid} listed as waiting on {p}, but is not"
         assert all(self.jobs[jid] is j for jid, j in self.ready.items()), "ready index holds a stale job"
+        self.ctl.check()
 
 
 def _hex(d: bytes | None) -> str | None:
@@ -1148,4 +1178,6 @@ _APPLIERS = {
     "expire": JobTable._apply_expire,
     "batch": JobTable._apply_batch,
     "bulk": JobTable._apply_bulk,
+    "pool": JobTable._apply_pool,
+    "member": JobTable._apply_member,
 }

@@ -477,3 +477,39 @@ def test_planted_placement_ignored_is_caught() -> None:
             if "member selector" in msg or "not its own member" in msg:
                 return
     raise AssertionError("no seed caught a table that ignores member selectors")
+ORDERS = SimConfig(orders=0.02)
+
+
+@pytest.mark.parametrize("seed", (1, 2))
+def test_pool_and_member_orders_safe_and_live(seed: int) -> None:
+    """Operators hold, release, drain and undrain the pool and drain members during the run: no
+    lease is committed against an order in force, and once the orders are lifted every job
+    ends."""
+    c = run(seed, ORDERS).counts
+    assert c.get("orders_committed", 0) > 0, c
+    assert c.get("order_leases_checked", 0) > 0, c
+
+
+class DrainDeafTable(JobTable):
+    """Planted bug: a hold or drain order is answered as applied, but the table ignores it."""
+
+    def _apply_one(self, entry: object, index: int, nested: bool) -> dict:
+        if isinstance(entry, dict) and entry.get("k") in ("pool", "member") \
+                and entry.get("a") in ("hold", "drain"):
+            return {"ok": True, "pool": entry.get("pool"), "name": entry.get("name")}
+        return super()._apply_one(entry, index, nested)
+
+
+def test_planted_drain_deaf_table_is_caught() -> None:
+    """Safety check: a table that ignores drains and holds leases against them, and is caught
+    with its seed named."""
+    for seed in range(1, 8):
+        try:
+            run(seed, replace(ORDERS, orders=0.05, liveness_ms_max=1_000),
+                table_cls=DrainDeafTable)
+        except SimFailure as e:
+            msg = str(e)
+            assert msg.startswith(f"seed={seed} ")
+            if "by a committed order" in msg:
+                return
+    raise AssertionError("no seed caught a table that ignores pool and member orders")

@@ -60,6 +60,7 @@ from meshjobs.node.events import (
 )
 from meshjobs.node.feed import Feeding
 from meshjobs.node.follow import Following
+from meshjobs.node.hooks import Orders
 from meshjobs.node.leader import LeaderDuties, Member
 from meshjobs.table import DONE, FAILED, RID_REUSED, TIMEOUT, JobTable
 
@@ -109,7 +110,7 @@ def _rows(e: Any) -> int:
     return n
 
 
-class JobNode(LeaderDuties, Following, Feeding):
+class JobNode(LeaderDuties, Following, Feeding, Orders):
     """One member's job node. Feed it with `step`, collect its effects with `take`."""
 
     def __init__(self, table: JobTable, config: NodeConfig, rng: random.Random) -> None:
@@ -176,6 +177,7 @@ class JobNode(LeaderDuties, Following, Feeding):
         self._ring: deque[tuple[int, int, Any, int]] = deque()
         self._ring_rows = 0
         self.counts: dict[str, int] = {}
+        self._init_orders()
 
     # --- stepping ---------------------------------------------------------------------------
 
@@ -335,6 +337,9 @@ class JobNode(LeaderDuties, Following, Feeding):
         elif op == "fleet":
             if self._leading() or forwarded or not self._ask_leader_for_fleet(token):
                 self._reply(token, 200, self.fleet())
+        elif op == "pools":
+            if self._leading() or forwarded or not self._ask_leader_for_fleet(token, "pools"):
+                self._reply(token, 200, self.pools())
         elif op == "health":
             self._reply(token, 200, self.health())
         elif op == "metrics":
@@ -483,6 +488,10 @@ class JobNode(LeaderDuties, Following, Feeding):
                 return
             entry = bulk.entry(req, ids, nxt, self.now_ms)
             job_id = None
+        elif op in ("pool", "member"):
+            job_id = None
+            if not self._order_entry(token, req, entry):
+                return
         else:
             job_id = req["id"]
             if job_id in self.table.forgotten:
@@ -586,6 +595,9 @@ class JobNode(LeaderDuties, Following, Feeding):
     def _answer_change(self, token: int, op: str, job_id: str | None, outcome: dict,
                        index: int = 0) -> None:
         index = index or self.table.applied_index
+        if op in ("pool", "member"):
+            self._answer_order(token, outcome, index)
+            return
         if op == "bulk" and outcome.get("ok"):
             self._answer(token, Answer(200, bulk.answer(
                 self.table, outcome.get("op", ""), outcome.get("rows") or [], False,
@@ -647,6 +659,7 @@ class JobNode(LeaderDuties, Following, Feeding):
                     self._answer_change(token, ch.op, ch.job_id, out, ev.index)
         if not out.get("ok"):
             return
+        self._notify_ends(kind, e, out, ev.index)
         if kind == "submit" and out.get("new"):
             digests = tuple(sorted({d.hex() for d in e["items"] if d is not None}))
             if digests:
@@ -808,10 +821,11 @@ class JobNode(LeaderDuties, Following, Feeding):
                             self._reply(token, 422, {"error": RID_REUSED})
                         else:
                             self._answer_change(token, ch.op, ch.job_id, seen)
-                elif ch.deadline_ms <= now and ch.op == "fleet":
+                elif ch.deadline_ms <= now and ch.op in ("fleet", "pools"):
                     del pending[rid]  # the leader did not answer in time: what this member knows
                     for token in ch.tokens:
-                        self._reply(token, 200, self._partial_fleet())
+                        self._reply(token, 200, self._partial_fleet() if ch.op == "fleet"
+                                    else {**self.pools(), "partial": True})
                 elif ch.deadline_ms <= now:
                     del pending[rid]
                     self._count("ctl_timeouts")
@@ -830,9 +844,9 @@ class JobNode(LeaderDuties, Following, Feeding):
             # Changes this member forwarded before it came to lead: its own to propose now.
             for rid, ch in list(self._forwarded.items()):
                 del self._forwarded[rid]
-                if ch.op == "fleet":
+                if ch.op in ("fleet", "pools"):
                     for token in ch.tokens:  # this member leads now: its own view is whole
-                        self._reply(token, 200, self.fleet())
+                        self._reply(token, 200, self.fleet() if ch.op == "fleet" else self.pools())
                 elif ch.req is not None:
                     for token in ch.tokens:
                         self._change(token, ch.req)
@@ -886,6 +900,8 @@ class JobNode(LeaderDuties, Following, Feeding):
             if boot != self.cfg.boot or key in self._running:
                 continue
             job = table.jobs[jid]
+            if not self._may_start(job):
+                continue  # its pool is held here, or this member is stopping
             pool = self.cfg.pools.get(job.pool)
             if pool is not None:
                 if busy.get(pool.name, 0) >= pool.slots:
@@ -903,6 +919,7 @@ class JobNode(LeaderDuties, Following, Feeding):
                                  job.user if job.user is not None
                                  else pool.user if pool is not None else None,
                                  job.inherit_env))
+        self._stop_check()
 
     # --- reads ----------------------------------------------------------------------------------
 
@@ -913,7 +930,7 @@ class JobNode(LeaderDuties, Following, Feeding):
             return "follower"
         return "worker"
 
-    def _ask_leader_for_fleet(self, token: int) -> bool:
+    def _ask_leader_for_fleet(self, token: int, op: str = "fleet") -> bool:
         """Only the leader hears every member's reports, so a member that does not lead asks it
         for the fleet view (F_CTL), falling back to its own partial view when no leader is
         known or none answers within `fleet_ask_ms`. True when the answer is on its way."""
@@ -922,8 +939,8 @@ class JobNode(LeaderDuties, Following, Feeding):
             return False
         self._next_fleet_ask += 1
         rid = f"#fleet.{self.cfg.member}.{self._next_fleet_ask}"  # no client request id has "#"
-        req = {"op": "fleet"}
-        ch = self._new_change([token], "fleet", None, req)
+        req = {"op": op}
+        ch = self._new_change([token], op, None, req)
         ch.deadline_ms = self.now_ms + limits.fleet_ask_ms
         ch.sent_ms = self.now_ms
         self._forwarded[rid] = ch
@@ -968,6 +985,7 @@ class JobNode(LeaderDuties, Following, Feeding):
                 "blob_bytes": m.blob_bytes,
                 "last_seen": m.last_ms / 1000.0 if m.last_ms else None,
             }
+        self._fleet_orders(members)
         return {"term": self.view.term, "leader": self.view.leader,
                 "members": sorted(members.values(), key=lambda r: r["name"])}
 

@@ -232,3 +232,21 @@ def spec_digest(spec: dict, items: list[bytes | None]) -> bytes:
     body = msgpack.packb([sorted((k, v) for k, v in spec.items() if k != "id"), items],
                          use_bin_type=True)
     return blake3.blake3(body).digest()
+
+
+@dataclass(frozen=True)
+class Exit:
+    """Effect: this member's meshd is ordered to stop (`meshctl member stop`) and may exit
+    now; `why` goes to its log."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Notify:
+    """Effect: POST a job's final record to its finish hook (`--notify URL`); `key` (job id and
+    version) lets the receiver tell a repeat from a new notice."""
+
+    url: str
+    key: str
+    record: dict

@@ -147,6 +147,7 @@ class LeaderDuties:
             pools = room.get(member)
             if pools is not None and pool in pools:
                 pools[pool] -= 1
+        self._room_orders(room)
         return room
 
     def _note_run(self, pool: str, started_ms: Any, ended_ms: Any) -> None:
@@ -160,6 +161,7 @@ class LeaderDuties:
     # --- proposals ---------------------------------------------------------------------------------
 
     def _lead(self) -> None:
+        self._notify_replay()
         if self._may_propose():
             self._propose_revokes()
             self._propose_leases()

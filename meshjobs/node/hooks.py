@@ -1,0 +1,190 @@
+"""The node's side of operators' orders (pools held or drained, members drained or stopped:
+see meshjobs/fleetctl.py for what each means) and of jobs' finish hooks.
+
+Orders: the leader turns an order into an entry (a stop names the member's current boot id),
+leases nothing an order forbids (`_room_orders`), and every member starts no leased item of a
+pool held on it (`_may_start`). A member ordered to stop exits (the `Exit` effect) once its runs
+have ended and their results are committed, or once its grace is over.
+
+Finish hooks: when an entry ends a job that has a `notify` URL, the leader (only it) hands the
+job's final record to the edge (the `Notify` effect), keyed by job id and version. A new leader
+hands on again every such job that ended within `notify_retry_s_max` before it came to lead:
+the old leader may have died before its notice got through. So a notice is delivered at least
+once, and may come twice across a failover; the key tells a receiver it is the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshjobs import limits
+from meshjobs.fleetctl import pools_view
+from meshjobs.node.events import Exit, Notify
+from meshjobs.node.feed import named_jobs
+
+
+class Orders:
+    """Mixed into JobNode: pool and member orders, and finish hooks."""
+
+    def _init_orders(self) -> None:
+        self._exit_sent = False
+        self._notified: dict[str, None] = {}  # keys of notices handed on, oldest first
+        self._notify_reign = -1  # the term whose jobs ended before it were handed on again
+
+    # --- orders, at the leader ----------------------------------------------------------------
+
+    def _known_members(self) -> set[str]:
+        ctl = self.table.ctl
+        return ({self.cfg.member} | set(self.cfg.voters) | set(self.members)
+                | set(ctl.drained) | set(ctl.stops))
+
+    def _boot_of(self, name: str) -> str:
+        if name == self.cfg.member:
+            return self.cfg.boot
+        m = self.members.get(name)
+        return m.boot if m is not None else ""
+
+    def _order_entry(self, token: int, req: dict, entry: dict) -> bool:
+        """Fill in the entry of a pool or member order; False (answered) when it is refused."""
+        known = self._known_members()
+        if req["op"] == "pool":
+            pool, member = req["pool"], req["member"]
+            if pool not in self._pools() and pool not in self.table.ctl.pools_named():
+                pools = ", ".join(sorted(self._pools())) or "no pools"
+                self._reply(token, 404, {"error": f"unknown pool {pool!r}: this fleet has {pools} "
+                                                  "(see meshctl pools)"})
+                return False
+            if member is not None and member not in known:
+                self._reply(token, 404, {"error": f"no member {member!r} in this fleet (see "
+                                                  "meshctl fleet)"})
+                return False
+            entry.update({"a": req["action"], "pool": pool})
+            if member is not None:
+                entry["member"] = member
+            return True
+        name = req["name"]
+        if name not in known:
+            self._reply(token, 404, {"error": f"no member {name!r} in this fleet (see meshctl "
+                                              "fleet)"})
+            return False
+        entry.update({"a": req["action"], "name": name})
+        if req["action"] == "stop":
+            boot = self._boot_of(name)
+            if not boot:
+                self._reply(token, 409, {"error": f"member {name} has not reported to the leader "
+                                                  "since it came to lead (is it running?): see "
+                                                  "meshctl fleet, and try again"})
+                return False
+            entry["boot"] = boot
+            if req.get("grace_s") is not None:
+                entry["grace_ms"] = int(req["grace_s"] * 1000)
+        return True
+
+    def _answer_order(self, token: int, outcome: dict, index: int) -> None:
+        from meshjobs.control import Answer
+
+        if not outcome.get("ok"):
+            answer = Answer(outcome.get("status", 409), {"error": outcome.get("error", "refused")})
+        else:
+            answer = Answer(200, {k: v for k, v in outcome.items() if k != "ok"})
+        self._answer(token, answer, index)
+
+    def _room_orders(self, room: dict[str, dict[str, int]]) -> None:
+        """No room on members drained or stopping, nor in pools held or drained on them."""
+        ctl = self.table.ctl
+        if not ctl.active():
+            return
+        for name in list(room):
+            if ctl.closed(name, self._boot_of(name)):
+                del room[name]
+                continue
+            pools = room[name]
+            for pool in pools:
+                if ctl.pool_held(pool, name) or ctl.pool_drained(pool, name):
+                    pools[pool] = 0
+
+    # --- orders, at every member ----------------------------------------------------------------
+
+    def _may_start(self, job: Any) -> bool:
+        """Whether this member may start a leased item of `job` now."""
+        ctl = self.table.ctl
+        return not ctl.active() or not (ctl.pool_held(job.pool, self.cfg.member)
+                                        or ctl.stopping(self.cfg.member, self.cfg.boot))
+
+    def _stop_check(self) -> None:
+        """Exit when ordered to stop: once every run has ended and its result is committed, or
+        once the grace is over (the edge then cuts what still runs)."""
+        ctl = self.table.ctl
+        if self._exit_sent or not ctl.stops or not ctl.stopping(self.cfg.member, self.cfg.boot):
+            return
+        _boot, t, grace_ms = ctl.stops[self.cfg.member]
+        running = sum(1 for ended in self._running.values() if not ended)
+        if not running and not self._results:
+            why = "ordered to stop (meshctl member stop): its running items have ended"
+        elif grace_ms is not None and self.now_ms >= t + grace_ms:
+            why = (f"ordered to stop (meshctl member stop): the grace of {grace_ms / 1000:g} s "
+                   f"is over; {running} running item(s) cut, to be leased again elsewhere")
+        else:
+            return
+        self._exit_sent = True
+        self._count("stop_ordered_exits")
+        self._out.append(Exit(why))
+
+    def _fleet_orders(self, members: dict[str, dict]) -> None:
+        """Each member's row in the fleet view says whether it is drained or stopping."""
+        ctl = self.table.ctl
+        for name, row in members.items():
+            row["drained"] = name in ctl.drained
+            boot = self._boot_of(name)
+            row["stopping"] = bool(boot) and ctl.stopping(name, boot)
+
+    def pools(self) -> dict:
+        """Per pool, fleet-wide: slots, free, running, pending, held and drained (GET /pools)."""
+        leased: dict[str, dict[str, int]] = {}
+        jobs = self.table.jobs
+        for (jid, _i), (member, _boot) in self.table.leased.items():
+            by = leased.setdefault(jobs[jid].pool, {})
+            by[member] = by.get(member, 0) + 1
+        pending: dict[str, int] = {}
+        for j in self.table.ready.values():
+            pending[j.pool] = pending.get(j.pool, 0) + j.n_pending
+        return pools_view(self.fleet(), self.table.ctl, leased, pending)
+
+    # --- finish hooks -----------------------------------------------------------------------------
+
+    def _notify_ends(self, kind: Any, e: dict, out: dict, index: int) -> None:
+        """The leader hands on the end of every job with a finish hook this entry ended."""
+        if not self._leading():
+            return
+        for job_id in named_jobs(kind, e, out):
+            job = self.table.jobs.get(job_id)
+            if job is not None and job.notify is not None and job.finished and job.version == index:
+                self._notice(job)
+
+    def _notify_replay(self) -> None:
+        """A new reign hands on again the ends of the last `notify_retry_s_max` (see above)."""
+        if self._notify_reign == self.view.term:
+            return
+        self._notify_reign = self.view.term
+        since = self.now_ms - limits.notify_retry_s_max * 1000
+        jobs = self.table.jobs
+        looked = 0
+        for job_id in reversed(self.table.finished):
+            job = jobs[job_id]
+            looked += 1
+            if job.finished_ms < since or looked > limits.notify_sent_max:
+                break
+            if job.notify is not None:
+                self._count("notify_replayed")
+                self._notice(job)
+
+    def _notice(self, job: Any) -> None:
+        key = f"{job.id}.{job.version}"
+        if key in self._notified:
+            return
+        self._notified[key] = None
+        while len(self._notified) > limits.notify_sent_max:
+            del self._notified[next(iter(self._notified))]
+        self._count("notify_handed")
+        self._out.append(Notify(job.notify, key, self.table.final_record(job)))
+
