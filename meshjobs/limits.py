@@ -225,3 +225,11 @@ history_read_max = 1_000  # records one GET /history answers at most (its limit=
 history_read_default = 100  # records GET /history and `meshctl history` give without a limit
 epoch_s_max = 253_402_300_800  # the first second of year 10000: a --since / since= past it is refused
 history_read_bytes_max = 64 << 20  # bytes of history files one read looks at, newest first
+
+# --- Re-running finished jobs (rerun, --restart, --resubmit, --stdout/--stderr PATH) ----------
+restart_max = 10_000  # automatic re-runs after success a job may ask for (--restart N; or "forever")
+resubmit_max = 100  # whole-job re-runs after it ends (--resubmit N)
+restart_delay_s_max = 7 * 86_400  # the wait before an automatic re-run (--restart-delay S)
+job_runs_kept_max = 16  # summaries of earlier runs a job's record keeps (the oldest dropped first)
+output_path_chars_max = 4096  # a --stdout / --stderr path, before {index} is filled in
+output_path_write_s_max = 60  # writing one item's output to its path as another user

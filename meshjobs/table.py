@@ -44,7 +44,7 @@ from typing import Any
 
 import blake3
 
-from meshjobs import limits
+from meshjobs import limits, reruns
 from meshjobs.control import ControlError, parse_submit
 
 # Item states, stored as one byte each.
@@ -59,6 +59,9 @@ TRANSITIONS: dict[str, frozenset[tuple[int, int]]] = {
     "result": frozenset({(LEASED, DONE), (LEASED, FAILED), (LEASED, TIMEOUT), (LEASED, PENDING)}),
     "revoke": frozenset({(LEASED, PENDING)}),
     "cancel": frozenset({(PENDING, CANCELLED), (LEASED, CANCELLED)}),
+    # A finished job run again (meshjobs.reruns): its ended items wait for a lease once more.
+    "rerun": frozenset({(DONE, PENDING), (FAILED, PENDING), (TIMEOUT, PENDING),
+                        (CANCELLED, PENDING)}),
 }
 
 RC_NONE = -(2**31)  # "no exit code" in the rc array
@@ -100,6 +103,8 @@ class Job:
         "n_failed", "n_cancelled", "started", "errors", "held", "names", "version",
         "user", "inherit_env",
         "after", "waiting_on", "dep_failed",
+        "restart", "restart_delay_s", "resubmit", "stdout_path", "stderr_path",
+        "run", "restarts", "resubmits", "due_ms", "due_why", "past",
     )
 
     def __init__(self, job_id: str, seq: int, spec: dict, digest: bytes, stdin: list, t: int) -> None:
@@ -126,6 +131,19 @@ class Job:
         # (None when it waits on none); and whether it ended because one can never hold.
         self.waiting_on: dict[str, str] | None = None
         self.dep_failed = False
+        # Re-runs (meshjobs.reruns): what the spec asks for, which run this is (1: the first),
+        # the automatic re-runs used, the one due (when, why) and summaries of earlier runs.
+        self.restart: int | str | None = spec.get("restart")
+        self.restart_delay_s: float | None = spec.get("restart_delay_s")
+        self.resubmit: int | None = spec.get("resubmit")
+        self.stdout_path: str | None = spec.get("stdout")  # items' stdout also written here
+        self.stderr_path: str | None = spec.get("stderr")
+        self.run = 1
+        self.restarts = 0
+        self.resubmits = 0
+        self.due_ms = 0
+        self.due_why: str | None = None
+        self.past: list[dict] | None = None
         self.digest = digest
         self.submitted_ms = t
         self.finished_ms = 0
@@ -191,6 +209,10 @@ class Job:
             **({} if self.user is None else {"user": self.user}),
             **({"inherit_env": True} if self.inherit_env else {}),
             **({} if self.after is None else {"after": self.after}),
+            **{k: v for k, v in (("restart", self.restart), ("resubmit", self.resubmit),
+                                 ("restart_delay_s", self.restart_delay_s),
+                                 ("stdout", self.stdout_path), ("stderr", self.stderr_path))
+               if v is not None},
         }
 
 
@@ -217,6 +239,8 @@ class JobTable:
         # Parent id -> the jobs waiting on it (in submit order): the reverse of every waiting
         # job's `waiting_on`. Derived too (rebuilt on load from the jobs' `waiting_on`).
         self.dependents: dict[str, dict[str, None]] = {}
+        # Job id -> when its automatic re-run is due (meshjobs.reruns). Derived (rebuilt on load).
+        self.due: dict[str, int] = {}
         self._names: dict[str, str] = {}
         self._helds: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._texts: dict[str, str] = {}  # one object per distinct item error text
@@ -353,6 +377,7 @@ class JobTable:
         if not job.finished_ms and job.n_done + job.n_failed + job.n_cancelled == job.n:
             job.finished_ms = max(t, 1)
             self.finished[job.id] = job.finished_ms
+            reruns.schedule(self, job)
             return True
         return False
 
@@ -606,6 +631,12 @@ class JobTable:
 
     def _apply_cancel(self, e: dict, index: int, t: int) -> dict:
         job = self._job(e.get("id"))
+        if job.finished and job.due_ms:
+            # A cancel stops restarting (meshjobs.reruns, Rule 4): the due re-run is dropped.
+            reruns.unschedule(self, job)
+            job.version = index
+            self._count("reruns_stopped")
+            return {"ok": True, "id": job.id}
         if job.finished:
             raise Refused(409, f"job {job.id} has already ended ({job.state}); nothing to cancel",
                           "finished")
@@ -642,6 +673,7 @@ class JobTable:
         del self.jobs[job.id]
         del self.finished[job.id]
         self.ready.pop(job.id, None)
+        self.due.pop(job.id, None)
         self.forgotten[job.id] = None
         self._count("jobs_forgotten")
         while len(self.forgotten) > limits.forgotten_ids_max:
@@ -657,7 +689,7 @@ class JobTable:
         expired = []
         for job_id in ids:
             job = self.jobs.get(job_id) if isinstance(job_id, str) else None
-            if job is not None and job.finished:
+            if job is not None and job.finished and not job.due_ms:  # a due re-run keeps it
                 self._forget(job, "expire", t)
                 expired.append(job_id)
         self._count("jobs_expired", len(expired))
@@ -793,6 +825,9 @@ class JobTable:
             # The parents it names, and those of them it still waits for (empty once it runs).
             rec["after"] = [dict(d) for d in job.after]
             rec["waiting_on"] = [{"id": p, "on": on} for p, on in (job.waiting_on or {}).items()]
+        rec.update({k: v for k, v in job.spec_fields().items()
+                    if k in ("restart", "restart_delay_s", "resubmit", "stdout", "stderr")})
+        rec.update(reruns.record_fields(job))
         if items:
             rec["items"] = [self.item_record(job, i) for i in range(job.n)]
             if job.names is not None:
@@ -869,6 +904,7 @@ class JobTable:
                           if j.waiting_on]} if self.dependents else {}),
             **({"dep_failed": [j.id for j in self.jobs.values() if j.dep_failed]}
                if any(j.dep_failed for j in self.jobs.values()) else {}),
+            **reruns.to_state(self),
         }
 
     @classmethod
@@ -932,6 +968,7 @@ class JobTable:
                 t.dependents.setdefault(p, {})[jid] = None
         for jid in s.get("dep_failed", ()):
             t.jobs[jid].dep_failed = True
+        reruns.from_state(t, s)
         for j in sorted((j for j in t.jobs.values() if j.finished_ms), key=lambda j: (j.finished_ms, j.seq)):
             t.finished[j.id] = j.finished_ms
         for j in t.jobs.values():
@@ -1003,6 +1040,7 @@ class JobTable:
                 waits = self.jobs[kid].waiting_on if kid in self.jobs else None
                 assert waits is not None and p in waits, f"{kid} listed as waiting on {p}, but is not"
         assert all(self.jobs[jid] is j for jid, j in self.ready.items()), "ready index holds a stale job"
+        reruns.check(self)
 
 
 def _hex(d: bytes | None) -> str | None:
@@ -1054,4 +1092,5 @@ _APPLIERS = {
     "expire": JobTable._apply_expire,
     "batch": JobTable._apply_batch,
     "bulk": JobTable._apply_bulk,
+    "rerun": reruns.apply_rerun,
 }
