@@ -31,8 +31,7 @@ from typing import Any
 
 import blake3
 
-from meshjobs import bulk, limits
-from meshjobs import reruns
+from meshjobs import bulk, limits, reruns
 from meshjobs.control import CHANGE_OPS, OUTPUT_INDEX, Answer, ControlError, parse_request
 from meshjobs.node.events import (
     EMPTY_DIGEST,
