@@ -1413,22 +1413,6 @@ def _size(n: object) -> str:
     return f"{n} B"
 
 
-def main() -> NoReturn:
-    """The `meshctl` console script."""
-    try:
-        cli(prog_name="meshctl")
-    except BrokenPipeError:
-        # The reader went away (meshctl job results ID | head): quiet, as other tools are.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        sys.exit(1)
-    sys.exit(0)  # cli() exits itself; this is for type checkers.
-
-
-if __name__ == "__main__":
-    main()
-
-
 # --- Re-running finished jobs ------------------------------------------------------------------
 
 
@@ -1494,3 +1478,20 @@ def job_rerun(ctx: click.Context, job_id: str, failed_only: bool, as_json: bool)
     or --failed-only) wait again and get new attempt numbers; the earlier run stays in the job's
     record (previous_runs) and in `meshctl history`."""
     _change(ctx, "POST", f"/jobs/{_q(job_id)}/rerun", {"failed_only": failed_only}, as_json)
+
+
+def main() -> NoReturn:
+    """The `meshctl` console script."""
+    try:
+        cli(prog_name="meshctl")
+    except BrokenPipeError:
+        # The reader went away (meshctl job results ID | head): quiet, as other tools are.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(1)
+    sys.exit(0)  # cli() exits itself; this is for type checkers.
+
+
+if __name__ == "__main__":
+    main()
+
