@@ -1348,7 +1348,8 @@ def _since(value: str, now: float) -> float:
 @json_option
 @click.pass_context
 def history_cmd(ctx: click.Context, since: str | None, limit: int, as_json: bool) -> None:
-    """Jobs this member saw forgotten or expired (its history.jsonl and rotated files), newest
+    """Jobs this member saw forgotten or expired, and the earlier runs of jobs run again (its
+    history.jsonl and rotated files), newest
     first: when, why (forget or expire), the job's id, state, items and tags."""
     query = {"limit": str(limit)}
     if since is not None:
