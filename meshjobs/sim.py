@@ -23,7 +23,11 @@ breaks them:
   only 20 finished jobs (retention).
 - Clients submit jobs (some held then released, some cancelled, some forgotten once finished)
   and retry with the same request id after a 503, a 507 or a timeout. With `deps` set, some
-  jobs wait for earlier ones (`after`, each condition drawn from ok, end and fail).
+  jobs wait for earlier ones (`after`, each condition drawn from ok, end and fail). With
+  `reruns` set, some jobs restart once or twice after a short delay and some clients rerun
+  their finished job (whole, or only its failed items): each committed rerun must send back
+  exactly the items it names, no item may have more results than attempts, and no job more
+  restarts than it asked for.
 
 Rule 1: pure and replayable. No IO, clock or threads; every choice comes from one
         `random.Random(seed)`, and nothing iterates a set whose order could change between runs.

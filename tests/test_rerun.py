@@ -23,7 +23,7 @@ import pytest
 
 from meshjobs import limits
 from meshjobs.runas import can_switch_user
-from tests.fleet import make_fleet, start_all, wait_until
+from tests.fleet import Meshd, make_fleet, start_all, wait_until
 from tests.test_fleet import leader_of
 
 pytestmark = pytest.mark.fleet
@@ -206,6 +206,29 @@ def test_stdout_stderr_to_paths(meshd, tmp_path):
     error = rec["items"][0]["error"]
     assert "stdout not written to" in error and "missing/dir/out" in error and "kept" in error
     assert meshd.request("GET", "/jobs/o2/results")[1] == b"kept\n"
+
+
+def test_python_item_output_to_path(tmp_path):
+    """A python pool's item writes its returned bytes (stdout) to --stdout's path too."""
+    cfg = tmp_path / "meshd.toml"
+    cfg.write_text('name = "m1"\n[pools.py]\nkind = "python"\nslots = 1\n'
+                   '[pools.default]\nslots = 1\n')
+    funcs = tmp_path / "funcs"
+    funcs.mkdir()
+    (funcs / "rerunfuncs.py").write_text("def shout(data):\n    return data.upper()\n")
+    m = Meshd(str(tmp_path / "m1"), config=str(cfg))
+    try:
+        m.start()
+        status, rec = m.request("POST", "/jobs", {"pool": "py", "argv": ["rerunfuncs:shout"],
+                                                  "cwd": str(funcs), "items": ["a", "b"],
+                                                  "stdout": "py-{index}.out"})
+        assert status == 201, rec
+        done = m.wait_job(rec["id"])
+        assert done["state"] == "done" and all(it["error"] is None for it in done["items"])
+        assert (funcs / "py-0.out").read_bytes() == b"A"
+        assert (funcs / "py-1.out").read_bytes() == b"B"
+    finally:
+        m.stop()
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not can_switch_user(),
