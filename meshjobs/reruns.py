@@ -25,6 +25,10 @@ Rule 4: a cancel stops restarting: a cancelled job is never re-run automatically
         of a finished job whose re-run is due drops that re-run (the job keeps its state).
         A rerun by hand starts the policy again (the counts of re-runs used are kept, so
         `restart` N never runs more than N automatic restarts in the job's life).
+Rule 5: a job that waited for parents and was cancelled before its items ever ran is judged
+        again at a rerun, as at a submit: it waits again for the parents not ended, and a parent
+        that ended the wrong way (or was forgotten) refuses the rerun. A job whose items ran
+        had its parents' consent once; that stands.
 """
 
 from __future__ import annotations
@@ -107,6 +111,7 @@ def apply_rerun(tbl: JobTable, e: dict, index: int, t: int) -> dict:
             raise Refused(409, f"job {job.id} ended dep_failed: its parents can never satisfy "
                                "it, so it does not run again; submit a new job (without the "
                                "failed parents in --after)", "dep_failed")
+    waits = _judge_after(tbl, job)
     again = [i for i in range(job.n)
              if not failed_only or job.st[i] in (FAILED, TIMEOUT, CANCELLED)]
     if not again:
@@ -147,11 +152,41 @@ def apply_rerun(tbl: JobTable, e: dict, index: int, t: int) -> dict:
     job.started = False
     job.finished_ms = 0
     del tbl.finished[job.id]
+    if waits:
+        job.waiting_on = waits
+        for parent_id in waits:
+            tbl.dependents.setdefault(parent_id, {})[job.id] = None
     job.version = index
     tbl._ready(job)
     tbl._count("jobs_rerun_" + why)
     tbl._count("items_rerun", len(again))
     return {"ok": True, "id": job.id, "run": job.run, "items": len(again)}
+
+
+def _judge_after(tbl: JobTable, job: Job) -> dict[str, str] | None:
+    """A job with parents whose items never ran (it was cancelled while it waited) is judged
+    again as at a submit (Rule 5): it waits again on each parent not ended; a parent that ended
+    the wrong way, or is gone, refuses the rerun. A job whose items ran was allowed by its
+    parents once: that stands."""
+    from meshjobs.table import Refused
+
+    if not job.after or any(job.attempts):
+        return None
+    waits: dict[str, str] = {}
+    for dep in job.after:
+        parent_id, on = dep["id"], dep["on"]
+        parent = tbl.jobs.get(parent_id)
+        if parent is None:
+            raise Refused(409, f"job {job.id} never ran, and its parent {parent_id} is gone "
+                               "(forgotten), so its condition cannot be judged any more; submit "
+                               "a new job without it in --after", "bad_after")
+        if not parent.finished:
+            waits[parent_id] = on
+        elif not tbl._holds(parent.state, on):
+            raise Refused(409, f"job {job.id} never ran, and its parent {parent_id} ended "
+                               f"{parent.state}, which can never satisfy {on}; submit a new job "
+                               "without it in --after", "dep_failed")
+    return waits or None
 
 
 def _rc_none() -> int:

@@ -130,6 +130,22 @@ def test_rerun_refused_running_unknown_dep_failed(meshd, tmp_path):
     assert status == 404 and "forgotten" in body["error"], body
 
 
+def test_rerun_of_a_dependent_cancelled_while_waiting(meshd, tmp_path):
+    """A dependent cancelled while it waited, rerun: it waits for its parent again (state
+    waiting, nothing of it runs) and runs once the parent is done."""
+    flag = tmp_path / "go"
+    _submit(meshd, "--id", "par", "--", "sh", "-c", f"until [ -e {flag} ]; do sleep 0.05; done")
+    _submit(meshd, "--id", "dep", "--after", "par", "--", "echo", "dep")
+    assert meshd.ctl("job", "cancel", "dep").returncode == 0
+    r = meshd.ctl("--json", "job", "rerun", "dep")
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout)
+    assert rec["state"] == "waiting" and rec["waiting_on"] == [{"id": "par", "on": "ok"}], rec
+    flag.touch()
+    assert meshd.wait_job("dep")["state"] == "done"
+    assert meshd.request("GET", "/jobs/dep/results")[1] == b"dep\n"
+
+
 def test_restart_runs_n_more_times_after_delay(meshd, tmp_path):
     """--restart 2 --restart-delay: the job runs 3 times in all, the record counts 2 restarts
     and shows the earlier runs; each run starts at least the delay after the one before."""

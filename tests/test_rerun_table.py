@@ -242,3 +242,37 @@ def test_rerun_request_parsed() -> None:
     assert req["failed_only"] is True and req["id"] == "j1"
     with pytest.raises(ControlError):
         parse_request({"op": "rerun", "rid": "r", "id": "../x"})
+
+
+def test_rerun_of_a_job_cancelled_while_waiting_waits_again() -> None:
+    """A dependent cancelled while it waited (its items never ran) is judged again at a rerun:
+    it waits for the parent not ended yet, and runs only once the parent allows; a parent that
+    ended the wrong way, or is gone, refuses the rerun. One whose items ran is not judged again."""
+    log = Log()
+    log.submit("p", n=1)
+    log.submit("kid", n=1, dg=b"dg-2", after=[{"id": "p", "on": "ok"}])
+    assert log.op("cancel", "kid")["ok"]
+    assert log.op("rerun", "kid")["ok"]
+    kid = log.job("kid")
+    assert kid.state == "waiting" and kid.waiting_on == {"p": "ok"} and "kid" not in log.table.ready
+    run_all(log, "p")
+    assert log.job("kid").state == "queued"
+    run_all(log, "kid")
+    log.submit("p2", n=1, dg=b"dg-3")
+    run_all(log, "p2", states=(FAILED,))
+    log.submit("kid2", n=1, dg=b"dg-4", after=[{"id": "p2", "on": "end"}])
+    log.op("cancel", "kid2")
+    # kid2's parent ended failed, and kid2 waits for its end: judged at the rerun, it runs.
+    assert log.op("rerun", "kid2")["ok"] and log.job("kid2").state == "queued"
+    log.op("cancel", "kid2")
+    log.submit("p3", n=1, dg=b"dg-5")
+    log.submit("kid3", n=1, dg=b"dg-6", after=[{"id": "p3", "on": "ok"}])
+    log.op("cancel", "kid3")
+    run_all(log, "p3", states=(FAILED,))
+    assert refusal(log.op("rerun", "kid3")) == (False, 409, "dep_failed")
+    log.op("forget", "p3")
+    assert refusal(log.op("rerun", "kid3")) == (False, 409, "bad_after")
+    # A dependent whose items ran: its parent's consent stands, even with the parent gone.
+    log.op("forget", "p")
+    assert log.op("rerun", "kid")["ok"] and log.job("kid").state == "queued"
+    log.table.check()

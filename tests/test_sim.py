@@ -455,6 +455,13 @@ def test_reruns_safe_and_live(seed: int) -> None:
     assert c.get("table_jobs_rerun_restart", 0) > 0 and c.get("table_jobs_rerun_rerun", 0) > 0, c
 
 
+def test_rerun_seed_that_found_a_bug() -> None:
+    """Seed 11 found a rerun of a dependent cancelled while it waited running before its
+    parents had ended (reruns.py Rule 5 now judges such a job again); it stays fixed."""
+    c = run(11, SimConfig(reruns=0.5, deps=0.3, bulk=0.3)).counts
+    assert c.get("reruns_checked", 0) > 0, c
+
+
 class RerunLeavesOneFinalTable(JobTable):
     """Planted bug: a whole rerun leaves the job's last item final (it takes only the others),
     keeping its counts and queue consistent so that the table's own check passes."""

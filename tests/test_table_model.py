@@ -64,6 +64,7 @@ class MJob:
     waiting_on: dict[str, str] = field(default_factory=dict)
     dep_failed: bool = False
     run: int = 1  # a finished job run again (`rerun`) counts up
+    after: list[dict] = field(default_factory=list)  # its parents, as submitted
 
     def n(self, state: str) -> int:
         return sum(1 for it in self.items if it.state == state)
@@ -175,6 +176,7 @@ class Model:
         job = self.jobs[job_id] = MJob(self.seq, e["dg"], s["pool"], s["retries"],
                                        s["priority"], s["hold"], s["max_leases"],
                                        [MItem() for _ in range(n)], list(range(n)))
+        job.after = list(after)
         self.count("jobs_submitted")
         self.count("items_submitted", n)
         for d in after:
@@ -313,6 +315,17 @@ class Model:
             return self.refuse(409, "not_finished")
         if job.dep_failed:
             return self.refuse(409, "dep_failed")
+        waits = {}
+        if not any(it.attempts for it in job.items):
+            # Never ran (cancelled while it waited): judged again as at a submit.
+            for d in job.after:
+                parent = self.jobs.get(d["id"])
+                if parent is None:
+                    return self.refuse(409, "bad_after")
+                if not parent.finished_ms:
+                    waits[d["id"]] = d["on"]
+                elif parent.state not in SATISFIED[d["on"]]:
+                    return self.refuse(409, "dep_failed")
         again = [i for i, it in enumerate(job.items) if not e.get("failed_only")
                  or it.state in ("failed", "timeout", "cancelled")]
         if not again:
@@ -322,6 +335,7 @@ class Model:
             it.state, it.fails, it.error, it.copies = "pending", 0, None, ()
             job.queue.append(i)
         job.finished_ms, job.cancelled, job.started = 0, False, False
+        job.waiting_on = waits
         job.run += 1
         self.count("jobs_rerun_rerun")
         self.count("items_rerun", len(again))
