@@ -39,6 +39,8 @@ READ_METHODS = frozenset({"GET", "HEAD"})
 SUBMIT_ROUTES = frozenset({("POST", "/jobs"), ("POST", "/jobs/{id}/cancel"),
                            ("POST", "/jobs/{id}/tone"), ("POST", "/jobs/cancel"),
                            ("POST", "/jobs/tone")})
+# A finished job run again is a change of the submitter's own kind (meshjobs.reruns).
+SUBMIT_ROUTES |= frozenset({("POST", "/jobs/{id}/rerun")})
 # Routes that read with a POST (a body names what to read): they need only `read`.
 READ_POST_ROUTES = frozenset({("POST", "/jobs/status")})
 # Routes anybody may use: the way in and out, and a health check for load balancers.

@@ -493,6 +493,20 @@ def _lines(raw: bytes, where: str) -> list[Any]:
               help="Run the items only on this member, or on members whose names match a "
                    "glob (gpu-*); * runs the job once on every member of the pool (fan-out, one "
                    "item each). With no such member alive the job waits, and says so.")
+@click.option("--restart", "restart", metavar="N|forever",
+              help="Run the whole job again each time it ends done, up to N times or forever "
+                   "(a cancel stops it).")
+@click.option("--restart-delay", "restart_delay", metavar="S",
+              type=click.FloatRange(0, limits.restart_delay_s_max),
+              help="Wait S seconds before each automatic re-run (--restart, --resubmit).")
+@click.option("--resubmit", "resubmit", type=click.IntRange(1, limits.resubmit_max), metavar="N",
+              help="Run the whole job again when it ends done or failed (placed afresh), up "
+                   "to N times; --retries re-runs single failing items instead.")
+@click.option("--stdout", "stdout_path", metavar="PATH",
+              help="Also write each item's stdout to PATH on the member that runs it (relative "
+                   "to --cwd; {index} is the item's index).")
+@click.option("--stderr", "stderr_path", metavar="PATH",
+              help="Also write each item's stderr to PATH (as --stdout).")
 @json_option
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
@@ -501,7 +515,10 @@ def job_submit(ctx: click.Context, job_id: str | None, pool: str | None, items_f
                tags: tuple[str, ...], hold: bool, max_leases: int | None, env: tuple[str, ...],
                cwd: str | None, no_cwd: bool, user: str | None, inherit_env: bool,
                after: tuple[str, ...], member: str | None, as_json: bool,
-               argv: tuple[str, ...], notify: str | None = None) -> None:
+               argv: tuple[str, ...], notify: str | None = None,
+               restart: str | None = None, restart_delay: float | None = None,
+               resubmit: int | None = None, stdout_path: str | None = None,
+               stderr_path: str | None = None) -> None:
     """Submit a job: meshctl job submit [OPTIONS] -- PROGRAM [ARGS]...; prints its id.
 
     Items run in the folder meshctl runs in (as qsub does), unless --cwd names another or
@@ -526,6 +543,7 @@ def job_submit(ctx: click.Context, job_id: str | None, pool: str | None, items_f
         spec["member"] = member  # meshd checks it (placement.parse_member)
     if notify is not None:
         spec["notify"] = notify  # meshd checks it (fleetctl.parse_notify)
+    spec.update(_rerun_spec(restart, restart_delay, resubmit, stdout_path, stderr_path))
     if items_from is not None:
         spec["items"], names = _items_from(items_from)
         if names is not None:
@@ -685,6 +703,7 @@ def job_status(ctx: click.Context, job_ids: tuple[str, ...], tag: str | None, st
     ]
     rows += _dep_rows(record)
     rows += _placement_rows(record)
+    rows += _rerun_rows(record)
     for name, value in rows:
         click.echo(f"{name:<10} {value}")
     names = record.get("names") if isinstance(record.get("names"), list) else None
@@ -1359,7 +1378,8 @@ def _since(value: str, now: float) -> float:
 @json_option
 @click.pass_context
 def history_cmd(ctx: click.Context, since: str | None, limit: int, as_json: bool) -> None:
-    """Jobs this member saw forgotten or expired (its history.jsonl and rotated files), newest
+    """Jobs this member saw forgotten or expired, and the earlier runs of jobs run again (its
+    history.jsonl and rotated files), newest
     first: when, why (forget or expire), the job's id, state, items and tags."""
     query = {"limit": str(limit)}
     if since is not None:
@@ -1528,6 +1548,73 @@ def _size(n: object) -> str:
     return f"{n} B"
 
 
+# --- Re-running finished jobs ------------------------------------------------------------------
+
+
+def _rerun_spec(restart: str | None, delay: float | None, resubmit: int | None,
+                stdout_path: str | None, stderr_path: str | None) -> dict[str, Any]:
+    """The submit keys of --restart, --restart-delay, --resubmit, --stdout and --stderr (meshd
+    checks them: control.parse_rerun_keys)."""
+    out: dict[str, Any] = {}
+    if restart is not None:
+        if restart == "forever":
+            out["restart"] = restart
+        elif restart.isascii() and restart.isdigit() and len(restart) <= 9:
+            out["restart"] = int(restart)
+        else:
+            raise click.BadParameter(f"{restart[:40]!r}: give a number of re-runs (1 to "
+                                     f"{limits.restart_max}) or forever", param_hint="--restart")
+    if resubmit is not None:
+        out["resubmit"] = resubmit
+    if delay is not None:
+        if not out:
+            raise click.UsageError("--restart-delay is the wait before an automatic re-run: give "
+                                   "--restart or --resubmit with it")
+        out["restart_delay_s"] = delay
+    if stdout_path is not None:
+        out["stdout"] = stdout_path
+    if stderr_path is not None:
+        out["stderr"] = stderr_path
+    return out
+
+
+def _rerun_rows(record: dict) -> list[tuple[str, str]]:
+    """What `job status` says of a job's runs: which run this is, the automatic re-runs used
+    and asked for, the one due, and the earlier runs."""
+    rows: list[tuple[str, str]] = []
+    if "run" not in record:
+        return rows
+    asked = []
+    if record.get("restart") is not None:
+        asked.append(f"restart {record.get('restarts', 0)} of {record['restart']}")
+    if record.get("resubmit") is not None:
+        asked.append(f"resubmit {record.get('resubmits', 0)} of {record['resubmit']}")
+    rows.append(("run", f"{record['run']}" + (f" ({', '.join(asked)})" if asked else "")))
+    if record.get("rerun_due_at"):
+        rows.append(("next run", f"{record.get('rerun_due_why')} at "
+                                 f"{_when(record['rerun_due_at'])} (meshctl job cancel "
+                                 f"{record.get('id')} stops it)"))
+    for p in record.get("previous_runs") or []:
+        rows.append((f"run {p.get('run')}", f"{p.get('state')} at {_when(p.get('finished_at'))}: "
+                                            f"{p.get('items_done')} done, {p.get('items_failed')} "
+                                            f"failed, {p.get('items_cancelled')} cancelled; then "
+                                            f"{p.get('then')}"))
+    return rows
+
+
+@job.command("rerun")
+@click.argument("job_id", metavar="ID")
+@click.option("--failed-only", "failed_only", is_flag=True,
+              help="Run again only the items that failed, timed out or were cancelled.")
+@json_option
+@click.pass_context
+def job_rerun(ctx: click.Context, job_id: str, failed_only: bool, as_json: bool) -> None:
+    """Run a finished job (done, failed or cancelled) again under the same id: its items (all,
+    or --failed-only) wait again and get new attempt numbers; the earlier run stays in the job's
+    record (previous_runs) and in `meshctl history`."""
+    _change(ctx, "POST", f"/jobs/{_q(job_id)}/rerun", {"failed_only": failed_only}, as_json)
+
+
 def main() -> NoReturn:
     """The `meshctl` console script."""
     try:
@@ -1542,3 +1629,4 @@ def main() -> NoReturn:
 
 if __name__ == "__main__":
     main()
+

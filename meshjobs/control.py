@@ -56,9 +56,11 @@ ITEM_STATES = ("pending", "leased", "done", "failed", "timeout", "cancelled")
 SUBMIT_KEYS = frozenset(
     {"id", "argv", "pool", "priority", "retries", "runtime_s", "hold", "tags", "env", "cwd",
      "items", "max_leases", "names", "user", "inherit_env", "after", "member", "notify"}
+    | {"restart", "restart_delay_s", "resubmit", "stdout", "stderr"}
 )
 TONE_KEYS = frozenset({"priority", "hold", "max_leases"})
-CHANGE_OPS = frozenset({"submit", "cancel", "forget", "tone", "bulk", "pool", "member"})  # the ops that are log entries
+# The ops that are log entries.
+CHANGE_OPS = frozenset({"submit", "cancel", "forget", "tone", "bulk", "pool", "member", "rerun"})
 BULK_ACTIONS = ("cancel", "forget", "tone", "status")  # what a bulk request may do to many jobs
 BULK_KEYS = frozenset({"ids", "filter", "dry_run", "after", "set"})
 FILTER_KEYS = frozenset({"tag", "state", "pool", "member"})
@@ -248,6 +250,7 @@ def parse_submit(body: object) -> dict:
         # Only when given, as user: older specs stay normalized.
         from meshjobs.fleetctl import parse_notify
         spec["notify"] = parse_notify(body["notify"])
+    spec.update(parse_rerun_keys(body))
     if "items" in body and body["items"] is not None:
         items = body["items"]
         if not isinstance(items, list) or not items:
@@ -420,6 +423,10 @@ def parse_request(req: object) -> dict:
         fields = {k: req[k] for k in TONE_KEYS if k in req}
         return {"op": "tone", "rid": parse_rid(req.get("rid")), "fp": parse_fp(req.get("fp")),
                 "id": parse_job_id(req.get("id")), **parse_tone(fields)}
+    if op == "rerun":
+        return {"op": "rerun", "rid": parse_rid(req.get("rid")), "fp": parse_fp(req.get("fp")),
+                "id": parse_job_id(req.get("id")),
+                **parse_rerun({k: req[k] for k in RERUN_KEYS if k in req})}
     if op == "get":
         wait_ms = req.get("wait_ms", 0)
         since = req.get("since")
@@ -604,4 +611,84 @@ def parse_filter(value: object) -> dict:
         out["member"] = member
     if not out:
         raise ControlError(400, "filter must name at least one of tag, state, pool, member")
+    return out
+
+
+# --- Re-running finished jobs ------------------------------------------------------------------
+
+RERUN_KEYS = frozenset({"failed_only"})
+OUTPUT_INDEX = "{index}"  # in a --stdout/--stderr path: the item's index
+
+
+def parse_rerun(body: object) -> dict:
+    """A rerun request (the JSON body of POST /jobs/{id}/rerun, may be empty):
+    {"failed_only": bool}."""
+    if body is None:
+        body = {}
+    if not isinstance(body, dict):
+        raise ControlError(400, 'a rerun request must be a JSON object: {"failed_only": true|false} '
+                                "or {}")
+    unknown = set(body) - RERUN_KEYS
+    if unknown:
+        raise ControlError(400, f"unknown key(s) in rerun request: "
+                                f"{', '.join(sorted(map(str, unknown)))[:200]}; use failed_only")
+    failed_only = body.get("failed_only")
+    return {"failed_only": False if failed_only is None else _bool(failed_only, "failed_only")}
+
+
+def parse_output_path(value: object, name: str) -> str:
+    """A path an item's stdout or stderr is also written to: absolute, or relative to the job's
+    cwd; `{index}` in it is the item's index. No NUL, no '..' component."""
+    path = _str(value, name, limits.output_path_chars_max)
+    if not path or path.endswith("/"):
+        raise ControlError(400, f"{name} must be a file path (not empty, not ending in '/'); "
+                                f"{OUTPUT_INDEX} in it is the item's index")
+    if any(part == ".." for part in path.split("/")):
+        raise ControlError(400, f"{name} must not contain a '..' component: give an absolute "
+                                "path, or one under the job's cwd")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        raise ControlError(400, f"{name} must not contain control characters")
+    rest = path.replace(OUTPUT_INDEX, "")
+    if "{" in rest or "}" in rest:
+        raise ControlError(400, f"{name}: the only placeholder is {OUTPUT_INDEX} (the item's "
+                                "index); remove other braces")
+    return path
+
+
+def parse_rerun_keys(body: dict) -> dict:
+    """The submit keys of automatic re-runs and output paths, normalized; only those given (so
+    that a spec committed before they existed stays normalized, and its digest the same).
+
+    restart: N (1..restart_max) or "forever": run the job again each time it ends done.
+    restart_delay_s: seconds to wait before each automatic re-run (restart or resubmit).
+    resubmit: N (1..resubmit_max): run the whole job again when it ends done or failed (the
+    seed's resubmit: back to the fleet, placed afresh), up to N times.
+    stdout, stderr: paths (see parse_output_path)."""
+    out: dict[str, Any] = {}
+    restart = body.get("restart")
+    if restart is not None:
+        if restart != "forever":
+            if isinstance(restart, bool) or not isinstance(restart, int):
+                raise ControlError(400, f'restart must be a number of re-runs (1 to '
+                                        f'{limits.restart_max}) or "forever", not '
+                                        f"{str(restart)[:40]!r}")
+            restart = _int(restart, "restart", 1, limits.restart_max)
+        out["restart"] = restart
+    resubmit = body.get("resubmit")
+    if resubmit is not None:
+        out["resubmit"] = _int(resubmit, "resubmit", 1, limits.resubmit_max)
+    delay = body.get("restart_delay_s")
+    if delay is not None:
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay != delay:
+            raise ControlError(400, "restart_delay_s must be a number of seconds")
+        if not 0 <= delay <= limits.restart_delay_s_max:
+            raise ControlError(400, f"restart_delay_s must be from 0 to "
+                                    f"{limits.restart_delay_s_max} seconds")
+        if not out:
+            raise ControlError(400, "restart_delay_s is the wait before an automatic re-run: "
+                                    "give restart or resubmit with it")
+        out["restart_delay_s"] = float(delay)
+    for name in ("stdout", "stderr"):
+        if body.get(name) is not None:
+            out[name] = parse_output_path(body[name], name)
     return out

@@ -68,7 +68,7 @@ import structlog
 
 from blobstore.digest import EMPTY_DIGEST
 from blobstore.errors import BlobError
-from meshjobs import limits, runas
+from meshjobs import limits, outpaths, runas
 from meshjobs.itemenv import DEFAULT_PASS, base_env
 from meshjobs.pypool import PyEnd, PyPool
 
@@ -109,6 +109,8 @@ class RunItem:
     kind: str = "command"  # the pool's kind: "command" runs argv, "python" calls argv[0]
     user: str | None = None  # run as this user (control.parse_user's form); None: as meshd
     inherit_env: bool = False  # start from meshd's whole environment, not the `env_pass` one
+    stdout_path: str | None = None  # also write stdout here (meshjobs.outpaths)
+    stderr_path: str | None = None  # and stderr here
 
     @property
     def key(self) -> RunKey:
@@ -573,13 +575,14 @@ class Driver:
             state = "done" if returncode == 0 else "failed"
         self._log.debug("item_ended", job=item.job_id, index=item.index, epoch=item.epoch,
                         pid=run.proc.pid, rc=rc, signal=sig, state=state)
+        why = None if state == "cut" else self._write_paths(item, (run.paths[1], run.paths[2]))
         if self._writers is None:
             stdout = self._blobs.put_file(run.paths[1])
             stderr = self._blobs.put_file(run.paths[2])
             self._pin_outputs(item.job_id, stdout, stderr)
             self._remove(run.paths)
             self._report(ItemEnd(item.job_id, item.index, item.epoch, state, rc, sig, stdout,
-                                 stderr, run.started_ms, ended_ms, None))
+                                 stderr, run.started_ms, ended_ms, why))
             return
         # The writers make both outputs durable (one fsync for many items) and remove their
         # spool files; the end is reported once both are durable, from a writer thread. An empty
@@ -596,7 +599,7 @@ class Driver:
                 futs.append(self._writers.put_file(path, owner=item.job_id, remove=True))
         self._when_stored(item, futs, lambda stdout, stderr: ItemEnd(
             item.job_id, item.index, item.epoch, state, rc, sig, stdout, stderr,
-            run.started_ms, ended_ms, None))
+            run.started_ms, ended_ms, why))
 
     def _when_stored(self, item: RunItem, futs: list[Future],
                      make_end: Callable[[str, str], ItemEnd]) -> None:
@@ -685,6 +688,12 @@ class Driver:
         item = end.item
         self._log.debug("item_ended", job=item.job_id, index=item.index, epoch=item.epoch,
                         rc=end.rc, signal=end.signal, state=end.state, error=end.error)
+        why = None
+        if end.stdout is not None and end.stderr is not None:
+            why = self._write_paths(item, (end.stdout, end.stderr))
+            if why is not None:
+                end = dataclasses.replace(end, error=why if end.error is None
+                                          else f"{end.error}; {why}"[:limits.item_error_chars_max])
         if end.stdout is None or end.stderr is None:
             self._report(ItemEnd(item.job_id, item.index, item.epoch, end.state, end.rc,
                                  end.signal, None, None, end.started_ms, end.ended_ms, end.error))
@@ -709,6 +718,23 @@ class Driver:
         self._when_stored(item, futs, lambda stdout, stderr: ItemEnd(
             item.job_id, item.index, item.epoch, end.state, end.rc, end.signal, stdout, stderr,
             end.started_ms, end.ended_ms, end.error))
+
+    def _write_paths(self, item: RunItem, sources: tuple[outpaths.Source, outpaths.Source]
+                     ) -> str | None:
+        """Write the outputs to the job's --stdout/--stderr paths (as the item's user); why
+        some could not be, or None."""
+        if item.stdout_path is None and item.stderr_path is None:
+            return None
+        ids = None
+        if item.user is not None and self._may_switch:
+            try:
+                ident = self._identity(item.user)
+            except runas.RunAsError as e:
+                return f"outputs not written to their paths: {e.message}"
+            if (ident.uid, ident.gid) != (os.geteuid(), os.getegid()):
+                ids = {"user": ident.uid, "group": ident.gid, "extra_groups": list(ident.groups)}
+        return outpaths.write_outputs((item.stdout_path, item.stderr_path), sources, item.cwd,
+                                      ids, self._member)
 
     def _pin_outputs(self, job_id: str, *digests: str) -> None:
         """Without the writers (which pin in the same transaction), pin outputs for their job."""

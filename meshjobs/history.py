@@ -12,6 +12,10 @@ flushed to the kernel, never fsynced: a machine crash may lose the last records 
 torn last line. A reader skips (and counts) any line that is not a whole JSON object, so a torn
 line is never fatal. Records come in the order this member applied the entries; each carries
 the entry's time (`at`, seconds since the epoch, as the leader stamped it).
+
+A job run again (meshjobs.reruns: `rerun`, or an automatic restart or resubmit) hands over the
+record of the run that ended the same way, with why "rerun", "restart" or "resubmit": the
+earlier runs of a job are in its history too.
 """
 
 from __future__ import annotations

@@ -54,6 +54,7 @@ from meshjobs.control import (
     parse_cursor,
     parse_job_id,
     parse_pool,
+    parse_rerun,
     parse_rid,
     parse_submit,
     parse_tone,
@@ -292,6 +293,7 @@ class HttpApi:
             r.add_post(f"/jobs/{action}", self._bulk)
         r.add_post("/jobs/{id}/cancel", self._cancel)
         r.add_post("/jobs/{id}/tone", self._tone)
+        r.add_post("/jobs/{id}/rerun", self._rerun)
         r.add_get("/jobs/{id}/items/{n}/stdout", self._item_output, allow_head=False)
         r.add_get("/jobs/{id}/items/{n}/stderr", self._item_output, allow_head=False)
         r.add_get("/blobs/{digest}", self._blob)
@@ -863,6 +865,14 @@ class HttpApi:
         job_id = self._job_id(request)
         fields = parse_tone(await self._body_json(request))
         return await self._relay({"op": "tone", **await self._rid(request), "id": job_id, **fields})
+
+    async def _rerun(self, request: web.Request) -> web.Response:
+        """POST /jobs/{id}/rerun: a finished job runs again; the body ({"failed_only": bool})
+        may be left out."""
+        job_id = self._job_id(request)
+        raw = await self._read_body(request)
+        fields = parse_rerun(await self._body_json(request) if raw.strip() else None)
+        return await self._relay({"op": "rerun", **await self._rid(request), "id": job_id, **fields})
 
     async def _bulk(self, request: web.Request) -> web.Response:
         """POST /jobs/cancel, /jobs/forget, /jobs/tone and /jobs/status: many jobs at once, by

@@ -497,7 +497,8 @@ class JobsThread:
             self._send(eff)
         elif isinstance(eff, Run):
             item = RunItem(eff.job_id, eff.index, eff.epoch, eff.argv, eff.env, eff.cwd,
-                           eff.stdin, eff.runtime_s, eff.kind, eff.user, eff.inherit_env)
+                           eff.stdin, eff.runtime_s, eff.kind, eff.user, eff.inherit_env,
+                           eff.stdout_path, eff.stderr_path)
             if self.timings is not None:
                 if len(self._run_at) >= limits.run_stamps_max:
                     del self._run_at[next(iter(self._run_at))]  # the oldest: its end was lost

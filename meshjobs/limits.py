@@ -243,3 +243,10 @@ notify_sent_max = 4_096  # (job, version) notices a leader remembers sending (no
 notify_body_bytes_max = 256 * 1024  # a notice's JSON body; a longer record drops argv and env
 notify_answer_bytes_max = 4_096  # of a receiver's answer to a notice, read (and thrown away)
 boot_chars_max = 64  # a member's boot id in a stop order (as in its F_JOB_HAVE reports)
+# --- Re-running finished jobs (rerun, --restart, --resubmit, --stdout/--stderr PATH) ----------
+restart_max = 10_000  # automatic re-runs after success a job may ask for (--restart N; or "forever")
+resubmit_max = 100  # whole-job re-runs after it ends (--resubmit N)
+restart_delay_s_max = 7 * 86_400  # the wait before an automatic re-run (--restart-delay S)
+job_runs_kept_max = 16  # summaries of earlier runs a job's record keeps (the oldest dropped first)
+output_path_chars_max = 4096  # a --stdout / --stderr path, before {index} is filled in
+output_path_write_s_max = 60  # writing one item's output to its path as another user

@@ -802,9 +802,69 @@ _BULK_SCHEMAS: dict[str, Any] = {
 }
 
 
+# --- re-running finished jobs (POST /jobs/{id}/rerun, restart, resubmit, output paths) -----------
+
+_RERUN_PATHS: dict[str, Any] = {
+    "/jobs/{id}/rerun": {"post": {
+        "summary": "Run a finished job (done, failed or cancelled) again under the same id.",
+        "description": "Its items (all, or with failed_only those that ended failed, timeout "
+                       "or cancelled) wait again and get new attempt numbers; the earlier run "
+                       "is kept: in the record's previous_runs and in the history (why "
+                       "\"rerun\"). Dependents already settled by its earlier end stay "
+                       "settled. A job not finished: 409 (wait for it, or cancel it first); "
+                       "dep_failed: 409. The body may be left out (a whole rerun).",
+        "operationId": "rerunJob",
+        "parameters": [_JOB_ID, _IDEMPOTENCY_KEY],
+        "requestBody": {"required": False, "content": {"application/json": {
+            "schema": {"$ref": "#/components/schemas/Rerun"}}}},
+        "responses": {"200": _json(_JOB, "The job, queued again (run: its run number)."),
+                      "400": _BAD, "404": _NO_JOB, "409": _CONFLICT, "503": _BUSY},
+    }},
+}
+_SCHEMAS["Rerun"] = {"type": "object", "additionalProperties": False, "properties": {
+    "failed_only": {"type": "boolean", "default": False,
+                    "description": "Only the items that failed, timed out or were cancelled."}}}
+_SCHEMAS["SubmitSpec"]["properties"].update({
+    "restart": {"oneOf": [{"type": "integer", "minimum": 1, "maximum": limits.restart_max},
+                          {"const": "forever"}, {"type": "null"}],
+                "description": "Run the whole job again each time it ends done: N more times, "
+                               "or forever. A cancel stops it."},
+    "resubmit": {"type": ["integer", "null"], "minimum": 1, "maximum": limits.resubmit_max,
+                 "description": "Run the whole job again when it ends done or failed (placed "
+                                "afresh on the fleet), up to N times. Per item: retries."},
+    "restart_delay_s": {"type": ["number", "null"], "minimum": 0,
+                        "maximum": limits.restart_delay_s_max,
+                        "description": "Seconds between a run's end and its automatic re-run "
+                                       "(needs restart or resubmit)."},
+    "stdout": {"type": ["string", "null"], "maxLength": limits.output_path_chars_max,
+               "description": "Also write each item's stdout to this path on the member that "
+                              "runs it: absolute, or under the job's cwd; {index} is the "
+                              "item's index; no '..'. Written as the item's user. A failed "
+                              "write is the item's error; the output is kept all the same."},
+    "stderr": {"type": ["string", "null"], "maxLength": limits.output_path_chars_max,
+               "description": "As stdout, for stderr."},
+})
+_SCHEMAS["Job"]["properties"].update({
+    "run": {"type": "integer", "description": "Only for a job that ran again or may: which "
+                                              "run this is (1: the first)."},
+    "restarts": {"type": "integer", "description": "Automatic restarts so far."},
+    "resubmits": {"type": "integer", "description": "Automatic resubmits so far."},
+    "rerun_due_at": {"type": ["number", "null"],
+                     "description": "When the next automatic re-run is due (seconds), if one is."},
+    "rerun_due_why": {"enum": ["restart", "resubmit", None]},
+    "previous_runs": {"type": "array", "description": "The earlier runs (the last "
+                      f"{limits.job_runs_kept_max}): run, state, finished_at, item counts and "
+                      "then (rerun, restart or resubmit).", "items": {"type": "object"}},
+})
+_BULK_SCHEMAS["History"]["properties"]["records"]["items"]["properties"]["why"] = {
+    "enum": ["forget", "expire", "rerun", "restart", "resubmit"],
+    "description": "forget or expire: the job was dropped; rerun, restart or resubmit: the "
+                   "record is of its earlier run, which ended (the job runs again)."}
+
+
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI 3.1 document, a fresh copy each call (callers may change it)."""
-    paths = copy.deepcopy({**_PATHS, **_BULK_PATHS})
+    paths = copy.deepcopy({**_PATHS, **_BULK_PATHS, **_RERUN_PATHS})
     for path, ops in paths.items():
         for method, op in ops.items():
             common = dict(_COMMON)

@@ -23,7 +23,11 @@ breaks them:
   only 20 finished jobs (retention).
 - Clients submit jobs (some held then released, some cancelled, some forgotten once finished)
   and retry with the same request id after a 503, a 507 or a timeout. With `deps` set, some
-  jobs wait for earlier ones (`after`, each condition drawn from ok, end and fail).
+  jobs wait for earlier ones (`after`, each condition drawn from ok, end and fail). With
+  `reruns` set, some jobs restart once or twice after a short delay and some clients rerun
+  their finished job (whole, or only its failed items): each committed rerun must send back
+  exactly the items it names, no item may have more results than attempts, and no job more
+  restarts than it asked for.
 
 Rule 1: pure and replayable. No IO, clock or threads; every choice comes from one
         `random.Random(seed)`, and nothing iterates a set whose order could change between runs.
@@ -83,7 +87,7 @@ from meshjobs.node import (
     View,
 )
 from meshjobs.node.events import Exit, Notify
-from meshjobs.table import LEASED, JobTable
+from meshjobs.table import CANCELLED, FAILED, ITEM_STATE_NAMES, LEASED, PENDING, TIMEOUT, JobTable
 
 T0_MS = 1_700_000_000_000
 VOTERS = ("v1", "v2", "v3")
@@ -164,6 +168,10 @@ class SimConfig:
     # member), or drains or undrains a member (`pool` and `member` entries); after healing every
     # order is lifted. Off by default, and then not drawn at all.
     orders: float = 0.0
+    # Re-runs (meshjobs.reruns): with this chance a new job asks for `restart` 1 or 2 (with a
+    # short delay), and a client reruns its finished job (whole, or its failed items). Off by
+    # default, and then not drawn at all.
+    reruns: float = 0.0
 
 
 @dataclass
@@ -265,6 +273,10 @@ class Sim:
         # Placed jobs -> (selector, fan-out members) as their committed submit said: what every
         # committed lease of them is checked against (kept apart from the table under test).
         self.placed: dict[str, tuple[str, list[str] | None]] = {}
+        # Re-runs: jobs rerun at least once (their first end is what `ended` keeps), and each
+        # job's committed automatic restarts.
+        self.rerun_ids: set[str] = set()
+        self.restarts: dict[str, int] = {}
         # Clients.
         self.clients: list[_Client] = []
         self.waiting: dict[tuple, _Client] = {}
@@ -567,6 +579,10 @@ class Sim:
             if field_ == "r":
                 results = rows
         before = {(r[0], r[1]): self._item((r[0], r[1])) for r in rows}
+        if isinstance(e, dict) and e.get("k") == "rerun" and e.get("id") in self.oracle.jobs:
+            # Every item of a job run again: the check compares each before and after.
+            job = self.oracle.jobs[e["id"]]
+            before = {(job.id, i): self._item((job.id, i)) for i in range(job.n)}
         return rows, results, before
 
     def _note_ends(self) -> None:
@@ -579,8 +595,8 @@ class Sim:
         waits only while a parent has not ended and none has failed it, and ends dep_failed
         only when one can no longer hold."""
         for jid, job in self.oracle.jobs.items():
-            if not job.after:
-                continue
+            if not job.after or any(d["id"] in self.rerun_ids for d in job.after):
+                continue  # a parent run again: `ended` holds its first end only
             open_, bad = [], []
             for d in job.after:
                 end = self.ended.get(d["id"])
@@ -618,6 +634,7 @@ class Sim:
         if results:
             self._check_results(results, index, before,
                                 outcome if isinstance(e, dict) and e.get("k") == "result" else None)
+        self._check_rerun(e, index, outcome, before)
         for key in sorted(before, key=repr):
             after = self._item(key)
             if after is None:
@@ -779,6 +796,50 @@ class Sim:
             holders = sum(1 for n in MEMBERS if d in self.blobs[n]) + (d in self.wiped)
             if holders < 2:
                 self.fail(f"entry {index} committed with blob {d[:12]} on {holders} member(s)")
+
+    def _check_rerun(self, e: Any, index: int, outcome: dict, before: dict) -> None:
+        """A committed rerun sends back to pending every item it names (all, or those that
+        ended failed, timeout or cancelled) and leaves the others as they were; automatic
+        restarts of a job never exceed its `restart`; every item has at most one accepted
+        result per attempt."""
+        if not (isinstance(e, dict) and e.get("k") == "rerun" and outcome.get("ok")):
+            return
+        jid = e["id"]
+        job = self.oracle.jobs[jid]
+        self.rerun_ids.add(jid)
+        if job.finished:
+            self.fail(f"entry {index}: job {jid} was rerun, yet it is still finished")
+        for (_, i), b in sorted(before.items()):
+            if b is None:
+                continue
+            again = not e.get("failed_only") or b[0] in (FAILED, TIMEOUT, CANCELLED)
+            if again and job.st[i] != PENDING:
+                self.fail(f"entry {index}: rerun of {jid} left item {i} "
+                          f"{ITEM_STATE_NAMES[job.st[i]]}")
+            if not again and job.st[i] != b[0]:
+                self.fail(f"entry {index}: rerun of {jid} (failed only) changed item {i}")
+            results = sum(n for (j, k, _), n in self.accepted.items() if j == jid and k == i)
+            if results > job.attempts[i]:
+                self.fail(f"{jid}[{i}] has {results} accepted results in {job.attempts[i]} "
+                          "attempts")
+        if e.get("auto") == "restart":
+            n = self.restarts[jid] = self.restarts.get(jid, 0) + 1
+            if job.restart != "forever" and n > (job.restart or 0):
+                self.fail(f"entry {index}: job {jid} restarted {n} times; it asked for "
+                          f"{job.restart}")
+        self.count("reruns_checked")
+
+    def _check_rerun_answer(self, m: _Member, req: dict, status: int, body: Any) -> None:
+        """A rerun is answered 200 only once committed (the job has run again since), and an
+        acknowledged, committed job is never answered 404."""
+        jid = req["id"]
+        job = self.oracle.jobs.get(jid)
+        if status == 200 and (job is None and jid not in self.oracle.forgotten
+                              or job is not None and job.run < 2):
+            self.fail(f"{m.name} answered rerun of {jid} 200 before it was committed")
+        if status == 404 and job is not None and jid in self.acked:
+            self.fail(f"{m.name} answered rerun of acknowledged job {jid} 404")
+        self.count(f"rerun_answers_{status}")
 
     # --- network, driver, blobs ---------------------------------------------------------------
 
@@ -966,6 +1027,10 @@ class Sim:
         items: list[str | None] = [None] * n
         if rng.random() < self.cfg.inputs:
             items = [rng.randbytes(32).hex() if rng.random() < 0.7 else None for _ in range(n)]
+        if self.cfg.reruns and rng.random() < self.cfg.reruns:
+            spec["restart"] = rng.randint(1, 2)
+            spec["restart_delay_s"] = rng.randint(0, 1500) / 1000
+            self.count("jobs_with_restart")
         if self.cfg.deps and self.acked and rng.random() < self.cfg.deps:
             # Mostly recent jobs, which are likelier not to have ended yet.
             known = list(self.acked)[-6:] if rng.random() < 0.7 else sorted(self.acked)
@@ -980,6 +1045,8 @@ class Sim:
                 items = items[:1]
             self.count("jobs_placed")
         plan = (["release"] if hold else []) + (["cancel"] if rng.random() < 0.15 else [])
+        if self.cfg.reruns and rng.random() < self.cfg.reruns:
+            plan += ["poll", "rerun"]
         plan += (["poll", "forget"] if rng.random() < 0.3 else []) + ["done"]
         req = {"op": "submit", "rid": f"s{cid}", "fp": _fp("submit", cid), "spec": spec,
                "items": items}
@@ -999,6 +1066,9 @@ class Sim:
                 return {"op": "bulk", "action": c.phase, "rid": rid, "fp": _fp(rid),
                         "ids": list(dict.fromkeys([c.job_id, other])), "dry_run": False}
             return {"op": c.phase, "rid": rid, "fp": _fp(rid), "id": c.job_id}
+        if c.phase == "rerun":
+            return {"op": "rerun", "rid": rid, "fp": _fp(rid), "id": c.job_id,
+                    "failed_only": self.rng.random() < 0.4}
         return {"op": "get", "id": c.job_id}
 
     def _clients(self) -> None:
@@ -1099,6 +1169,8 @@ class Sim:
             self._check_changed(m, req["op"], req["id"])
         elif req["op"] == "bulk" and status == 200:
             self._check_bulk(m, req, body)
+        elif req["op"] == "rerun":
+            self._check_rerun_answer(m, req, status, body)
         c = self.waiting.pop(key, None)
         if c is None:
             return

@@ -44,7 +44,7 @@ from typing import Any
 
 import blake3
 
-from meshjobs import limits, placement
+from meshjobs import limits, placement, reruns
 from meshjobs.control import ControlError, parse_submit
 from meshjobs.fleetctl import CtlRefused, FleetCtl
 
@@ -60,6 +60,9 @@ TRANSITIONS: dict[str, frozenset[tuple[int, int]]] = {
     "result": frozenset({(LEASED, DONE), (LEASED, FAILED), (LEASED, TIMEOUT), (LEASED, PENDING)}),
     "revoke": frozenset({(LEASED, PENDING)}),
     "cancel": frozenset({(PENDING, CANCELLED), (LEASED, CANCELLED)}),
+    # A finished job run again (meshjobs.reruns): its ended items wait for a lease once more.
+    "rerun": frozenset({(DONE, PENDING), (FAILED, PENDING), (TIMEOUT, PENDING),
+                        (CANCELLED, PENDING)}),
 }
 
 RC_NONE = -(2**31)  # "no exit code" in the rc array
@@ -103,6 +106,8 @@ class Job:
         "after", "waiting_on", "dep_failed",
         "selector", "pins",
         "notify",
+        "restart", "restart_delay_s", "resubmit", "stdout_path", "stderr_path",
+        "run", "restarts", "resubmits", "due_ms", "due_why", "past",
     )
 
     def __init__(self, job_id: str, seq: int, spec: dict, digest: bytes, stdin: list, t: int) -> None:
@@ -134,6 +139,19 @@ class Job:
         self.selector: str | None = spec.get("member")
         self.pins: list[str] | None = None
         self.notify: str | None = spec.get("notify")  # the URL its end is POSTed to
+        # Re-runs (meshjobs.reruns): what the spec asks for, which run this is (1: the first),
+        # the automatic re-runs used, the one due (when, why) and summaries of earlier runs.
+        self.restart: int | str | None = spec.get("restart")
+        self.restart_delay_s: float | None = spec.get("restart_delay_s")
+        self.resubmit: int | None = spec.get("resubmit")
+        self.stdout_path: str | None = spec.get("stdout")  # items' stdout also written here
+        self.stderr_path: str | None = spec.get("stderr")
+        self.run = 1
+        self.restarts = 0
+        self.resubmits = 0
+        self.due_ms = 0
+        self.due_why: str | None = None
+        self.past: list[dict] | None = None
         self.digest = digest
         self.submitted_ms = t
         self.finished_ms = 0
@@ -201,6 +219,10 @@ class Job:
             **({} if self.after is None else {"after": self.after}),
             **({} if self.selector is None else {"member": self.selector}),
             **({} if self.notify is None else {"notify": self.notify}),
+            **{k: v for k, v in (("restart", self.restart), ("resubmit", self.resubmit),
+                                 ("restart_delay_s", self.restart_delay_s),
+                                 ("stdout", self.stdout_path), ("stderr", self.stderr_path))
+               if v is not None},
         }
 
 
@@ -229,6 +251,8 @@ class JobTable:
         self.dependents: dict[str, dict[str, None]] = {}
         # Pools held or drained and members drained or stopped by command (meshjobs/fleetctl.py).
         self.ctl = FleetCtl()
+        # Job id -> when its automatic re-run is due (meshjobs.reruns). Derived (rebuilt on load).
+        self.due: dict[str, int] = {}
         self._names: dict[str, str] = {}
         self._helds: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._texts: dict[str, str] = {}  # one object per distinct item error text
@@ -365,6 +389,7 @@ class JobTable:
         if not job.finished_ms and job.n_done + job.n_failed + job.n_cancelled == job.n:
             job.finished_ms = max(t, 1)
             self.finished[job.id] = job.finished_ms
+            reruns.schedule(self, job)
             return True
         return False
 
@@ -634,6 +659,12 @@ class JobTable:
 
     def _apply_cancel(self, e: dict, index: int, t: int) -> dict:
         job = self._job(e.get("id"))
+        if job.finished and job.due_ms:
+            # A cancel stops restarting (meshjobs.reruns, Rule 4): the due re-run is dropped.
+            reruns.unschedule(self, job)
+            job.version = index
+            self._count("reruns_stopped")
+            return {"ok": True, "id": job.id}
         if job.finished:
             raise Refused(409, f"job {job.id} has already ended ({job.state}); nothing to cancel",
                           "finished")
@@ -670,6 +701,7 @@ class JobTable:
         del self.jobs[job.id]
         del self.finished[job.id]
         self.ready.pop(job.id, None)
+        self.due.pop(job.id, None)
         self.forgotten[job.id] = None
         self._count("jobs_forgotten")
         while len(self.forgotten) > limits.forgotten_ids_max:
@@ -685,7 +717,7 @@ class JobTable:
         expired = []
         for job_id in ids:
             job = self.jobs.get(job_id) if isinstance(job_id, str) else None
-            if job is not None and job.finished:
+            if job is not None and job.finished and not job.due_ms:  # a due re-run keeps it
                 self._forget(job, "expire", t)
                 expired.append(job_id)
         self._count("jobs_expired", len(expired))
@@ -898,6 +930,9 @@ class JobTable:
             rec["waiting_on"] = [{"id": p, "on": on} for p, on in (job.waiting_on or {}).items()]
         if job.notify is not None:
             rec["notify"] = job.notify
+        rec.update({k: v for k, v in job.spec_fields().items()
+                    if k in ("restart", "restart_delay_s", "resubmit", "stdout", "stderr")})
+        rec.update(reruns.record_fields(job))
         if items:
             rec["items"] = [self.item_record(job, i) for i in range(job.n)]
             if job.names is not None:
@@ -982,6 +1017,7 @@ class JobTable:
                if any(j.pins is not None for j in self.jobs.values()) else {}),
             # Pool and member orders, only when there are some (as dependencies).
             **({"ctl": self.ctl.to_state()} if self.ctl.active() else {}),
+            **reruns.to_state(self),
         }
 
     @classmethod
@@ -1048,6 +1084,7 @@ class JobTable:
         for jid, pins in s.get("pins", ()):
             t.jobs[jid].pins = [t._name(m) for m in pins]
         t.ctl = FleetCtl.from_state(s.get("ctl"))
+        reruns.from_state(t, s)
         for j in sorted((j for j in t.jobs.values() if j.finished_ms), key=lambda j: (j.finished_ms, j.seq)):
             t.finished[j.id] = j.finished_ms
         for j in t.jobs.values():
@@ -1127,6 +1164,7 @@ class JobTable:
                 assert waits is not None and p in waits, f"{kid} listed as waiting on {p}, but is not"
         assert all(self.jobs[jid] is j for jid, j in self.ready.items()), "ready index holds a stale job"
         self.ctl.check()
+        reruns.check(self)
 
 
 def _hex(d: bytes | None) -> str | None:
@@ -1180,4 +1218,5 @@ _APPLIERS = {
     "bulk": JobTable._apply_bulk,
     "pool": JobTable._apply_pool,
     "member": JobTable._apply_member,
+    "rerun": reruns.apply_rerun,
 }

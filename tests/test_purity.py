@@ -19,7 +19,7 @@ import pytest
 import meshjobs
 
 PURE = ("table", "node", "control", "auth", "connbook", "frames", "raftseam", "webui", "bulk",
-        "placement", "fleetctl")
+        "placement", "fleetctl", "reruns")
 FORBIDDEN = frozenset({
     "os", "socket", "threading", "time", "random", "lmdb", "pysyncobj", "subprocess",
     # Other ways to reach the world, the clock or entropy from a module that must not.
@@ -31,7 +31,8 @@ PURE_SIBLINGS = frozenset({"meshjobs", "meshjobs.limits", "meshjobs.table", "mes
                            "meshjobs.frames", "meshjobs.bulk", "meshjobs.placement",
                            "meshjobs.node", "meshjobs.node.events", "meshjobs.node.core",
                            "meshjobs.node.leader", "meshjobs.node.follow",
-                           "meshjobs.node.feed", "meshjobs.fleetctl", "meshjobs.node.hooks"})
+                           "meshjobs.node.feed", "meshjobs.fleetctl", "meshjobs.node.hooks",
+                           "meshjobs.reruns"})
 # What a module may use of `random`: the type name, never a call.
 RANDOM_TYPE_ONLY = {"node": {"Random"}}
 

@@ -24,7 +24,7 @@ from meshjobs import limits
 from meshjobs.control import Answer
 from meshjobs.node import Ctl, JobNode, NodeConfig, Pool, Propose, Reply, Tick, View
 from meshjobs.sim import SimConfig, SimFailure, run
-from meshjobs.table import LEASED, JobTable
+from meshjobs.table import CANCELLED, DONE, LEASED, JobTable
 
 FIXED_SEEDS = (1, 2, 3, 5, 8)
 HARSH = SimConfig(steps=6000, crash=0.006, partition=0.008, frame_drop=0.15, frame_dup=0.1,
@@ -513,3 +513,81 @@ def test_planted_drain_deaf_table_is_caught() -> None:
             if "by a committed order" in msg:
                 return
     raise AssertionError("no seed caught a table that ignores pool and member orders")
+# --- re-runs (issue 12 point 3) -------------------------------------------------------------------
+
+RERUNS = SimConfig(reruns=0.4, deps=0.2)
+
+
+@pytest.mark.parametrize("seed", (1, 2))
+def test_reruns_safe_and_live(seed: int) -> None:
+    """Clients rerun finished jobs (whole or failed items only) and some jobs restart 1 or 2
+    times after a delay: each committed rerun sends back exactly the items it names, no item has
+    more results than attempts, restarts never exceed what was asked, and once healed every
+    job ends."""
+    c = run(seed, RERUNS).counts
+    assert c.get("reruns_checked", 0) > 0 and c.get("rerun_answers_200", 0) > 0, c
+    assert c.get("table_jobs_rerun_restart", 0) > 0 and c.get("table_jobs_rerun_rerun", 0) > 0, c
+
+
+def test_rerun_seed_that_found_a_bug() -> None:
+    """Seed 11 found a rerun of a dependent cancelled while it waited running before its
+    parents had ended (reruns.py Rule 5 now judges such a job again); it stays fixed."""
+    c = run(11, SimConfig(reruns=0.5, deps=0.3, bulk=0.3)).counts
+    assert c.get("reruns_checked", 0) > 0, c
+
+
+class RerunLeavesOneFinalTable(JobTable):
+    """Planted bug: a whole rerun leaves the job's last item final (it takes only the others),
+    keeping its counts and queue consistent so that the table's own check passes."""
+
+    def _apply_one(self, entry: object, index: int, nested: bool) -> dict:
+        job = None
+        if isinstance(entry, dict) and entry.get("k") == "rerun" and not entry.get("failed_only"):
+            job = self.jobs.get(entry.get("id"))  # type: ignore[arg-type]
+        last = job.n - 1 if job is not None and job.n > 1 else None
+        was = job.st[last] if job is not None and last is not None else None
+        out = super()._apply_one(entry, index, nested)
+        if job is not None and last is not None and out.get("ok"):
+            job.queue.remove(last)
+            job.st[last] = was
+            job.n_pending -= 1
+            if was == DONE:
+                job.n_done += 1
+            elif was == CANCELLED:
+                job.n_cancelled += 1
+            else:
+                job.n_failed += 1
+            self._ready(job)
+        return out
+
+
+class OneRestartTooManyTable(JobTable):
+    """Planted bug: the first automatic restart of a job is not counted, so it restarts once
+    more than it asked for (the table's own check still passes)."""
+
+    def _apply_one(self, entry: object, index: int, nested: bool) -> dict:
+        out = super()._apply_one(entry, index, nested)
+        if (isinstance(entry, dict) and entry.get("k") == "rerun"
+                and entry.get("auto") == "restart" and out.get("ok")):
+            job = self.jobs[entry["id"]]
+            if job.restarts == 1 and job.run == 2:
+                job.restarts = 0
+        return out
+
+
+@pytest.mark.parametrize(("table_cls", "words"), [
+    (RerunLeavesOneFinalTable, "rerun of"),
+    (OneRestartTooManyTable, "times; it asked for"),
+])
+def test_planted_rerun_bugs_are_caught(table_cls: type[JobTable], words: str) -> None:
+    """Safety check: a table that reruns a job but leaves an item final, or restarts a job one
+    time too many, is caught, and the failure names its seed."""
+    for seed in range(1, 8):
+        try:
+            run(seed, replace(RERUNS, liveness_ms_max=60_000), table_cls=table_cls)
+        except SimFailure as e:
+            msg = str(e)
+            assert msg.startswith(f"seed={seed} ")
+            if words in msg:
+                return
+    raise AssertionError(f"no seed caught {table_cls.__name__}")

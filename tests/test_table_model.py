@@ -26,7 +26,7 @@ from meshjobs.table import ITEM_STATE_NAMES, JobTable, backoff_ms
 JOB_IDS = ["job-aa", "job-bb", "job-cc", "job-dd", "job-ee", "job-ff"]
 RIDS = ["rid-0", "rid-1", "rid-2", "rid-3"]
 POOLS = ["default", "gpu"]
-KINDS = ["submit", "lease", "result", "revoke", "cancel", "forget", "tone"]
+KINDS = ["submit", "lease", "result", "revoke", "cancel", "forget", "tone", "rerun"]
 FINAL = {"done", "failed", "timeout", "cancelled"}
 SATISFIED = {"ok": {"done"}, "end": {"done", "failed", "cancelled", "dep_failed"},
              "fail": {"failed", "cancelled", "dep_failed"}}
@@ -63,6 +63,8 @@ class MJob:
     started: bool = False
     waiting_on: dict[str, str] = field(default_factory=dict)
     dep_failed: bool = False
+    run: int = 1  # a finished job run again (`rerun`) counts up
+    after: list[dict] = field(default_factory=list)  # its parents, as submitted
 
     def n(self, state: str) -> int:
         return sum(1 for it in self.items if it.state == state)
@@ -174,6 +176,7 @@ class Model:
         job = self.jobs[job_id] = MJob(self.seq, e["dg"], s["pool"], s["retries"],
                                        s["priority"], s["hold"], s["max_leases"],
                                        [MItem() for _ in range(n)], list(range(n)))
+        job.after = list(after)
         self.count("jobs_submitted")
         self.count("items_submitted", n)
         for d in after:
@@ -302,6 +305,42 @@ class Model:
                 setattr(job, k, e[k])
         return {"ok": True, "id": e["id"]}
 
+    def _rerun(self, e: dict, index: int, t: int) -> dict:
+        """A finished job (not dep_failed) runs again: its items (all, or those that failed,
+        timed out or were cancelled) back to pending, in index order, with new tries."""
+        job = self.lookup(e["id"])
+        if isinstance(job, dict):
+            return job
+        if not job.finished_ms:
+            return self.refuse(409, "not_finished")
+        if job.dep_failed:
+            return self.refuse(409, "dep_failed")
+        waits = {}
+        if not any(it.attempts for it in job.items):
+            # Never ran (cancelled while it waited): judged again as at a submit.
+            for d in job.after:
+                parent = self.jobs.get(d["id"])
+                if parent is None:
+                    return self.refuse(409, "bad_after")
+                if not parent.finished_ms:
+                    waits[d["id"]] = d["on"]
+                elif parent.state not in SATISFIED[d["on"]]:
+                    return self.refuse(409, "dep_failed")
+        again = [i for i, it in enumerate(job.items) if not e.get("failed_only")
+                 or it.state in ("failed", "timeout", "cancelled")]
+        if not again:
+            return self.refuse(409, "nothing_to_rerun")
+        for i in again:
+            it = job.items[i]
+            it.state, it.fails, it.error, it.copies = "pending", 0, None, ()
+            job.queue.append(i)
+        job.finished_ms, job.cancelled, job.started = 0, False, False
+        job.waiting_on = waits
+        job.run += 1
+        self.count("jobs_rerun_rerun")
+        self.count("items_rerun", len(again))
+        return {"ok": True, "id": e["id"], "run": job.run, "items": len(again)}
+
     def pick(self, pool: str, count: int, now: int, skip: set) -> list[tuple[str, int]]:
         ready = sorted(((jid, j) for jid, j in self.jobs.items()
                         if j.pool == pool and j.queue and not j.hold and not j.finished_ms
@@ -346,7 +385,8 @@ garbage_dict = st.fixed_dictionaries(
     {"k": st.sampled_from(KINDS) | junk},
     optional={"t": st.integers(0, 2**40) | junk, "rid": st.sampled_from(RIDS) | junk,
               "id": junk, "spec": junk, "dg": junk, "items": junk, "g": junk, "r": junk,
-              "l": junk, "priority": junk, "hold": junk, "max_leases": junk},
+              "l": junk, "priority": junk, "hold": junk, "max_leases": junk,
+              "failed_only": junk, "auto": junk, "run": junk},
 )
 # A lease, result or revoke whose rows are junk (the body is a list, the rows are not).
 garbage_rows = st.builds(
@@ -505,6 +545,14 @@ class TableMachine(RuleBasedStateMachine):
             e["rid"] = rid
         self.apply(e)
 
+    @rule(job_id=st.sampled_from(JOB_IDS), failed_only=st.booleans(),
+          rid=st.sampled_from([None, None, None, *RIDS]))
+    def rerun(self, job_id: str, failed_only: bool, rid: str | None) -> None:
+        e: dict[str, Any] = {"k": "rerun", "t": self.now, "id": job_id, "failed_only": failed_only}
+        if rid is not None:
+            e["rid"] = rid
+        self.apply(e)
+
     @rule(job_id=st.sampled_from(JOB_IDS),
           fields=st.fixed_dictionaries({}, optional={
               "priority": st.integers(-2, 2) | st.sampled_from([True, "1", 10**7]),
@@ -573,6 +621,7 @@ class TableMachine(RuleBasedStateMachine):
             assert j.state == mj.state, jid
             assert dict(j.waiting_on or {}) == mj.waiting_on, jid
             assert j.finished_ms == mj.finished_ms, jid
+            assert j.run == mj.run, jid
             assert (j.errors or {}) == {i: it.error for i, it in enumerate(mj.items) if it.error}
             assert j.errors != {}, "an empty error dict is kept as None"
             held = [tuple(h or ()) for h in j.held] if j.held is not None else [()] * j.n

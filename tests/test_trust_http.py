@@ -97,6 +97,7 @@ ROUTES = [
     ("POST", "/jobs", {"argv": ["true"], "hold": True}, "submit"),
     ("POST", "/jobs/nosuch/cancel", None, "submit"),
     ("POST", "/jobs/nosuch/tone", {"priority": 1}, "submit"),
+    ("POST", "/jobs/nosuch/rerun", {"failed_only": True}, "submit"),
     ("DELETE", "/jobs/nosuch", None, "admin"),
     ("POST", "/jobs/status", {"ids": ["nosuch"]}, "read"),
     ("POST", "/jobs/cancel", {"ids": ["nosuch"]}, "submit"),

@@ -31,8 +31,8 @@ from typing import Any
 
 import blake3
 
-from meshjobs import bulk, limits
-from meshjobs.control import CHANGE_OPS, Answer, ControlError, parse_request
+from meshjobs import bulk, limits, reruns
+from meshjobs.control import CHANGE_OPS, OUTPUT_INDEX, Answer, ControlError, parse_request
 from meshjobs.node.events import (
     EMPTY_DIGEST,
     MEMBER_OWNER,
@@ -110,6 +110,12 @@ def _rows(e: Any) -> int:
     return n
 
 
+def _output_paths(job: Any, i: int) -> tuple[str | None, str | None]:
+    """The paths item `i` of `job` also writes its stdout and stderr to (`{index}` filled in)."""
+    return tuple(None if p is None else p.replace(OUTPUT_INDEX, str(i))  # type: ignore[return-value]
+                 for p in (job.stdout_path, job.stderr_path))
+
+
 class JobNode(LeaderDuties, Following, Feeding, Orders):
     """One member's job node. Feed it with `step`, collect its effects with `take`."""
 
@@ -162,6 +168,7 @@ class JobNode(LeaderDuties, Following, Feeding, Orders):
         self._disk_free = 0
         self._blob_bytes = 0
         self._expiring: dict[str, int] = {}
+        self._rerunning: dict[tuple[str, int], int] = {}  # (job, run) -> when its rerun was proposed
         self._next_expiry_ms = 0
         self._next_have_ms = 0
         self._links: dict[str, bool] = {}
@@ -277,6 +284,9 @@ class JobNode(LeaderDuties, Following, Feeding, Orders):
         if self._ctl_entries and self._props:
             ds.append(min(self._props.values()) + limits.proposal_wait_ms)
         due = self.table.next_due_ms(self.now_ms)
+        if due is not None:
+            ds.append(due)
+        due = reruns.next_due_ms(self.table, self.now_ms) if self._leading() else None
         if due is not None:
             ds.append(due)
         return min(ds) if ds else None
@@ -505,6 +515,8 @@ class JobNode(LeaderDuties, Following, Feeding, Orders):
                 for k in ("priority", "hold", "max_leases"):
                     if k in req:
                         entry[k] = req[k]
+            elif op == "rerun":
+                entry["failed_only"] = req["failed_only"]
         self._changes[rid] = self._new_change([token], op, job_id, fp=req.get("fp"))
         self._ctl_entries.append(entry)
 
@@ -918,7 +930,7 @@ class JobNode(LeaderDuties, Following, Feeding, Orders):
                                  pool.kind if pool is not None else "command",
                                  job.user if job.user is not None
                                  else pool.user if pool is not None else None,
-                                 job.inherit_env))
+                                 job.inherit_env, *_output_paths(job, i)))
         self._stop_check()
 
     # --- reads ----------------------------------------------------------------------------------

@@ -141,6 +141,8 @@ class Run:
     kind: str = "command"  # the kind of the item's pool on this member
     user: str | None = None  # run as: the job's user, else the pool's default, else meshd's own
     inherit_env: bool = False  # the item gets meshd's whole environment, not the minimal one
+    stdout_path: str | None = None  # also write the item's stdout here (the job's --stdout)
+    stderr_path: str | None = None  # and its stderr here (--stderr)
 
 
 @dataclass(frozen=True)

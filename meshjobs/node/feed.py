@@ -47,7 +47,7 @@ def named_jobs(kind: Any, e: dict, out: dict) -> list[str]:
 
 
 def _named_jobs(kind: Any, e: dict, out: dict) -> list[str]:
-    if kind in ("submit", "cancel", "tone", "forget"):
+    if kind in ("submit", "cancel", "tone", "forget", "rerun"):
         job_id = out.get("id", e.get("id"))
         return [job_id] if isinstance(job_id, str) else []
     if kind == "bulk":

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshjobs import limits
+from meshjobs import limits, reruns
 from meshjobs.node.events import EMPTY_DIGEST, CopyBlobs, FetchBlobs, Send
 from meshjobs.table import FINAL
 
@@ -167,6 +167,7 @@ class LeaderDuties:
             self._propose_leases()
             self._propose_results()
             self._propose_expiry()
+            self._propose_reruns()
         self._recopy()
         self._push_state()
 
@@ -286,6 +287,8 @@ class LeaderDuties:
         for job_id, finished_ms in finished.items():  # oldest first
             if len(ids) >= limits.lease_batch_max:
                 break
+            if job_id in self.table.due:
+                continue  # its re-run is due: it is not expired (meshjobs.reruns)
             if excess <= 0 and (cutoff is None or finished_ms > cutoff):
                 break
             excess -= 1
@@ -296,6 +299,22 @@ class LeaderDuties:
         if ids:
             self._count("expiries_proposed", len(ids))
             self._lead_entries.append({"k": "expire", "t": now, "ids": ids})
+
+    def _propose_reruns(self) -> None:
+        """Automatic re-runs whose time has come (meshjobs.reruns): each proposed once, and
+        again only after `proposal_retry_ms` (the entry names its run: a second one that
+        commits is refused as stale)."""
+        now = self.now_ms
+        for key, sent in list(self._rerunning.items()):
+            if now - sent >= limits.proposal_retry_ms:
+                del self._rerunning[key]
+        entries = [e for e in reruns.due_now(self.table, now)
+                   if (e["id"], e["run"]) not in self._rerunning][:limits.lease_batch_max]
+        for e in entries:
+            self._rerunning[(e["id"], e["run"])] = now
+        if entries:
+            self._count("reruns_proposed", len(entries))
+            self._lead_entries += entries
 
     # --- copies lost with a member ------------------------------------------------------------------
 
