@@ -59,6 +59,8 @@ SUBMIT_KEYS = frozenset(
 )
 TONE_KEYS = frozenset({"priority", "hold", "max_leases"})
 CHANGE_OPS = frozenset({"submit", "cancel", "forget", "tone", "bulk"})  # the ops that are log entries
+# Schedules (meshjobs/cron.py): "cron" changes are log entries too; its list and get are reads.
+CHANGE_OPS = CHANGE_OPS | {"cron"}
 BULK_ACTIONS = ("cancel", "forget", "tone", "status")  # what a bulk request may do to many jobs
 BULK_KEYS = frozenset({"ids", "filter", "dry_run", "after", "set"})
 FILTER_KEYS = frozenset({"tag", "state", "pool", "member"})
@@ -418,6 +420,10 @@ def parse_request(req: object) -> dict:
                                                   {k: v for k, v in req.items() if k in BULK_KEYS})}
     if op in ("fleet", "health", "metrics"):
         return {"op": op}
+    if op == "cron":
+        from meshjobs import cron  # here: meshjobs.cron builds on this module
+
+        return cron.parse_request(req)
     raise ControlError(400, f"unknown control op {str(op)[:40]!r}")
 
 

@@ -225,3 +225,12 @@ history_read_max = 1_000  # records one GET /history answers at most (its limit=
 history_read_default = 100  # records GET /history and `meshctl history` give without a limit
 epoch_s_max = 253_402_300_800  # the first second of year 10000: a --since / since= past it is refused
 history_read_bytes_max = 64 << 20  # bytes of history files one read looks at, newest first
+
+# --- Schedules (meshctl cron; meshjobs/cron.py) -------------------------------------------------
+cron_schedules_max = 1_000  # schedules one fleet keeps (a cron add past it is refused)
+cron_name_chars_max = 64  # a schedule's name: [A-Za-z0-9._-]; its runs' ids add 22 characters
+cron_spec_chars_max = 200  # a schedule's spec text: five cron fields, or @every / @daily ...
+cron_every_s_max = 366 * 24 * 3600  # the longest period of `@every`
+cron_search_years_max = 30  # how far ahead (or back) a due time is looked for; none: it never fires
+cron_late_ms_max = 60_000  # with --catch-up none, a run fired later than this after its due time is skipped
+cron_body_bytes_max = 1 << 20  # the JSON body of PUT /cron/{name} (a job spec's argv and env fit)
