@@ -101,6 +101,8 @@ def _field(text: str, name: str, lo: int, hi: int, names: tuple[str, ...] | None
         elif "-" in rng:
             left, _, right = rng.partition("-")
             a, b = number(left), number(right)
+            if names is DAYS and b == 0:
+                b = 7  # sat-sun, fri-0: a range of days may end on Sunday's other number
             if a > b:
                 raise CronError(f"{name} field {part[:40]!r}: a range must go up ({a} > {b}); "
                                 + SPEC_HINT)
