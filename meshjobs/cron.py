@@ -308,9 +308,17 @@ def due(c: Cron, now_ms: int) -> int | None:
 
 
 def next_wake_ms(crons: Any, now_ms: int) -> int | None:
-    """When the leader next has a run to fire (None: no schedule has one coming)."""
-    ds = [d for c in crons if not c.paused and (d := c.next_due()) is not None]
-    return max(min(ds), now_ms) if ds else None
+    """When a leader next has a due time to fire, strictly after `now_ms` (None: none coming).
+    A due time already past (fired and not committed yet, or too late to fire) is no reason
+    to wake now: that would spin; the next one after now is."""
+    ds = []
+    for c in crons:
+        d = None if c.paused else c.next_due()
+        if d is not None and d <= now_ms:
+            d = c.sched.next_after(now_ms)
+        if d is not None:
+            ds.append(d)
+    return min(ds) if ds else None
 
 
 def record(c: Cron, now_ms: int | None = None) -> dict:

@@ -508,3 +508,20 @@ def test_leaders_fire_each_due_time_once_whatever_they_propose() -> None:
     for jid in made:
         stamp = dt.datetime.strptime(jid.rsplit("-", 1)[1], "%Y%m%dT%H%M%S")
         assert stamp.minute % 2 == 0 and stamp.second == 0
+
+
+def test_the_leader_wakes_for_the_next_due_time_never_now() -> None:
+    """next_wake_ms is the first due time after now: a due time already past (its fire in
+    flight, or too late for catch-up none) must not make the jobs thread spin."""
+    log = CronLog()
+    log.add(spec="@every 1h", t=BASE, catch_up="none")
+    log.add(name="p", spec="@every 10s", t=BASE)
+    log.cron("pause", "p", t=BASE)
+    crons = list(log.table.crons.values())
+    assert cron.next_wake_ms(crons, BASE + 5) == BASE + 3_600_000
+    late = BASE + 3_600_000 + limits.cron_late_ms_max + 1
+    assert cron.due(crons[0], late) is None
+    assert cron.next_wake_ms(crons, late) == BASE + 7_200_000
+    assert cron.next_wake_ms(crons, BASE + 3_600_000) == BASE + 7_200_000
+    log.cron("pause", t=BASE)
+    assert cron.next_wake_ms(crons, BASE) is None
