@@ -289,3 +289,21 @@ def test_leader_killed_schedule_goes_on_once(tmp_path):
     finally:
         for m in members:
             m.stop()
+
+
+def test_overlap_skip_passes_over_while_a_run_runs(meshd, tmp_path):
+    """--overlap skip: while the last run still runs, due times are passed over (counted as
+    skipped, no job made); once it ended, the next due time fires again."""
+    flag = tmp_path / "go"
+    r = meshd.ctl("cron", "add", "slow", "@every 1s", "--overlap", "skip", "--", "sh", "-c",
+                  f"until [ -e {flag} ]; do sleep 0.05; done")
+    assert r.returncode == 0, r.stderr
+    first = _fired(meshd, "slow", 1)[0]["id"]
+    wait_until(lambda: _crons(meshd)["slow"]["skipped"] >= 2, what="due times passed over")
+    assert [j["id"] for j in _runs(meshd, "slow")] == [first]
+    assert meshd.request("GET", f"/jobs/{first}")[1]["state"] == "running"
+    flag.touch()
+    assert meshd.wait_job(first)["state"] == "done"
+    _fired(meshd, "slow", 2)
+    c = _crons(meshd)["slow"]
+    assert c["overlap"] == "skip" and c["fired"] == len(_runs(meshd, "slow"))
