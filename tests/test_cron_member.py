@@ -92,6 +92,11 @@ def test_cli_add_list_pause_resume_rm(meshd, tmp_path):
     assert len(_runs(meshd, "tick")) >= before + 1  # its runs stay
     assert meshd.ctl("cron", "rm", "witness").returncode == 0
     assert meshd.ctl("cron", "list").stderr.decode().strip() == "no schedules"
+    m = meshd.metrics()
+    assert m["meshjobs_table_crons_added_total"] == 2 and m["meshjobs_table_crons_removed_total"] == 2
+    fired = len(_runs(meshd, "tick")) + len(_runs(meshd, "witness"))
+    assert m["meshjobs_table_cron_runs_fired_total"] == fired
+    assert m["meshjobs_node_cron_fires_proposed_total"] >= m["meshjobs_table_cron_runs_fired_total"]
 
 
 def test_http_routes_and_idempotency(meshd):
