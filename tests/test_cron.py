@@ -12,12 +12,14 @@ from typing import Any
 
 import msgpack
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from meshjobs import auth, cron, limits
 from meshjobs.control import ControlError, parse_request
 from meshjobs.cron import CronError, Schedule
+from meshjobs.node import View
 from meshjobs.node.events import spec_digest
 from meshjobs.node.feed import named_jobs
 from meshjobs.table import DONE, JobTable
@@ -525,3 +527,183 @@ def test_the_leader_wakes_for_the_next_due_time_never_now() -> None:
     assert cron.next_wake_ms(crons, BASE + 3_600_000) == BASE + 7_200_000
     log.cron("pause", t=BASE)
     assert cron.next_wake_ms(crons, BASE) is None
+
+
+# --- the leader (a node driven directly; tests/test_node.py's fleet of one) ------------------
+
+
+def _fleet_with_schedule(spec: str = "@every 10s"):
+    from tests.test_node import Fleet1
+
+    f = Fleet1()
+    f.ctl(1, {"op": "cron", "action": "add", "name": "n", "rid": "a1", "spec": spec,
+              "job": {"argv": ["true"]}})
+    f.take()
+    assert 1 not in f.replies  # answered only once committed
+    f.settle()
+    ans = f.answer(1)
+    assert ans.status == 201 and ans.body["name"] == "n" and ans.body["spec"] == spec
+    return f
+
+
+def test_the_leader_fires_each_due_time_and_repeats_only_after_the_retry_time() -> None:
+    """At a due time the leader proposes one fire; it does not propose it again while it may
+    still commit (proposal_retry_ms), then does (level-triggered); both committed make one
+    job, the repeat refused as stale; the jobs thread is woken for the next due time."""
+    f = _fleet_with_schedule()
+    c = f.table.crons["n"]
+    due = c.next_due()
+    assert f.node.next_deadline_ms() is not None and f.node.next_deadline_ms() <= due
+    f.tick(due - f.now - 1)
+    f.take()
+    assert not [e for e in f.pending if e["k"] == "cron"]
+    f.tick(1)
+    f.take()
+    fires = [e for e in f.pending if e["k"] == "cron"]
+    assert [(e["op"], e["name"], e["due"]) for e in fires] == [("fire", "n", due)]
+    f.pending.clear()  # lost: never committed
+    f.tick(limits.proposal_retry_ms - 1)
+    f.take()
+    assert not [e for e in f.pending if e["k"] == "cron"]
+    f.tick(1)
+    f.take()
+    again = [e for e in f.pending if e["k"] == "cron"]
+    assert [(e["due"]) for e in again] == [due]
+    f.commit_pending()
+    f.commit(dict(fires[0]))  # the lost one turns up after all
+    assert [j for j in f.table.jobs] == [cron.run_id("n", due)]
+    assert f.table.counts["cron_fires_stale"] == 1
+    assert f.node.next_deadline_ms() > f.now
+
+
+def test_a_follower_fires_nothing() -> None:
+    f = _fleet_with_schedule()
+    f.node.step(View(term=2, leader="m2", is_leader=False, ready=False))
+    f.tick(60_000)
+    f.take()
+    assert not [e for e in f.proposed if e["k"] == "cron" and e.get("op") == "fire"]
+
+
+def test_reads_and_changes_through_the_node() -> None:
+    """list and get are reads; pause/resume/rm are answered from the committed outcome, and a
+    retried request id answers as the first time."""
+    f = _fleet_with_schedule("0 6 * * *")
+    f.ctl(2, {"op": "cron", "action": "list"})
+    f.ctl(3, {"op": "cron", "action": "get", "name": "n"})
+    f.ctl(4, {"op": "cron", "action": "get", "name": "nope"})
+    f.take()
+    assert [c["name"] for c in f.answer(2).body["crons"]] == ["n"]
+    assert f.answer(3).body["spec"] == "0 6 * * *"
+    assert f.answer(4).status == 404 and "no schedule nope" in f.answer(4).body["error"]
+    f.ctl(5, {"op": "cron", "action": "pause", "name": "n", "rid": "p1"})
+    f.settle()
+    assert f.answer(5).status == 200 and f.answer(5).body["paused"] is True
+    f.ctl(6, {"op": "cron", "action": "pause", "name": "n", "rid": "p1"})
+    f.take()
+    assert f.answer(6) == f.answer(5)
+    f.ctl(7, {"op": "cron", "action": "rm", "name": "nope", "rid": "r1"})
+    f.ctl(8, {"op": "cron", "action": "add", "name": "m", "rid": "a2", "spec": "@daily",
+              "job": {"argv": ["true"], "pool": "nosuch"}})
+    f.settle()
+    assert f.answer(7).status == 404
+    assert f.answer(8).status == 400 and "unknown pool" in f.answer(8).body["error"]
+
+
+# --- a model of the table's schedules -----------------------------------------------------------
+
+NAMES = ("a", "b")
+MODEL_SPECS = ("@every 10s", "*/2 * * * *", "0 * * * *")
+
+
+class CronModel(RuleBasedStateMachine):
+    """Any order of add, replace, pause, resume, rm, fires (right, repeated, stale, older) and
+    run ends: each (name, due time) makes at most one job, under its id; a fire is applied
+    only as the latest due time after the cursor; cursors never go back (but by a re-add);
+    check() holds; a snapshot round trip is the same table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log = CronLog()
+        self.t = BASE
+        self.made: dict[tuple[str, int], str] = {}
+        self.cursor: dict[str, int] = {}
+
+    @initialize(specs=st.tuples(*[st.sampled_from(MODEL_SPECS)] * len(NAMES)))
+    def start(self, specs: tuple[str, ...]) -> None:
+        for name, spec in zip(NAMES, specs, strict=True):
+            self.add(name, spec, "latest", "allow", True)
+
+    @rule(ms=st.sampled_from((10_000, 60_000, 120_000, 7_200_000)))
+    def lead(self, ms: int) -> None:
+        """What a leader does: time passes, and it fires what is due."""
+        self.t += ms
+        for name in NAMES:
+            self.fire(name, "due")
+
+    @rule(name=st.sampled_from(NAMES), spec=st.sampled_from(MODEL_SPECS),
+          catch_up=st.sampled_from(cron.CATCH_UP), overlap=st.sampled_from(cron.OVERLAP),
+          replace=st.booleans())
+    def add(self, name: str, spec: str, catch_up: str, overlap: str, replace: bool) -> None:
+        existed = name in self.log.table.crons
+        out = self.log.add(name, spec, t=self.t, catch_up=catch_up, overlap=overlap,
+                           replace=replace)
+        if out["ok"]:
+            self.cursor[name] = self.log.table.crons[name].done_ms
+        else:
+            assert existed and not replace and out["reason"] == "conflict"
+
+    @rule(name=st.sampled_from(NAMES), op=st.sampled_from(("pause", "resume", "rm")))
+    def change(self, name: str, op: str) -> None:
+        out = self.log.cron(op, name, t=self.t)
+        assert out["ok"] == (name in self.cursor)
+        if op == "rm" and out["ok"]:
+            del self.cursor[name]
+        elif out["ok"]:
+            self.cursor[name] = self.log.table.crons[name].done_ms
+
+    @rule(ms=st.sampled_from((1, 999, 10_000, 61_000, 3_600_000)))
+    def wait(self, ms: int) -> None:
+        self.t += ms
+
+    @rule(name=st.sampled_from(NAMES), which=st.sampled_from(("due", "past", "now", "old")))
+    def fire(self, name: str, which: str) -> None:
+        c = self.log.table.crons.get(name)
+        d = {"due": cron.due(c, self.t) if c else None,
+             "past": c.done_ms if c else None,
+             "now": self.t,
+             "old": (c.sched.latest_upto(c.done_ms) if c else None)}[which]
+        if d is None:
+            return
+        want = c is not None and cron.fire_ok(c, d, self.t)
+        out = self.log.cron("fire", name, t=self.t, due=d)
+        assert out["ok"] == want, (which, out)
+        if not out["ok"]:
+            return
+        assert d == c.sched.latest_upto(self.t) and d > self.cursor[name]
+        self.cursor[name] = d
+        if out.get("new"):
+            assert (name, d) not in self.made and out["id"] == cron.run_id(name, d)
+            self.made[(name, d)] = out["id"]
+            event("a run made")
+
+    @rule()
+    def end_runs(self) -> None:
+        for jid, job in list(self.log.table.jobs.items()):
+            if not job.finished and job.n_pending:
+                _, epoch = self.log.lease((jid, 0), t=self.t)
+                self.log.result(row(jid, 0, epoch, DONE), t=self.t)
+
+    @invariant()
+    def consistent(self) -> None:
+        table = self.log.table
+        table.check()
+        assert sorted(table.jobs) == sorted(self.made.values())
+        for name, c in table.crons.items():
+            assert c.done_ms == self.cursor[name]
+        s = msgpack.unpackb(msgpack.packb(table.to_state(), use_bin_type=True), raw=False,
+                            strict_map_key=False)
+        assert JobTable.from_state(s).to_state() == table.to_state()
+
+
+TestCronModel = CronModel.TestCase
+TestCronModel.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
