@@ -18,7 +18,8 @@ Rule 2: cron's own meaning. Fields are minute (0-59), hour (0-23), day of month 
         (1-12 or jan-dec) and day of week (0-7 or sun-sat, 0 and 7 both Sunday); each a list of
         `*`, `N`, `A-B`, with an optional `/STEP` (`N/STEP` runs from N to the field's end).
         When both day fields are restricted (neither starts with `*`), a day matches when
-        either does (Vixie cron, POSIX); otherwise the restricted one decides.
+        either does (Vixie cron, POSIX); otherwise the restricted one decides. A range of days
+        may end on Sunday by name or 0 (`sat-sun`, `fri-0`).
 Rule 3: `@every D` (D like `30s`, `5m`, `1h30m`, `2d`) is due at the multiples of D since the
         epoch, so every member, and every leader, computes the same due times.
 Rule 4: one error class, `CronError`, with a message that says what to write instead; a spec
@@ -60,6 +61,9 @@ _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _FIELDS = (("minute", 0, 59, None), ("hour", 0, 23, None), ("day of month", 1, 31, None),
            ("month", 1, 12, MONTHS), ("day of week", 0, 7, DAYS))
 _DAYS_IN = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # the most each month may have
+# The latest time a due time is looked for around: the search must stay inside the calendar
+# (a time stamp past it, from a clock gone wrong, finds none rather than raising).
+T_MS_MAX = (limits.epoch_s_max - (limits.cron_search_years_max + 1) * 366 * 86400) * 1000
 
 SPEC_HINT = ("write five fields `MIN HOUR DAY-OF-MONTH MONTH DAY-OF-WEEK` (each `*`, N, A-B, "
              "lists with ',', steps with '/', names like mon or jan; UTC), or `@every 30s`, or "
@@ -189,6 +193,8 @@ class Schedule:
 
     def next_after(self, t_ms: int) -> int | None:
         """The first due time strictly after `t_ms` (None: none in `cron_search_years_max`)."""
+        if not 0 <= t_ms <= T_MS_MAX:
+            return None
         if self.every_s:
             p = self.every_s * 1000
             return (t_ms // p + 1) * p
@@ -210,6 +216,8 @@ class Schedule:
 
     def latest_upto(self, t_ms: int) -> int | None:
         """The last due time at or before `t_ms` (None: none in `cron_search_years_max`)."""
+        if not 0 <= t_ms <= T_MS_MAX:
+            return None
         if self.every_s:
             p = self.every_s * 1000
             return (t_ms // p) * p

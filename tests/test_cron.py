@@ -707,3 +707,19 @@ class CronModel(RuleBasedStateMachine):
 
 TestCronModel = CronModel.TestCase
 TestCronModel.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+
+
+def test_a_clock_gone_wrong_finds_no_due_time_and_raises_nothing() -> None:
+    """Rule 2 of the table (apply is total): an entry time stamped far in the future (a
+    leader's clock gone wrong) finds no due time; the fire and the add are refusals or
+    no-ops, never an exception."""
+    for spec in ("@every 10s", "0 0 29 2 *", "* * * * *"):
+        s = Schedule.parse(spec)
+        for t in (2**62, limits.epoch_s_max * 1000, cron.T_MS_MAX + 1):
+            assert s.next_after(t) is None and s.latest_upto(t) is None
+    log = CronLog()
+    far = 2**62
+    assert log.add(t=far)["ok"]
+    assert log.cron("fire", t=far, due=far)["reason"] == "cron_stale"
+    assert cron.due(log.table.crons["n"], far) is None
+    assert cron.record(log.table.crons["n"], far)["next_due"] is None
