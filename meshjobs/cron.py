@@ -48,7 +48,6 @@ MACROS = {
 CATCH_UP = ("latest", "none")
 OVERLAP = ("allow", "skip")
 ACTIONS = ("list", "get", "add", "rm", "pause", "resume")
-CHANGE_ACTIONS = frozenset({"add", "rm", "pause", "resume"})
 # A schedule's name: as a job id, shorter, and not "." or ".." (it is a path segment).
 NAME_RE = re.compile(rf"^(?!\.\.?$)[A-Za-z0-9._-]{{1,{limits.cron_name_chars_max}}}$")
 # What a run's job spec may not have: its id is the run's, and it has no inputs or parents.
