@@ -10,7 +10,7 @@ Rule 1: a token is never kept, only its SHA-256 (the config's `[auth] tokens`). 
         says nothing about which digest, or how much of one, matched.
 Rule 2: roles are ordered, each may do what the ones before it may: `read` (GET and HEAD,
         and POST /jobs/status, a read with a body), `submit` (also changes to jobs: submit,
-        cancel, tone, of one job or many), `admin` (everything, forget and bulk forget
+        cancel, tone, of one job or many; schedules), `admin` (everything, forget and bulk forget
         included). A route not listed needs `admin` unless it is a read.
 Rule 3: no token, or a token that matches none, is 401 (except that with `allow_anonymous` a
         request with no Authorization header at all gets `anonymous_role`); a wrong token is 401
@@ -41,6 +41,9 @@ SUBMIT_ROUTES = frozenset({("POST", "/jobs"), ("POST", "/jobs/{id}/cancel"),
                            ("POST", "/jobs/tone")})
 # A finished job run again is a change of the submitter's own kind (meshjobs.reruns).
 SUBMIT_ROUTES |= frozenset({("POST", "/jobs/{id}/rerun")})
+# Schedules are submits that come back: adding, pausing and removing one needs `submit` too.
+SUBMIT_ROUTES = SUBMIT_ROUTES | {("PUT", "/cron/{name}"), ("DELETE", "/cron/{name}"),
+                                 ("POST", "/cron/{name}/pause"), ("POST", "/cron/{name}/resume")}
 # Routes that read with a POST (a body names what to read): they need only `read`.
 READ_POST_ROUTES = frozenset({("POST", "/jobs/status")})
 # Routes anybody may use: the way in and out, and a health check for load balancers.

@@ -548,6 +548,10 @@ def job_submit(ctx: click.Context, job_id: str | None, pool: str | None, items_f
         spec["items"], names = _items_from(items_from)
         if names is not None:
             spec["names"] = names
+    sink = ctx.meta.get(SPEC_SINK)
+    if sink is not None:  # `cron add`: the spec a submit with these options would send
+        sink.append(spec)
+        return
     record = _client(ctx).json("POST", "/jobs", spec)
     if _wants_json(ctx, as_json):
         _print_json(record)
@@ -1613,6 +1617,122 @@ def job_rerun(ctx: click.Context, job_id: str, failed_only: bool, as_json: bool)
     or --failed-only) wait again and get new attempt numbers; the earlier run stays in the job's
     record (previous_runs) and in `meshctl history`."""
     _change(ctx, "POST", f"/jobs/{_q(job_id)}/rerun", {"failed_only": failed_only}, as_json)
+# --- schedules ---------------------------------------------------------------------------------
+
+SPEC_SINK = "meshjobs.spec_sink"  # ctx.meta key: where `job submit` puts its spec for `cron add`
+# Options of `job submit` a schedule's runs do not take: each run gets its own id, and has one
+# item with no input and no parents.
+CRON_NOT_SUBMIT_OPTIONS = frozenset({"job_id", "items_from", "after", "as_json", "argv"})
+
+
+@cli.group()
+def cron() -> None:
+    """Schedules: jobs submitted at times a cron spec names (UTC), by the leader, once each."""
+
+
+def _utc(seconds: Any) -> str:
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+        return "-"
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@cron.command("add")
+@click.argument("name")
+@click.argument("spec")
+@click.option("--catch-up", "catch_up", type=click.Choice(("latest", "none")), default="latest",
+              show_default=True,
+              help="Runs missed while the fleet had no leader: fire the latest of them once "
+                   "(latest), or none.")
+@click.option("--overlap", type=click.Choice(("allow", "skip")), default="allow",
+              show_default=True,
+              help="A run due while the one before still runs: submit it all the same (allow), "
+                   "or pass it over (skip).")
+@click.option("--replace", is_flag=True, help="Replace a schedule of this name if there is one.")
+@json_option
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_context
+def cron_add(ctx: click.Context, name: str, spec: str, catch_up: str, overlap: str,
+             replace: bool, as_json: bool, argv: tuple[str, ...], **job_options: Any) -> None:
+    """Add a schedule: meshctl cron add NAME 'SPEC' [OPTIONS] -- PROGRAM [ARGS]...
+
+    SPEC is five cron fields, MIN HOUR DAY-OF-MONTH MONTH DAY-OF-WEEK in UTC (`*`, lists,
+    ranges, steps, names like mon or jan; when both day fields are restricted either matches),
+    or `@every 30s` (5m, 1h30m, 2d: at the multiples of it since the epoch), or @hourly, @daily,
+    @weekly, @monthly, @yearly. Each run is a job with id cron-NAME-YYYYMMDDTHHMMSS (its due
+    time, UTC), made once even across leader changes. The job options are those of
+    `job submit` (not --id, --items-from or --after)."""
+    sink: list[dict] = []
+    ctx.meta[SPEC_SINK] = sink
+    try:
+        ctx.invoke(job_submit, argv=argv, **job_options)
+    finally:
+        del ctx.meta[SPEC_SINK]
+    body = {"spec": spec, "job": sink[0], "catch_up": catch_up, "overlap": overlap,
+            "replace": replace}
+    record = _client(ctx).json("PUT", f"/cron/{_q(name)}", body)
+    if _wants_json(ctx, as_json):
+        _print_json(record)
+    else:
+        click.echo(f"{record.get('name')}: next due {_utc(record.get('next_due'))}")
+
+
+# The job options of `cron add` are `job submit`'s own (one definition, one parser).
+cron_add.params[-1:-1] = [p for p in job_submit.params
+                          if isinstance(p, click.Option) and p.name not in CRON_NOT_SUBMIT_OPTIONS]
+
+
+@cron.command("list")
+@json_option
+@click.pass_context
+def cron_list(ctx: click.Context, as_json: bool) -> None:
+    """The schedules: name, spec, next due time, the last run's job id, paused or not."""
+    body = _client(ctx).json("GET", "/cron")
+    if _wants_json(ctx, as_json):
+        _print_json(body)
+        return
+    rows = [[str(c.get("name")), str(c.get("spec")), _utc(c.get("next_due")),
+             str(c.get("last_job") or "-"), "paused" if c.get("paused") else "-"]
+            for c in body.get("crons") or []]
+    if not rows:
+        click.echo("no schedules", err=True)
+        return
+    _table(["NAME", "SPEC", "NEXT DUE", "LAST JOB", "PAUSED"], rows,
+           shutil.get_terminal_size((0, 0)).columns or None)
+
+
+def _cron_change(ctx: click.Context, method: str, path: str, as_json: bool, said: str) -> None:
+    record = _client(ctx).json(method, path)
+    if _wants_json(ctx, as_json):
+        _print_json(record)
+    else:
+        click.echo(f"{record.get('name')}: {said}")
+
+
+@cron.command("rm")
+@click.argument("name")
+@json_option
+@click.pass_context
+def cron_rm(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Remove a schedule (runs it submitted stay)."""
+    _cron_change(ctx, "DELETE", f"/cron/{_q(name)}", as_json, "removed")
+
+
+@cron.command("pause")
+@click.argument("name")
+@json_option
+@click.pass_context
+def cron_pause(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Fire no runs of a schedule until it is resumed."""
+    _cron_change(ctx, "POST", f"/cron/{_q(name)}/pause", as_json, "paused")
+
+
+@cron.command("resume")
+@click.argument("name")
+@json_option
+@click.pass_context
+def cron_resume(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Fire a paused schedule's runs again, from the next due time on (none missed meanwhile)."""
+    _cron_change(ctx, "POST", f"/cron/{_q(name)}/resume", as_json, "resumed")
 
 
 def main() -> NoReturn:

@@ -59,8 +59,9 @@ SUBMIT_KEYS = frozenset(
     | {"restart", "restart_delay_s", "resubmit", "stdout", "stderr"}
 )
 TONE_KEYS = frozenset({"priority", "hold", "max_leases"})
-# The ops that are log entries.
-CHANGE_OPS = frozenset({"submit", "cancel", "forget", "tone", "bulk", "pool", "member", "rerun"})
+# The ops that are log entries ("cron": its list and get are reads, its other actions changes).
+CHANGE_OPS = frozenset({"submit", "cancel", "forget", "tone", "bulk", "pool", "member", "rerun",
+                        "cron"})
 BULK_ACTIONS = ("cancel", "forget", "tone", "status")  # what a bulk request may do to many jobs
 BULK_KEYS = frozenset({"ids", "filter", "dry_run", "after", "set"})
 FILTER_KEYS = frozenset({"tag", "state", "pool", "member"})
@@ -463,6 +464,10 @@ def parse_request(req: object) -> dict:
     if op in ("pool", "member", "pools"):
         from meshjobs.fleetctl import parse_ctl
         return parse_ctl(req)
+    if op == "cron":
+        from meshjobs import cron  # here: meshjobs.cron builds on this module
+
+        return cron.parse_request(req)
     raise ControlError(400, f"unknown control op {str(op)[:40]!r}")
 
 

@@ -41,7 +41,7 @@ import structlog
 from aiohttp import web
 
 from blobstore import BlobCorrupt, BlobGone, StoreFull
-from meshjobs import auth, fleetctl, httpconn, limits, metrics, placement, webui
+from meshjobs import auth, cron, fleetctl, httpconn, limits, metrics, placement, webui
 from meshjobs.auth import AuthError, Caller, Sessions
 from meshjobs.config import Auth
 from meshjobs.connbook import conns_limit
@@ -311,6 +311,12 @@ class HttpApi:
         r.add_get("/login", self._login_page)
         r.add_post("/login", self._login)
         r.add_post("/logout", self._logout)
+        r.add_get("/cron", self._cron_list)
+        r.add_get("/cron/{name}", self._cron_get)
+        r.add_put("/cron/{name}", self._cron_put)
+        r.add_delete("/cron/{name}", self._cron_change)
+        r.add_post("/cron/{name}/pause", self._cron_change)
+        r.add_post("/cron/{name}/resume", self._cron_change)
         return app
 
     async def _serve(self, ready: threading.Event) -> None:
@@ -1374,6 +1380,37 @@ class HttpApi:
 
     async def _openapi(self, request: web.Request) -> web.Response:
         return web.json_response(openapi_document())
+
+    # --- schedules (meshjobs/cron.py) -------------------------------------------------------
+
+    async def _cron_list(self, request: web.Request) -> web.Response:
+        return await self._relay({"op": "cron", "action": "list"})
+
+    async def _cron_get(self, request: web.Request) -> web.Response:
+        name = cron.parse_name(request.match_info["name"])
+        return await self._relay({"op": "cron", "action": "get", "name": name})
+
+    async def _cron_put(self, request: web.Request) -> web.Response:
+        """PUT /cron/{name}: add a schedule, or replace it (unless "replace": false)."""
+        name = cron.parse_name(request.match_info["name"])
+        too_big = (f"a schedule's body has at most {limits.cron_body_bytes_max} bytes: keep "
+                   "large inputs in files the job reads")
+        if request.content_length is not None and request.content_length > limits.cron_body_bytes_max:
+            raise HttpError(413, too_big)
+        raw = await self._read_body(request)
+        if len(raw) > limits.cron_body_bytes_max:
+            raise HttpError(413, too_big)
+        body = await self._body_json(request)
+        cron.parse_add(body)  # refused here with the control's words, before any round trip
+        return await self._relay({"op": "cron", "action": "add", "name": name, **body,
+                                  **await self._rid(request)})
+
+    async def _cron_change(self, request: web.Request) -> web.Response:
+        """DELETE /cron/{name}, POST /cron/{name}/pause and /resume."""
+        name = cron.parse_name(request.match_info["name"])
+        action = "rm" if request.method == "DELETE" else request.path.rsplit("/", 1)[1]
+        return await self._relay({"op": "cron", "action": action, "name": name,
+                                  **await self._rid(request)})
 
 
 # --- helpers (pure) -------------------------------------------------------------------------

@@ -250,3 +250,11 @@ restart_delay_s_max = 7 * 86_400  # the wait before an automatic re-run (--resta
 job_runs_kept_max = 16  # summaries of earlier runs a job's record keeps (the oldest dropped first)
 output_path_chars_max = 4096  # a --stdout / --stderr path, before {index} is filled in
 output_path_write_s_max = 60  # writing one item's output to its path as another user
+# --- Schedules (meshctl cron; meshjobs/cron.py) -------------------------------------------------
+cron_schedules_max = 1_000  # schedules one fleet keeps (a cron add past it is refused)
+cron_name_chars_max = 64  # a schedule's name: [A-Za-z0-9._-]; its runs' ids add 22 characters
+cron_spec_chars_max = 200  # a schedule's spec text: five cron fields, or @every / @daily ...
+cron_every_s_max = 366 * 24 * 3600  # the longest period of `@every`
+cron_search_years_max = 30  # how far ahead (or back) a due time is looked for; none: it never fires
+cron_late_ms_max = 60_000  # with --catch-up none, a run fired later than this after its due time is skipped
+cron_body_bytes_max = 1 << 20  # the JSON body of PUT /cron/{name} (a job spec's argv and env fit)

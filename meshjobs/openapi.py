@@ -860,11 +860,101 @@ _BULK_SCHEMAS["History"]["properties"]["records"]["items"]["properties"]["why"] 
     "enum": ["forget", "expire", "rerun", "restart", "resubmit"],
     "description": "forget or expire: the job was dropped; rerun, restart or resubmit: the "
                    "record is of its earlier run, which ended (the job runs again)."}
+_CRON_NAME = {
+    "name": "name", "in": "path", "required": True, "description": "A schedule's name.",
+    "schema": {"type": "string", "pattern": f"^[A-Za-z0-9._-]{{1,{limits.cron_name_chars_max}}}$"},
+}
+_CRON = {"$ref": "#/components/schemas/Cron"}
+_NO_CRON = _err("No schedule of this name.")
+
+
+def _cron_change(summary: str, op_id: str) -> dict:
+    return {"post": {"summary": summary, "operationId": op_id,
+                     "parameters": [_CRON_NAME, _IDEMPOTENCY_KEY],
+                     "responses": {"200": _json(_CRON, "The schedule now."), "400": _BAD,
+                                   "404": _NO_CRON, "503": _BUSY}}}
+
+
+_CRON_PATHS: dict[str, Any] = {
+    "/cron": {"get": {
+        "summary": "The schedules (read role).", "operationId": "listCron",
+        "responses": {"200": _json({"type": "object", "properties": {
+            "crons": {"type": "array", "items": _CRON}}}, "Every schedule, oldest first."),
+            "503": _BUSY}}},
+    "/cron/{name}": {
+        "get": {"summary": "One schedule (read role).", "operationId": "getCron",
+                "parameters": [_CRON_NAME],
+                "responses": {"200": _json(_CRON, "The schedule."), "400": _BAD,
+                              "404": _NO_CRON, "503": _BUSY}},
+        "put": {
+            "summary": "Add a schedule, or replace it (submit role).",
+            "description": "The leader submits each due run as a committed entry, as job "
+                           "cron-NAME-YYYYMMDDTHHMMSS (its due time, UTC): a failover never "
+                           "fires a due time twice. Runs missed while there was no leader: "
+                           "the latest is fired once (catch_up latest) or none is (none: a run "
+                           f"over {limits.cron_late_ms_max // 1000} s late is skipped). A run "
+                           "due while the one before has not ended is submitted (overlap "
+                           "allow) or passed over (skip). At most "
+                           f"{limits.cron_schedules_max} schedules.",
+            "operationId": "putCron",
+            "parameters": [_CRON_NAME, _IDEMPOTENCY_KEY],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "additionalProperties": False, "required": ["spec", "job"],
+                "properties": {
+                    "spec": {"type": "string", "maxLength": limits.cron_spec_chars_max,
+                             "description": "Five cron fields (minute hour day-of-month month "
+                                            "day-of-week, UTC; *, lists, ranges, steps, names "
+                                            "like mon or jan; when both day fields are "
+                                            "restricted either matches), `@every 30s` (s, m, "
+                                            "h, d: due at the multiples since the epoch), or "
+                                            "@hourly, @daily, @weekly, @monthly, @yearly."},
+                    "job": {"description": "The job spec of each run: as POST /jobs takes, "
+                                           "without id, items, names or after.",
+                            "$ref": "#/components/schemas/SubmitSpec"},
+                    "catch_up": {"enum": ["latest", "none"], "default": "latest"},
+                    "overlap": {"enum": ["allow", "skip"], "default": "allow"},
+                    "replace": {"type": "boolean", "default": True,
+                                "description": "false: a different schedule of this name is "
+                                               "a 409, not replaced."},
+                }}}}},
+            "responses": {"201": _json(_CRON, "Added."),
+                          "200": _json(_CRON, "Replaced, or the same as before."),
+                          "400": _BAD, "409": _err("A different schedule of this name (with "
+                                                   "replace false), or too many schedules."),
+                          "413": _err(f"A body over {limits.cron_body_bytes_max} bytes."),
+                          "503": _BUSY}},
+        "delete": {"summary": "Remove a schedule; its runs stay (submit role).",
+                   "operationId": "deleteCron", "parameters": [_CRON_NAME, _IDEMPOTENCY_KEY],
+                   "responses": {"200": _json({"type": "object", "properties": {
+                       "name": {"type": "string"}, "removed": {"const": True}}}, "Removed."),
+                       "400": _BAD, "404": _NO_CRON, "503": _BUSY}},
+    },
+    "/cron/{name}/pause": _cron_change("Fire no runs of a schedule (submit role).", "pauseCron"),
+    "/cron/{name}/resume": _cron_change("Fire a schedule's runs again from the next due time "
+                                        "on; none missed while paused (submit role).",
+                                        "resumeCron"),
+}
+_CRON_SCHEMAS: dict[str, Any] = {
+    "Cron": {"type": "object", "properties": {
+        "name": {"type": "string"}, "spec": {"type": "string"},
+        "job": {"type": "object", "description": "The job spec of each run."},
+        "catch_up": {"enum": ["latest", "none"]}, "overlap": {"enum": ["allow", "skip"]},
+        "paused": {"type": "boolean"},
+        "created_at": {"type": "number"},
+        "next_due": {"type": ["number", "null"], "description": "The next due time (seconds "
+                                                               "since the epoch); null when paused."},
+        "last_due": {"type": ["number", "null"]},
+        "last_job": {"type": ["string", "null"], "description": "The id of the last run fired."},
+        "fired": {"type": "integer"}, "skipped": {"type": "integer",
+                                                  "description": "Runs passed over (overlap skip)."},
+        "version": {"type": "integer"},
+    }},
+}
 
 
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI 3.1 document, a fresh copy each call (callers may change it)."""
-    paths = copy.deepcopy({**_PATHS, **_BULK_PATHS, **_RERUN_PATHS})
+    paths = copy.deepcopy({**_PATHS, **_BULK_PATHS, **_RERUN_PATHS, **_CRON_PATHS})
     for path, ops in paths.items():
         for method, op in ops.items():
             common = dict(_COMMON)
@@ -890,11 +980,11 @@ def openapi_document() -> dict[str, Any]:
             "the member's committed table; changes are forwarded to the leader and answered "
             "once committed. Every error is JSON: {\"error\": \"...\"}. With an [auth] table, "
             "requests carry `Authorization: Bearer TOKEN` (or a browser's session cookie from "
-            "/login); roles: read (GET), submit (also POST /jobs, cancel, tone), admin "
+            "/login); roles: read (GET), submit (also POST /jobs, cancel, tone, schedules), admin "
             "(everything, DELETE /jobs/{id} included). /healthz is always open, /metrics unless "
             "[auth] metrics = \"read\". Changes from a browser must come from this member's own "
             "origin and carry the X-Meshjobs-Csrf header of its pages.",
         },
         "paths": paths,
-        "components": {"schemas": copy.deepcopy({**_SCHEMAS, **_BULK_SCHEMAS})},
+        "components": {"schemas": copy.deepcopy({**_SCHEMAS, **_BULK_SCHEMAS, **_CRON_SCHEMAS})},
     }

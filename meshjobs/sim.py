@@ -28,6 +28,10 @@ breaks them:
   their finished job (whole, or only its failed items): each committed rerun must send back
   exactly the items it names, no item may have more results than attempts, and no job more
   restarts than it asked for.
+  jobs wait for earlier ones (`after`, each condition drawn from ok, end and fail). With `cron`
+  set, that many schedules (`@every` 1 to 5 s of simulated time) are added through the control
+  path and fire through crashes, partitions and leader changes; once healed and seen firing,
+  they are paused (so that the fleet can settle).
 
 Rule 1: pure and replayable. No IO, clock or threads; every choice comes from one
         `random.Random(seed)`, and nothing iterates a set whose order could change between runs.
@@ -40,6 +44,10 @@ Rule 2: the checks are the point. A broken one raises `SimFailure`, whose messag
         starts before each parent has ended the way its condition asks, waits only while a
         parent has not ended, and ends dep_failed only when a condition can no longer hold (the
         parents' final states are noted as each entry, or each change of a batch, ends them).
+        A schedule's due time is settled (fired or passed over) at most once, its run made under
+        the id of its name and due time, and only as the latest due time at the fire's time
+        stamp (never an older missed one: no burst; with catch-up none, not over
+        `cron_late_ms_max` late); once the fleet is healed and settled, no due time is missed.
         Checked after every
         step: every member's table equals every other table (and the oracle) at the same index;
         a submit, cancel or forget is answered 200/201 only once committed; a change of an
@@ -59,7 +67,7 @@ from typing import Any
 import blake3
 import msgpack
 
-from meshjobs import limits, placement
+from meshjobs import cron, limits, placement
 from meshjobs.control import Answer
 from meshjobs.node import (
     Applied,
@@ -172,6 +180,26 @@ class SimConfig:
     # short delay), and a client reruns its finished job (whole, or its failed items). Off by
     # default, and then not drawn at all.
     reruns: float = 0.0
+    # Schedules added at the start (meshjobs/cron.py), `@every` 1 to 5 s. Off by default (0),
+    # and then nothing is drawn for them, so that recorded seeds replay as they did.
+    cron: int = 0
+
+
+# After healing, the fleet has this long to settle before a due time missed is a failure.
+CRON_SETTLE_MS = 10_000
+
+
+@dataclass
+class _CronClient:
+    """A client that adds one schedule, and pauses it once the fleet is healed."""
+
+    name: str
+    req: dict
+    phase: str = "add"  # add, added, pause, paused
+    attempt: int = 0
+    inflight: tuple | None = None
+    deadline_ms: int = 0
+    next_ms: int = 0
 
 
 @dataclass
@@ -296,6 +324,19 @@ class Sim:
         self.member_drains: set[str] = set()
         self.orders_sent = 0
         self.orders_lift_ms = 0
+        # Schedules: their clients, each (schedule, due time) settled and how, the last due
+        # time each settled, and when the fleet was healed.
+        self.cron_clients: list[_CronClient] = []
+        self.cron_settled: dict[tuple[str, int], str] = {}
+        self.cron_last: dict[str, tuple[int, int]] = {}
+        self.healed_ms: int | None = None
+        for i in range(self.cfg.cron):
+            spec = f"@every {self.rng.choice([1, 2, 3, 5])}s"
+            name = f"c{i}"
+            self.cron_clients.append(_CronClient(name, {
+                "op": "cron", "action": "add", "name": name, "spec": spec,
+                "job": {"argv": ["cron", name]}, "catch_up": self.rng.choice(["latest", "none"]),
+                "overlap": self.rng.choice(["allow", "skip"])}))
         for name in MEMBERS:
             self._start(self.members[name])
 
@@ -631,6 +672,9 @@ class Sim:
             self._check_placement(e, index, outcome, rows)
         if self.cfg.orders and isinstance(e, dict):
             self._check_orders(e, index, outcome, before)
+        if isinstance(e, dict) and e.get("k") == "cron" and e.get("op") == "fire" \
+                and outcome.get("ok"):
+            self._check_fire(e, index, outcome)
         if results:
             self._check_results(results, index, before,
                                 outcome if isinstance(e, dict) and e.get("k") == "result" else None)
@@ -743,6 +787,44 @@ class Sim:
         self.asked[key] = req
         m.inbox.append(Ctl(m.tokens, req))
         self.count("orders_sent")
+    def _check_fire(self, e: dict, index: int, outcome: dict) -> None:
+        """A committed fire: its due time settled once, as the latest at its time stamp, its
+        run under the id of name and due time; once settled after healing, none missed."""
+        name, d, t = e["name"], e["due"], e["t"]
+        c = self.oracle.crons.get(name)
+        if c is None:
+            self.fail(f"entry {index}: schedule {name} fired, but the table has no such schedule")
+        how = "skipped" if outcome.get("skipped") else str(outcome.get("id"))
+        key = (name, d)
+        if key in self.cron_settled:
+            self.fail(f"entry {index}: due time {d - T0_MS} of schedule {name} settled twice "
+                      f"({self.cron_settled[key]}, then {how})")
+        self.cron_settled[key] = how
+        if c.sched.latest_upto(t) != d:
+            self.fail(f"entry {index}: schedule {name} fired due time {d - T0_MS} at "
+                      f"{t - T0_MS}, not the latest due then ({c.sched.latest_upto(t) - T0_MS}): "
+                      "an older missed run (a burst)")
+        if c.catch_up == "none" and t - d > limits.cron_late_ms_max:
+            self.fail(f"entry {index}: schedule {name} (catch-up none) fired a run "
+                      f"{t - d} ms late")
+        if not outcome.get("skipped"):
+            want = cron.run_id(name, d)
+            if outcome.get("id") != want or want not in self.oracle.jobs:
+                self.fail(f"entry {index}: schedule {name}'s run due at {d - T0_MS} made as "
+                          f"{outcome.get('id')}, not {want}")
+            self.count("cron_runs")
+        prev = self.cron_last.get(name)
+        if prev is not None and d != c.sched.next_after(prev[0]):
+            self.count("cron_catch_ups")  # due times missed (no leader), the latest fired
+        settle = None if self.healed_ms is None else self.healed_ms + CRON_SETTLE_MS
+        if prev is not None and settle is not None and prev[1] > settle and t > settle:
+            if d != c.sched.next_after(prev[0]):
+                self.fail(f"entry {index}: schedule {name} settled {d - T0_MS} after "
+                          f"{prev[0] - T0_MS}, missing {c.sched.next_after(prev[0]) - T0_MS}, "
+                          "though the fleet is healed")
+            self.count("cron_gaps_checked")
+        self.cron_last[name] = (d, t)
+        self.count("cron_fires_checked")
 
     def _item(self, key: tuple[str, int]) -> tuple | None:
         job = self.oracle.jobs.get(key[0])
@@ -994,6 +1076,7 @@ class Sim:
     def heal(self) -> None:
         """End every fault: no more drops, partitions, crashes or lost proposals."""
         self.faulty = False
+        self.healed_ms = self.now
         self.cuts.clear()
         for m in self.members.values():
             if m.name in self.gone:
@@ -1130,6 +1213,9 @@ class Sim:
         if req is None:
             self.fail(f"{m.name} answered token {token}, which nobody asked")
         status, body = answer
+        if req["op"] == "cron":
+            self._cron_answered(m, key, req, status, body)
+            return
         if status == 507 and not (req["op"] == "submit" and m.disk_known):
             self.fail(f"{m.name} answered {req['op']} 507 (disk full) but its disk is not full")
         if key in self.probes:
@@ -1251,6 +1337,69 @@ class Sim:
         c.attempt = 0
         c.next_ms = self.now + self.rng.randint(0, 6_000)
 
+    # --- schedules -------------------------------------------------------------------------------
+
+    def _cron_requests(self) -> None:
+        """Each schedule's client adds it, retrying under the same request id; once the fleet
+        is healed and the schedule has settled a few due times since, it pauses it."""
+        for c in self.cron_clients:
+            if c.phase == "added" and self._cron_fired_since_settled(c.name):
+                c.phase, c.attempt = "pause", 0
+            if c.phase not in ("add", "pause"):
+                continue
+            if c.inflight is not None:
+                if self.now < c.deadline_ms:
+                    continue
+                c.inflight = None
+                self.count("cron_client_timeouts")
+            if self.now < c.next_ms:
+                continue
+            alive = [n for n in MEMBERS if self.members[n].alive]
+            if not alive:
+                continue
+            m = self.members[self.rng.choice(alive)]
+            rid = f"{c.name}.{c.phase}.{c.attempt}"
+            req = dict(c.req) if c.phase == "add" else {"op": "cron", "action": "pause",
+                                                         "name": c.name}
+            req.update(rid=rid, fp=_fp(rid))
+            m.tokens += 1
+            key = (m.name, m.inc, m.tokens)
+            c.inflight, c.deadline_ms = key, self.now + self.cfg.client_timeout_ms
+            self.asked[key] = req
+            m.inbox.append(Ctl(m.tokens, req))
+            self.count("ctl_cron_" + c.phase)
+
+    def _cron_fired_since_settled(self, name: str) -> bool:
+        last = self.cron_last.get(name)
+        c = self.oracle.crons.get(name)
+        return (self.healed_ms is not None and last is not None and c is not None
+                and last[1] > self.healed_ms + CRON_SETTLE_MS + 4 * c.sched.every_s * 1000)
+
+    def _cron_answered(self, m: _Member, key: tuple, req: dict, status: int, body: Any) -> None:
+        c = next(c for c in self.cron_clients if c.name == req["name"])
+        if status in (200, 201):
+            oc = self.oracle.crons.get(req["name"])
+            if oc is None or (req["action"] == "pause" and not oc.paused):
+                self.fail(f"{m.name} answered cron {req['action']} of {req['name']} {status} "
+                          "before it was committed")
+            if body.get("name") != req["name"]:
+                self.fail(f"{m.name} answered cron {req['action']} of {req['name']} with {body}")
+        elif status != 503:
+            self.fail(f"{m.name} answered a well-formed cron {req['action']} of {req['name']} "
+                      f"{status} {body}")
+        self.count(f"cron_answers_{status}")
+        if c.inflight != key:
+            return  # an answer its client gave up waiting for
+        c.inflight = None
+        if status in (200, 201):
+            c.phase = {"add": "added", "pause": "paused"}[c.phase]
+        else:
+            c.next_ms = self.now + self.rng.randint(20, 1_000)
+
+    def _crons_settled(self) -> bool:
+        return all(c.phase == "paused" for c in self.cron_clients) and all(
+            oc.paused for oc in self.oracle.crons.values())
+
     # --- checks after each step ---------------------------------------------------------------
 
     def _check_fresh(self) -> None:
@@ -1307,6 +1456,8 @@ class Sim:
         self._clients()
         if self.cfg.orders:
             self._orders()
+        if self.cron_clients:
+            self._cron_requests()
         for name in MEMBERS:
             m = self.members[name]
             if m.alive:
@@ -1317,6 +1468,8 @@ class Sim:
         """Every client past its submit, every acknowledged job ended or forgotten, and every
         member's table at the last committed entry."""
         if any(c.phase == "submit" for c in self.clients):
+            return False
+        if self.cron_clients and not self._crons_settled():
             return False
         for jid in self.acked:
             job = self.oracle.jobs.get(jid)

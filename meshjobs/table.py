@@ -44,7 +44,7 @@ from typing import Any
 
 import blake3
 
-from meshjobs import limits, placement, reruns
+from meshjobs import cron, limits, placement, reruns
 from meshjobs.control import ControlError, parse_submit
 from meshjobs.fleetctl import CtlRefused, FleetCtl
 
@@ -264,6 +264,8 @@ class JobTable:
         # dropped. It must not block (the member hands the record to a bounded queue). Not
         # part of the state.
         self.on_forget: Callable[[dict, str, int, int], None] | None = None
+        # Schedules by name (meshjobs/cron.py), in the order they were added.
+        self.crons: dict[str, cron.Cron] = {}
 
     # --- applying entries -------------------------------------------------------------------
 
@@ -793,6 +795,85 @@ class JobTable:
             return self.ctl.apply_member(e, t)
         except CtlRefused as r:
             raise Refused(r.status, r.message, "bad_order") from None
+    def _apply_cron(self, e: dict, index: int, t: int) -> dict:
+        """A schedule added (or replaced), removed, paused or resumed; or one of its due runs
+        fired by the leader (meshjobs/cron.py): the fire names only the schedule and the due
+        time, which must be the one `cron.due` gives at the entry's time, so that a repeat, a
+        second leader or a stale entry fires nothing."""
+        op, name = e.get("op"), e.get("name")
+        if not isinstance(name, str) or not cron.NAME_RE.fullmatch(name):
+            raise Refused(400, "malformed schedule name", "malformed")
+        c = self.crons.get(name)
+        if op == "fire":
+            d = e.get("due")
+            if not _is_int(d) or c is None or not cron.fire_ok(c, d, t):
+                self._count("cron_fires_stale")
+                raise Refused(409, f"schedule {name} has no run due at {d} now", "cron_stale")
+            return self._cron_fire(c, d, index, t)
+        if op not in ("add", "rm", "pause", "resume"):
+            raise Refused(400, "malformed schedule change", "malformed")
+        if op != "add":
+            if c is None:
+                raise Refused(404, f"no schedule {name} (see `meshctl cron list`)", "unknown_cron")
+            if op == "rm":
+                del self.crons[name]
+                self._count("crons_removed")
+                return {"ok": True, "cron": name, "removed": True}
+            if (op == "pause") != c.paused:
+                c.paused = op == "pause"
+                # Due times while it was paused are not fired when it is resumed.
+                c.done_ms = max(c.done_ms, t)
+                c.version = index
+            return {"ok": True, "cron": name}
+        spec, job, catch_up, overlap = e.get("spec"), e.get("job"), e.get("catch_up"), e.get("overlap")
+        try:
+            ok = (isinstance(spec, str) and cron.Schedule.parse(spec).text == spec
+                  and isinstance(job, dict) and cron.parse_job(job) == job
+                  and catch_up in cron.CATCH_UP and overlap in cron.OVERLAP)
+        except (ControlError, cron.CronError):
+            ok = False
+        if not ok:
+            raise Refused(400, "malformed schedule", "malformed")
+        if c is not None:
+            if c.same(spec, job, catch_up, overlap):
+                return {"ok": True, "cron": name, "new": False}
+            if e.get("replace") is not True:
+                raise Refused(409, f"a different schedule named {name} exists: remove it first "
+                                   f"(meshctl cron rm {name}), or replace it (--replace)", "conflict")
+        elif len(self.crons) >= limits.cron_schedules_max:
+            raise Refused(409, f"the fleet has {len(self.crons)} schedules, the most it keeps: "
+                               "remove some (meshctl cron rm NAME)", "too_many")
+        new = cron.Cron(name, spec, job, catch_up, overlap, created_ms=t, done_ms=t, version=index)
+        if c is not None:
+            # A replaced schedule keeps its history and whether it is paused; runs due before
+            # the replacement are not fired by it.
+            new.created_ms, new.paused = c.created_ms, c.paused
+            new.last_due_ms, new.last_id, new.fired, new.skipped = (
+                c.last_due_ms, c.last_id, c.fired, c.skipped)
+            new.done_ms = max(c.done_ms, t)
+        self.crons[name] = new
+        self._count("crons_added" if c is None else "crons_replaced")
+        return {"ok": True, "cron": name, "new": c is None}
+
+    def _cron_fire(self, c: cron.Cron, d: int, index: int, t: int) -> dict:
+        c.done_ms = d
+        c.version = index
+        last = self.jobs.get(c.last_id) if c.last_id is not None else None
+        if c.overlap == "skip" and last is not None and not last.finished:
+            c.skipped += 1
+            self._count("cron_runs_skipped")
+            return {"ok": True, "cron": c.name, "due": d, "skipped": "overlap"}
+        job_id = cron.run_id(c.name, d)
+        c.last_due_ms, c.last_id = d, job_id
+        if job_id in self.jobs or job_id in self.forgotten:
+            # Fired before (a replaced schedule's cursor went back? never: it only grows); the
+            # id is taken, so a second job is never made.
+            return {"ok": True, "cron": c.name, "due": d, "id": job_id, "new": False}
+        c.fired += 1
+        self._count("cron_runs_fired")
+        out = self._apply_submit({"id": job_id, "spec": c.job, "dg": cron.job_digest(c.job),
+                                  "items": [None]}, index, t)
+        return {**out, "cron": c.name, "due": d}
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -1018,6 +1099,8 @@ class JobTable:
             # Pool and member orders, only when there are some (as dependencies).
             **({"ctl": self.ctl.to_state()} if self.ctl.active() else {}),
             **reruns.to_state(self),
+            # Schedules, only when there are some (a snapshot without them is as it was).
+            **({"crons": [c.row() for c in self.crons.values()]} if self.crons else {}),
         }
 
     @classmethod
@@ -1085,6 +1168,9 @@ class JobTable:
             t.jobs[jid].pins = [t._name(m) for m in pins]
         t.ctl = FleetCtl.from_state(s.get("ctl"))
         reruns.from_state(t, s)
+        for row in s.get("crons", ()):
+            c = cron.Cron.from_row(row)
+            t.crons[c.name] = c
         for j in sorted((j for j in t.jobs.values() if j.finished_ms), key=lambda j: (j.finished_ms, j.seq)):
             t.finished[j.id] = j.finished_ms
         for j in t.jobs.values():
@@ -1165,6 +1251,15 @@ class JobTable:
         assert all(self.jobs[jid] is j for jid, j in self.ready.items()), "ready index holds a stale job"
         self.ctl.check()
         reruns.check(self)
+        assert len(self.crons) <= limits.cron_schedules_max, "more schedules than the limit"
+        for name, c in self.crons.items():
+            assert c.name == name and cron.NAME_RE.fullmatch(name), f"schedule {name}: its name"
+            assert c.catch_up in cron.CATCH_UP and c.overlap in cron.OVERLAP, f"schedule {name}"
+            assert c.created_ms <= c.done_ms, f"schedule {name}: cursor before its creation"
+            assert c.last_due_ms <= c.done_ms, f"schedule {name}: fired past its cursor"
+            assert c.last_id is None or c.last_id == cron.run_id(name, c.last_due_ms), \
+                f"schedule {name}: its last run's id is not made of its due time"
+            assert 0 < c.version <= self.applied_index, f"schedule {name}: version out of the log"
 
 
 def _hex(d: bytes | None) -> str | None:
@@ -1219,4 +1314,5 @@ _APPLIERS = {
     "pool": JobTable._apply_pool,
     "member": JobTable._apply_member,
     "rerun": reruns.apply_rerun,
+    "cron": JobTable._apply_cron,
 }

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from meshjobs import limits
+from meshjobs import cron, limits
 from meshjobs.control import Answer
 from meshjobs.node import Ctl, JobNode, NodeConfig, Pool, Propose, Reply, Tick, View
 from meshjobs.sim import SimConfig, SimFailure, run
@@ -591,3 +591,95 @@ def test_planted_rerun_bugs_are_caught(table_cls: type[JobTable], words: str) ->
             if words in msg:
                 return
     raise AssertionError(f"no seed caught {table_cls.__name__}")
+CRON = SimConfig(cron=3)
+
+
+@pytest.mark.parametrize("seed", (1, 2))
+def test_schedules_safe_and_live(seed: int) -> None:
+    """Schedules of `@every` 1 to 5 s fire through crashes, partitions and leader changes: each
+    due time settled once, its run named by name and due time, never an older missed one; once
+    healed, none missed; then they are paused and the fleet settles."""
+    c = run(seed, CRON).counts
+    assert c.get("cron_runs", 0) > 0 and c.get("cron_gaps_checked", 0) > 0, c
+    assert c.get("table_crons_added", 0) == 3 and c.get("elections", 0) >= 1, c
+
+
+def test_schedules_under_harsh_faults() -> None:
+    """Harsher faults: leaders come and go, so due times are missed and the latest is fired
+    once (catch-ups happen), and still no due time settles twice."""
+    c = run(7, replace(HARSH, cron=3)).counts
+    assert c.get("cron_runs", 0) > 0 and c.get("cron_catch_ups", 0) > 0, c
+
+
+class IndexIdTable(JobTable):
+    """Planted bug: a fired run is named by the log index of its entry, not by its due time."""
+
+    def _apply_one(self, entry: object, index: int, nested: bool) -> dict:
+        if not (isinstance(entry, dict) and entry.get("k") == "cron" and entry.get("op") == "fire"):
+            return super()._apply_one(entry, index, nested)
+        c, d, t = self.crons.get(entry.get("name")), entry.get("due"), entry.get("t")
+        if c is None or type(d) is not int or type(t) is not int or not cron.fire_ok(c, d, t):
+            return super()._apply_one(entry, index, nested)
+        c.done_ms = c.last_due_ms = d
+        c.last_id, c.version = cron.run_id(c.name, d), index
+        c.fired += 1
+        out = self._apply_submit({"id": f"cron-{c.name}-at{index}", "spec": c.job,
+                                  "dg": cron.job_digest(c.job), "items": [None]}, index, t)
+        return {**out, "cron": c.name, "due": d}
+
+
+def test_planted_index_id_is_caught() -> None:
+    """Safety check: a table that names a run other than by its name and due time (so a second
+    leader's fire would make a second job) is caught, and the failure names its seed."""
+    try:
+        run(1, replace(CRON, liveness_ms_max=1_000), table_cls=IndexIdTable)
+    except SimFailure as e:
+        assert str(e).startswith("seed=1 ") and "made as cron-c" in str(e), e
+        return
+    raise AssertionError("the simulator did not catch runs named by log index")
+
+
+class BurstNode(JobNode):
+    """A leader that proposes every due time missed, each round: repeats the table must make
+    harmless (and a burst it must refuse)."""
+
+    def _propose_cron(self) -> None:
+        for c in self.table.crons.values():
+            d = None if c.paused else c.next_due()
+            while d is not None and d <= self.now_ms:
+                self._lead_entries.append({"k": "cron", "op": "fire", "t": self.now_ms,
+                                           "name": c.name, "due": d})
+                d = c.sched.next_after(d)
+
+
+class LaxFireTable(JobTable):
+    """Planted bug: a fire of any due time after the cursor is applied, not only the latest."""
+
+    def _apply_one(self, entry: object, index: int, nested: bool) -> dict:
+        if isinstance(entry, dict) and entry.get("k") == "cron" and entry.get("op") == "fire":
+            c, d, t = self.crons.get(entry.get("name")), entry.get("due"), entry.get("t")
+            if (c is not None and not c.paused and type(d) is int and type(t) is int
+                    and c.done_ms < d <= t and c.sched.latest_upto(d) == d):
+                return self._cron_fire(c, d, index, t)
+        return super()._apply_one(entry, index, nested)
+
+
+def test_burst_proposals_are_harmless() -> None:
+    """A leader that proposes every missed due time, again and again: the table fires only the
+    latest, once; safe and live."""
+    c = run(7, replace(HARSH, cron=3), node_cls=BurstNode).counts
+    assert c.get("cron_runs", 0) > 0 and c.get("table_cron_fires_stale", 0) > 0, c
+
+
+def test_planted_burst_is_caught() -> None:
+    """Safety check: a table that fires every missed due time (a burst after an outage) is
+    caught, and the failure names its seed."""
+    for seed in (7, 1, 2):
+        try:
+            run(seed, replace(HARSH, cron=3, liveness_ms_max=1_000), table_cls=LaxFireTable,
+                node_cls=BurstNode)
+        except SimFailure as e:
+            assert str(e).startswith(f"seed={seed} ")
+            if "an older missed run (a burst)" in str(e):
+                return
+    raise AssertionError("no seed caught a table that fires every missed due time")

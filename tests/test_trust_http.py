@@ -105,6 +105,12 @@ ROUTES = [
     ("POST", "/jobs/forget", {"ids": ["nosuch"]}, "admin"),
     ("POST", "/jobs/forget", {"filter": {"state": "done"}, "dry_run": True}, "admin"),
     ("GET", "/history", None, "read"),
+    ("GET", "/cron", None, "read"),
+    ("GET", "/cron/nosuch", None, "read"),
+    ("PUT", "/cron/role", {"spec": "@yearly", "job": {"argv": ["true"], "hold": True}}, "submit"),
+    ("POST", "/cron/nosuch/pause", None, "submit"),
+    ("POST", "/cron/nosuch/resume", None, "submit"),
+    ("DELETE", "/cron/nosuch", None, "submit"),
     ("GET", "/healthz", None, None),
     ("GET", "/login", None, None),
 ]

@@ -31,7 +31,7 @@ from typing import Any
 
 import blake3
 
-from meshjobs import bulk, limits, reruns
+from meshjobs import bulk, cron, limits, reruns
 from meshjobs.control import CHANGE_OPS, OUTPUT_INDEX, Answer, ControlError, parse_request
 from meshjobs.node.events import (
     EMPTY_DIGEST,
@@ -169,6 +169,7 @@ class JobNode(LeaderDuties, Following, Feeding, Orders):
         self._blob_bytes = 0
         self._expiring: dict[str, int] = {}
         self._rerunning: dict[tuple[str, int], int] = {}  # (job, run) -> when its rerun was proposed
+        self._cron_sent: dict[tuple[str, int], int] = {}  # (schedule, due) -> when its fire was proposed
         self._next_expiry_ms = 0
         self._next_have_ms = 0
         self._links: dict[str, bool] = {}
@@ -289,6 +290,10 @@ class JobNode(LeaderDuties, Following, Feeding, Orders):
         due = reruns.next_due_ms(self.table, self.now_ms) if self._leading() else None
         if due is not None:
             ds.append(due)
+        if self.table.crons and self._leading():
+            wake = cron.next_wake_ms(self.table.crons.values(), self.now_ms)
+            if wake is not None:
+                ds.append(wake)
         return min(ds) if ds else None
 
     def _count(self, name: str, n: int = 1) -> None:
@@ -354,6 +359,8 @@ class JobNode(LeaderDuties, Following, Feeding, Orders):
             self._reply(token, 200, self.health())
         elif op == "metrics":
             self._reply(token, 200, self.metrics())
+        elif op == "cron" and req["action"] in ("list", "get"):
+            self._cron_read(token, req)
         elif op == "bulk" and req["action"] == "status":
             self._reply(token, 200, bulk.status(self.table, req))
         elif op == "bulk" and req["dry_run"]:
@@ -489,6 +496,14 @@ class JobNode(LeaderDuties, Following, Feeding, Orders):
             job_id = self._submit_entry(token, req, entry)
             if job_id is None:
                 return
+        elif op == "cron":
+            if req["action"] == "add" and req["job"]["pool"] not in self._pools():
+                pools = self._pools()
+                self._reply(token, 400, {"error": f"unknown pool {req['job']['pool']!r}: this "
+                                                  f"fleet has {', '.join(sorted(pools)) or 'no pools'}"})
+                return
+            entry = cron.entry(req, self.now_ms)
+            job_id = None
         elif op == "bulk":
             # A filter is resolved here, against the leader's committed table; the entry names
             # the ids, so that every member changes the same jobs.
@@ -609,6 +624,9 @@ class JobNode(LeaderDuties, Following, Feeding, Orders):
         index = index or self.table.applied_index
         if op in ("pool", "member"):
             self._answer_order(token, outcome, index)
+            return
+        if op == "cron":
+            self._answer(token, self._cron_answer(outcome), index)
             return
         if op == "bulk" and outcome.get("ok"):
             self._answer(token, Answer(200, bulk.answer(
@@ -1057,3 +1075,27 @@ class JobNode(LeaderDuties, Following, Feeding, Orders):
             pools[j.pool] = pools.get(j.pool, 0) + 1
         m["jobs_by_state_pool"] = by
         return m
+
+    # --- schedules (meshjobs/cron.py) -----------------------------------------------------------
+
+    def _cron_read(self, token: int, req: dict) -> None:
+        if self._behind():
+            self._reply(token, 503, {"error": self._behind_error("which schedules there are")})
+        elif req["action"] == "list":
+            self._reply(token, 200, {"crons": [cron.record(c, self.now_ms)
+                                               for c in self.table.crons.values()]})
+        elif req["name"] in self.table.crons:
+            self._reply(token, 200, cron.record(self.table.crons[req["name"]], self.now_ms))
+        else:
+            self._reply(token, 404, {"error": f"no schedule {req['name']} (see `meshctl cron list`)"})
+
+    def _cron_answer(self, outcome: dict) -> Answer:
+        if not outcome.get("ok"):
+            return Answer(outcome.get("status", 409), {"error": outcome.get("error", "refused")})
+        name = outcome.get("cron")
+        if outcome.get("removed"):
+            return Answer(200, {"name": name, "removed": True})
+        c = self.table.crons.get(name) if isinstance(name, str) else None
+        if c is None:
+            return Answer(404, {"error": f"no schedule {name} (it was removed since)"})
+        return Answer(201 if outcome.get("new") else 200, cron.record(c, self.now_ms))

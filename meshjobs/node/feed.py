@@ -50,6 +50,9 @@ def _named_jobs(kind: Any, e: dict, out: dict) -> list[str]:
     if kind in ("submit", "cancel", "tone", "forget", "rerun"):
         job_id = out.get("id", e.get("id"))
         return [job_id] if isinstance(job_id, str) else []
+    if kind == "cron":  # a schedule's fired run: the job it made
+        job_id = out.get("id") if out.get("new") else None
+        return [job_id] if isinstance(job_id, str) else []
     if kind == "bulk":
         rows = out.get("rows")
         return [r[0] for r in rows if r[1] == "changed"] if isinstance(rows, list) else []

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshjobs import limits, reruns
+from meshjobs import cron, limits, reruns
 from meshjobs.node.events import EMPTY_DIGEST, CopyBlobs, FetchBlobs, Send
 from meshjobs.table import FINAL
 
@@ -168,6 +168,7 @@ class LeaderDuties:
             self._propose_results()
             self._propose_expiry()
             self._propose_reruns()
+            self._propose_cron()
         self._recopy()
         self._push_state()
 
@@ -487,3 +488,28 @@ class LeaderDuties:
         if out and ring[lo][0] != pos:
             return None
         return out
+
+    # --- schedules --------------------------------------------------------------------------------
+
+    def _propose_cron(self) -> None:
+        """Fire each schedule's due run (meshjobs/cron.py): an entry naming the schedule and the
+        due time; the table makes the run's job, once, whoever proposes it how often."""
+        crons = self.table.crons
+        if not crons:
+            self._cron_sent.clear()
+            return
+        now = self.now_ms
+        for key in [k for k in self._cron_sent
+                    if k[0] not in crons or k[1] <= crons[k[0]].done_ms]:
+            del self._cron_sent[key]
+        for c in crons.values():
+            d = cron.due(c, now)
+            if d is None:
+                continue
+            sent = self._cron_sent.get((c.name, d))
+            if sent is not None and now - sent < limits.proposal_retry_ms:
+                continue
+            self._cron_sent[(c.name, d)] = now
+            self._count("cron_fires_proposed")
+            self._lead_entries.append({"k": "cron", "op": "fire", "t": now, "name": c.name,
+                                       "due": d})
