@@ -778,7 +778,7 @@ class HttpApi:
             return _html(webui.error_page(self._member, answer.status,
                                           str(why or f"no answer for job {job_id}")),
                          status=answer.status if answer.status >= 400 else 502)
-        record = answer.body
+        record = await self._waiting_for(answer.body)
         items = sorted((it for it in record.get("items") or [] if isinstance(it, dict)),
                        key=lambda it: it.get("index", 0))
         record["items"] = items

@@ -156,9 +156,12 @@ def page(title: str, member: str, body: str, *, csrf: str = "", nonce: str = "")
 
 
 def buttons(job: dict) -> str:
-    """Cancel while a job is unfinished; Hold or Release (hold: no new items start)."""
+    """Cancel while a job is unfinished; Hold or Release (hold: no new items start); Rerun
+    once it ended done, failed or cancelled."""
     jid = e(str(job.get("id", "")))
     st = str(job.get("state", ""))
+    if st in ("done", "failed", "cancelled"):
+        return f'<button class="rerun" data-job="{jid}">Rerun</button>'
     if st in TERMINAL_STATES:
         return ""
     hold = (f'<button class="release" data-job="{jid}">Release</button>'
@@ -287,6 +290,7 @@ def job_page(member: str, record: dict, failed: Sequence[tuple[dict, str | None]
         ("finished (UTC)", e(when(record.get("finished_at")))),
         ("took", e(took(record.get("submitted_at"), record.get("finished_at")))),
     ]
+    facts += _placement_facts(record) + _rerun_facts(record)
     after = record.get("after")
     if isinstance(after, list) and after:
         waits = {str(d.get("id")) for d in record.get("waiting_on") or [] if isinstance(d, dict)}
@@ -392,12 +396,55 @@ def _item_row(base: str, jid: str, item: dict, runtime: object) -> str:
 # --- the fleet ------------------------------------------------------------------------------
 
 
+def _placement_facts(record: dict) -> list[tuple[str, str]]:
+    """Where a job's items may run, and why they wait (placement)."""
+    out = []
+    selector = record.get("member")
+    if selector is not None:
+        members = record.get("members")
+        where = ("every member of the pool, once each" if selector == "*"
+                 else f"members matching {selector}")
+        if isinstance(members, list) and members:
+            where += ": " + ", ".join(str(m) for m in members)
+        out.append(("runs on", e(where)))
+    why = record.get("waiting_for")
+    if why:
+        out.append(("waiting for", e(str(why))))
+    if record.get("notify"):
+        out.append(("notify", e(str(record["notify"]))))
+    return out
+
+
+def _rerun_facts(record: dict) -> list[tuple[str, str]]:
+    """Which run this is, and earlier runs (rerun, restart, resubmit)."""
+    out = []
+    run = record.get("run")
+    if isinstance(run, int) and run > 1:
+        out.append(("run", e(f"{run} (restarts {record.get('restarts', 0)}, resubmits "
+                             f"{record.get('resubmits', 0)})")))
+    due = record.get("rerun_due_at")
+    if due is not None:
+        out.append(("runs again (UTC)", e(f"{when(due)} ({record.get('rerun_due_why') or ''})")))
+    past = record.get("previous_runs")
+    if isinstance(past, list) and past:
+        out.append(("earlier runs", e("; ".join(
+            f"run {p.get('run')}: {p.get('state')} at {when(p.get('finished_at'))}"
+            for p in past[-5:] if isinstance(p, dict)))))
+    return out
+
+
 def _yes(value: object) -> str:
     return "unknown" if value is None else "yes" if value else "no"
 
 
 def _bad(flag: object) -> str:
     return ' class="failed"' if flag else ""
+
+
+def _orders_text(m: dict) -> str:
+    """A member's orders in force (meshctl member drain|stop)."""
+    words = [w for w, on in (("stopping", m.get("stopping")), ("drained", m.get("drained"))) if on]
+    return ", ".join(words) or "none"
 
 
 def fleet_page(member: str, fleet: dict, *, nonce: str = "") -> str:
@@ -417,6 +464,7 @@ def fleet_page(member: str, fleet: dict, *, nonce: str = "") -> str:
             f"<td>{e(', '.join(f'{k}: {v}' for k, v in pools.items()))}</td>"
             f'<td class="n">{e(str(m.get("slots", "")))}</td>'
             f'<td class="n">{e(str(m.get("running", "")))}</td>'
+            f"<td>{e(_orders_text(m))}</td>"
             f'<td class="n">{e(size(m.get("blob_bytes")))}</td>'
             f"<td{_bad(m.get('blob_pressure'))}>{_yes(m.get('blob_pressure'))}</td>"
             f"<td{_bad(m.get('disk_full'))}>{_yes(m.get('disk_full'))}</td>"
@@ -432,7 +480,7 @@ def fleet_page(member: str, fleet: dict, *, nonce: str = "") -> str:
         '<a href="/fleet?format=json">JSON</a> '
         '<span id="live-note" class="note">Live updates need the page\'s script.</span></p>\n'
         "<table><thead><tr><th>member</th><th>role</th><th>alive</th><th>pools (slots)</th>"
-        "<th>slots</th><th>running</th><th>blob bytes</th><th>blob pressure</th>"
+        "<th>slots</th><th>running</th><th>orders</th><th>blob bytes</th><th>blob pressure</th>"
         "<th>disk full</th><th>last seen (UTC)</th></tr></thead>\n<tbody>\n"
         + "\n".join(rows) + "\n</tbody></table>\n</main>")
     return page(f"fleet seen from {member}", member, body, nonce=nonce)
@@ -498,7 +546,7 @@ UI_SCRIPT_TEMPLATE = r"""
   // --- buttons ---------------------------------------------------------------------------------
 
   const ACTIONS = {cancel: ["cancel", {}], hold: ["tone", {hold: true}],
-                   release: ["tone", {hold: false}]};
+                   release: ["tone", {hold: false}], rerun: ["rerun", {}]};
   let changed = () => {};
 
   document.addEventListener("click", async (ev) => {
@@ -625,7 +673,9 @@ UI_SCRIPT_TEMPLATE = r"""
     const tags = Array.isArray(j.tags) ? j.tags.map(String).join(", ") : String(j.tags ?? "");
     const acts = document.createElement("td");
     acts.className = "act";
-    if (!TERMINAL.includes(st)) {
+    if (["done", "failed", "cancelled"].includes(st)) {
+      acts.append(button("rerun", "Rerun", id));
+    } else if (!TERMINAL.includes(st)) {
       acts.append(button("cancel", "Cancel", id));
       acts.append(j.hold || st === "held" ? button("release", "Release", id)
                                           : button("hold", "Hold", id));

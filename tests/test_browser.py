@@ -152,7 +152,7 @@ def test_job_appears_and_finishes_without_reload(member, page, tmp_path):
     hostile_page.close()
     flag.write_text("")
     expect(row.locator("td.state")).to_have_text("done")
-    expect(row.locator("button")).to_have_count(0)
+    expect(row.locator("button")).to_have_text(["Rerun"])  # nothing to cancel or hold now
     assert page.evaluate("window.meshjobsNoReload") == 1, "the page was reloaded"
     shot(page, "jobs-done")
     # The filter form narrows the list (a GET of the page itself).
@@ -281,6 +281,11 @@ def test_cancel_hold_release_buttons(member, page, tmp_path):
     expect(page.locator("button.cancel")).to_have_count(0)
     expect(page.locator("#live-note")).to_contain_text("live:")  # kept across the swaps
     shot(page, "job-cancelled")
+    page.click("button.rerun")  # a cancelled job runs again under its id
+    expect(page.locator("h1 .state")).to_have_text("running")
+    expect(page.locator("main")).to_contain_text("earlier runs")
+    page.click("button.cancel")
+    expect(page.locator("h1 .state")).to_have_text("cancelled")
 
     submit(member, argv=["true"], id="held", hold=True, tags=["hold"])
     page.goto(member.url + "/jobs?tag=hold")

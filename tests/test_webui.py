@@ -36,7 +36,7 @@ def no_markup_from_records(page: str) -> None:
 
 def test_jobs_page_rows_buttons_and_escaping() -> None:
     """A row per job: hostile argv and tags escaped, a failed count, Cancel and Hold while a
-    job runs, Release while held, nothing once finished; the filter form keeps its values."""
+    job runs, Release while held, Rerun once finished; the filter form keeps its values."""
     jobs = [job_record("run1", argv=["sh", "-c", EVIL], tags=[EVIL_ATTR], items_failed=2),
             job_record("held1", state="held", hold=True),
             job_record("done1", state="done"), "not a record"]
@@ -51,7 +51,7 @@ def test_jobs_page_rows_buttons_and_escaping() -> None:
             '<button class="hold" data-job="run1">Hold</button>') in page
     assert ('<button class="cancel" data-job="held1">Cancel</button>'
             '<button class="release" data-job="held1">Release</button>') in page
-    assert 'data-job="done1"' not in page
+    assert '<button class="rerun" data-job="done1">Rerun</button>' in page
     assert '<a href="/jobs?limit=5&amp;after=3">older jobs</a>' in page
     assert '<script nonce="n0" src="/ui.js" defer></script>' in page
     assert '<meta name="meshjobs-csrf" content="c5">' in page
@@ -120,6 +120,29 @@ def test_job_page_pages_big_jobs() -> None:
     assert f"items {2 * cap}–{n - 1} of {n}" in last
 
 
+def test_job_page_placement_reruns_and_rerun_button() -> None:
+    """A placed job says where it runs and why it waits; a job run again says which run it is
+    and lists earlier runs; a finished job has Rerun (and nothing to cancel), a running one not."""
+    rec = job_record("j2", state="done", member="gpu-*", members=None,
+                     waiting_for="no alive member matches 'gpu-*' " + EVIL, notify="http://h/x",
+                     run=3, restarts=1, resubmits=1, rerun_due_at=1_700_000_000.0,
+                     rerun_due_why="restart",
+                     previous_runs=[{"run": 1, "state": "failed", "finished_at": 100.0},
+                                    {"run": 2, "state": "done", "finished_at": 160.0}])
+    page = webui.job_page("m1", rec, [], 0)
+    no_markup_from_records(page)
+    assert "members matching gpu-*" in page and "no alive member matches" in page
+    assert "&lt;script&gt;" in page and "http://h/x" in page
+    assert "3 (restarts 1, resubmits 1)" in page and "(restart)" in page
+    assert "run 1: failed at 1970-01-01 00:01:40; run 2: done at 1970-01-01 00:02:40" in page
+    assert 'class="rerun" data-job="j2"' in page and 'class="cancel"' not in page
+    fan = webui.job_page("m1", job_record("j3", member="*", members=["m1", "m2"]), [], 0)
+    assert "every member of the pool, once each: m1, m2" in fan
+    assert 'class="rerun"' not in fan and 'class="cancel" data-job="j3"' in fan
+    assert 'class="rerun"' not in webui.buttons({"id": "x", "state": "dep_failed"})
+    assert 'rerun: ["rerun", {}]' in webui.UI_SCRIPT and '"rerun", "Rerun"' in webui.UI_SCRIPT
+
+
 def test_fleet_page_members_roles_and_escaping() -> None:
     fleet = {"term": 7, "leader": "m1", "members": [
         {"name": "m1", "role": "leader", "alive": True, "pools": {"default": 2}, "slots": 2,
@@ -137,6 +160,10 @@ def test_fleet_page_members_roles_and_escaping() -> None:
     assert "3.0 MiB" in page and "10 B" in page and "2023-11-14 22:13:20" in page
     assert '<td class="failed">no</td>' in page and '<td class="pending">unknown</td>' in page
     assert '<td class="failed">yes</td>' in page  # pressure, disk full
+    assert "<th>orders</th>" in page and "<td>none</td>" in page
+    drained = webui.fleet_page("m1", {"term": 1, "leader": "m1", "members": [
+        {"name": "m2", "drained": True, "stopping": True}]})
+    assert "<td>stopping, drained</td>" in drained
     assert "none known" in webui.fleet_page("m1", {"term": 0, "leader": None, "members": []})
 
 
