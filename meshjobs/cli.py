@@ -708,6 +708,7 @@ def job_status(ctx: click.Context, job_ids: tuple[str, ...], tag: str | None, st
     rows += _dep_rows(record)
     rows += _placement_rows(record)
     rows += _rerun_rows(record)
+    rows += [(k, record[k]) for k in ("stdout", "stderr", "notify") if record.get(k)]
     for name, value in rows:
         click.echo(f"{name:<10} {value}")
     names = record.get("names") if isinstance(record.get("names"), list) else None

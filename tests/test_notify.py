@@ -194,6 +194,8 @@ def test_notice_delivered_once_per_end(member: Meshd, receiver: Receiver) -> Non
     assert g["headers"]["Idempotency-Key"] == f"{first}.{final['version']}"
     assert g["body"]["state"] == "done" and g["body"]["items_done"] == 2
     assert g["body"]["items_summary"]["members"] == ["n1"]
+    text = member.ctl("job", "status", first).stdout.decode()
+    assert f"notify     {receiver.url}/done?x=1" in text
 
 
 def test_notice_of_a_failed_and_a_cancelled_job(member: Meshd, receiver: Receiver) -> None:

@@ -222,6 +222,8 @@ def test_stdout_stderr_to_paths(meshd, tmp_path):
     error = rec["items"][0]["error"]
     assert "stdout not written to" in error and "missing/dir/out" in error and "kept" in error
     assert meshd.request("GET", "/jobs/o2/results")[1] == b"kept\n"
+    text = meshd.ctl("job", "status", "o").stdout.decode()
+    assert "stdout     out-{index}.txt" in text and f"stderr     {err_dir}/e{{index}}" in text
 
 
 def test_python_item_output_to_path(tmp_path):
