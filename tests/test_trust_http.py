@@ -404,10 +404,13 @@ def test_cancel_button(open_member):
     for jid in ("btn1", "btn2"):
         assert open_member.request("POST", "/jobs", {"argv": ["true"], "id": jid,
                                                      "hold": True})[0] == 201
+    assert open_member.request("POST", "/jobs", {"argv": ["true"], "id": "btn-done"})[0] == 201
+    open_member.wait_job("btn-done")
     status, h, page = open_member.raw_request("GET", "/jobs", None, {"Accept": "text/html"})
     assert status == 200 and h["Content-Type"].startswith("text/html")
     assert b'<button class="cancel" data-job="btn1">Cancel</button>' in page
-    assert b'data-job="after"' not in page  # finished jobs have no button
+    # A finished job has no Cancel, only Rerun.
+    assert b'<button class="rerun" data-job="btn-done">Rerun</button></td>' in page
     # The page's one script (/ui.js, allowed by the page's nonce) posts JSON with the CSRF value.
     nonce = re.search(r"'nonce-([^']+)'", h["Content-Security-Policy"]).group(1)
     assert f'<script nonce="{nonce}" src="/ui.js" defer></script>'.encode() in page
