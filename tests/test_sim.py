@@ -683,3 +683,19 @@ def test_planted_burst_is_caught() -> None:
             if "an older missed run (a burst)" in str(e):
                 return
     raise AssertionError("no seed caught a table that fires every missed due time")
+
+
+# --- all of job control at once ---------------------------------------------------------------
+
+ALL_CONTROL = SimConfig(place=0.3, orders=0.02, reruns=0.3, cron=2, deps=0.3, bulk=0.3)
+
+
+@pytest.mark.parametrize("seed", (3, 11))
+def test_all_job_control_together(seed: int) -> None:
+    """Placement, pool and member orders, reruns and restarts, schedules, dependencies and bulk
+    changes in one run through the faults: every check of each holds with the others about,
+    and each is exercised."""
+    c = run(seed, ALL_CONTROL).counts
+    for check in ("placements_checked", "order_leases_checked", "reruns_checked",
+                  "cron_fires_checked", "deps_checked"):
+        assert c.get(check, 0) > 0, (check, c)
