@@ -296,6 +296,20 @@ class Meshd:
                               capture_output=True, timeout=timeout_s, env=full, input=input,
                               cwd=cwd)
 
+    def submit(self, *args: str, cwd: str | None = None) -> str:
+        """`meshctl job submit ARGS` against this member (run in folder `cwd`); the new job's id."""
+        r = self.ctl("job", "submit", *args, cwd=cwd)
+        assert r.returncode == 0, r.stderr
+        job_id = r.stdout.decode().strip()
+        assert job_id and "\n" not in job_id, r.stdout
+        return job_id
+
+    def record(self, job_id: str, items: bool = False) -> dict:
+        """The job's record as this member has it (GET /jobs/{id}); it must be there."""
+        status, rec = self.request("GET", f"/jobs/{job_id}" + ("?items=1" if items else ""))
+        assert status == 200, (status, rec)
+        return rec
+
     def wait_job(self, job_id: str, timeout_s: float = 60.0) -> dict:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -505,6 +519,33 @@ def running(m: Meshd) -> Iterator[Meshd]:
         yield m
     finally:
         m.stop()
+
+
+def fleet_running(members: list[Meshd]) -> Iterator[list[Meshd]]:
+    """Start every member, hand them over, and stop each (by pid) afterwards, also on failure:
+    the body of a fixture that yields a started fleet (`yield from fleet_running(make_fleet(...))`)."""
+    try:
+        start_all(members)
+        yield members
+    finally:
+        for m in members:
+            m.stop()
+
+
+def leader_of(members: list[Meshd], timeout_s: float = 60.0) -> Meshd:
+    """The member that is leader and ready, once there is one (members down are passed over)."""
+    def find() -> Meshd | None:
+        for m in members:
+            if m.proc is None or m.proc.poll() is not None:
+                continue
+            try:
+                status, h = m.request("GET", "/healthz", timeout_s=2)
+            except OSError:
+                continue
+            if status == 200 and h.get("is_leader") and h.get("ready"):
+                return m
+        return None
+    return wait_until(find, timeout_s, what="a ready leader")
 
 
 def wait_until(pred: Any, timeout_s: float = WAIT_S_MAX, what: str = "condition") -> Any:

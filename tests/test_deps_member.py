@@ -14,8 +14,7 @@ import time
 
 import pytest
 
-from tests.fleet import EventStream, make_fleet, start_all, wait_until
-from tests.test_fleet import leader_of
+from tests.fleet import EventStream, leader_of, make_fleet, start_all, wait_until
 
 pytestmark = pytest.mark.fleet
 
@@ -24,16 +23,6 @@ def _blocked(flag: str, then: str = "echo parent") -> list[str]:
     return ["sh", "-c", f"until [ -e {flag} ]; do sleep 0.05; done; {then}"]
 
 
-def _submit(m, *args: str) -> str:
-    r = m.ctl("job", "submit", *args)
-    assert r.returncode == 0, r.stderr
-    return r.stdout.decode().strip()
-
-
-def _record(m, job_id: str, items: bool = False) -> dict:
-    status, rec = m.request("GET", f"/jobs/{job_id}" + ("?items=1" if items else ""))
-    assert status == 200, (status, rec)
-    return rec
 
 
 def test_dependent_waits_says_why_then_runs(meshd, tmp_path):
@@ -42,12 +31,12 @@ def test_dependent_waits_says_why_then_runs(meshd, tmp_path):
     `jobs --state waiting` lists it; once the parent is done it runs, its items starting after
     the parent's end, and `job wait` exits 0."""
     flag = tmp_path / "go"
-    _submit(meshd, "--id", "parent", "--", *_blocked(str(flag)))
+    meshd.submit("--id", "parent", "--", *_blocked(str(flag)))
     r = meshd.ctl("job", "submit", "--id", "child", "--after", "parent", "--", "sh", "-c",
                   "echo child")
     assert r.returncode == 0, r.stderr
-    wait_until(lambda: _record(meshd, "parent")["state"] == "running", what="the parent runs")
-    rec = _record(meshd, "child", items=True)
+    wait_until(lambda: meshd.record("parent")["state"] == "running", what="the parent runs")
+    rec = meshd.record("child", items=True)
     assert rec["state"] == "waiting"
     assert rec["waiting_on"] == [{"id": "parent", "on": "ok"}]
     assert rec["after"] == [{"id": "parent", "on": "ok"}]
@@ -63,7 +52,7 @@ def test_dependent_waits_says_why_then_runs(meshd, tmp_path):
     flag.touch()
     w = meshd.ctl("job", "wait", "child", timeout_s=90)
     assert w.returncode == 0, w.stderr
-    parent, child = _record(meshd, "parent"), _record(meshd, "child", items=True)
+    parent, child = meshd.record("parent"), meshd.record("child", items=True)
     assert parent["state"] == "done" and child["state"] == "done"
     assert child["waiting_on"] == []
     assert child["items"][0]["started_at"] >= parent["finished_at"]
@@ -75,19 +64,19 @@ def test_dep_failed_and_conditions(meshd, tmp_path):
     status says why), a dependent of that with :ok too, while :fail and :end dependents run; a
     parent that has already ended is judged at the submit."""
     flag = tmp_path / "go"
-    _submit(meshd, "--id", "p", "--", *_blocked(str(flag), "exit 3"))
-    _submit(meshd, "--id", "ok", "--after", "p", "--", "echo", "ok")
-    _submit(meshd, "--id", "ok2", "--after", "ok:ok", "--", "echo", "ok2")
-    _submit(meshd, "--id", "end2", "--after", "ok:end", "--", "echo", "end2")
-    _submit(meshd, "--id", "fail", "--after", "p:fail", "--", "echo", "fail")
-    _submit(meshd, "--id", "end", "--after", "p:end", "--", "echo", "end")
+    meshd.submit("--id", "p", "--", *_blocked(str(flag), "exit 3"))
+    meshd.submit("--id", "ok", "--after", "p", "--", "echo", "ok")
+    meshd.submit("--id", "ok2", "--after", "ok:ok", "--", "echo", "ok2")
+    meshd.submit("--id", "end2", "--after", "ok:end", "--", "echo", "end2")
+    meshd.submit("--id", "fail", "--after", "p:fail", "--", "echo", "fail")
+    meshd.submit("--id", "end", "--after", "p:end", "--", "echo", "end")
     flag.touch()
     w = meshd.ctl("job", "wait", "ok", timeout_s=90)
     assert w.returncode == 1 and b"dep_failed" in w.stdout, (w.stdout, w.stderr)
-    assert _record(meshd, "p")["state"] == "failed"
+    assert meshd.record("p")["state"] == "failed"
     for jid in ("fail", "end", "end2"):
         assert meshd.ctl("job", "wait", jid, timeout_s=90).returncode == 0, jid
-    rec = _record(meshd, "ok2", items=True)
+    rec = meshd.record("ok2", items=True)
     assert rec["state"] == "dep_failed" and rec["items"][0]["state"] == "cancelled"
     assert rec["items"][0]["attempts"] == 0
     res = meshd.ctl("job", "results", "ok")
@@ -97,7 +86,7 @@ def test_dep_failed_and_conditions(meshd, tmp_path):
     # Parents that have ended: judged at once.
     born = json.loads(meshd.ctl("--json", "job", "submit", "--after", "p", "--", "true").stdout)
     assert born["state"] == "dep_failed"
-    runs = _submit(meshd, "--after", "p:fail", "--after", "fail", "--", "echo", "late")
+    runs = meshd.submit("--after", "p:fail", "--after", "fail", "--", "echo", "late")
     assert meshd.ctl("job", "wait", runs, timeout_s=90).returncode == 0
 
 
@@ -111,7 +100,7 @@ def test_dep_failed_and_conditions(meshd, tmp_path):
 def test_bad_after_refused_by_meshctl(meshd, after, words):
     """--after with an unknown job, a bad condition, a bad id or the job's own id: exit 2, and
     stderr says what is wrong; no job is made."""
-    _submit(meshd, "--id", "p1", "--", "true")
+    meshd.submit("--id", "p1", "--", "true")
     r = meshd.ctl("job", "submit", "--id", "self", "--after", after, "--", "true")
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert words in r.stderr.decode(), r.stderr
@@ -124,7 +113,7 @@ def test_bad_after_refused_by_meshctl(meshd, after, words):
 ])
 def test_bad_after_refused_over_http(meshd, after):
     """Malformed after over HTTP: 400 with an error, nothing made."""
-    _submit(meshd, "--id", "p1", "--", "true")
+    meshd.submit("--id", "p1", "--", "true")
     status, body = meshd.request("POST", "/jobs", {"id": "c1", "argv": ["true"], "after": after})
     assert status == 400 and "after" in body["error"], (status, body)
     assert meshd.request("GET", "/jobs/c1")[0] == 404
@@ -135,10 +124,10 @@ def test_events_follow_a_released_dependent(meshd, tmp_path):
     dependent (nothing else changes it afterwards) is sent, filtered by state=held, with its
     waiting_on empty; a state filter of waiting is accepted."""
     flag = tmp_path / "go"
-    _submit(meshd, "--id", "p", "--", *_blocked(str(flag)))
-    _submit(meshd, "--id", "c", "--hold", "--after", "p", "--", "true")
-    assert _record(meshd, "c")["state"] == "waiting"
-    since = _record(meshd, "c")["version"]
+    meshd.submit("--id", "p", "--", *_blocked(str(flag)))
+    meshd.submit("--id", "c", "--hold", "--after", "p", "--", "true")
+    assert meshd.record("c")["state"] == "waiting"
+    since = meshd.record("c")["version"]
     waiting = EventStream(meshd, "state=waiting")
     assert waiting.status == 200, waiting.body
     waiting.close()
@@ -154,7 +143,7 @@ def test_events_follow_a_released_dependent(meshd, tmp_path):
             ev = stream.next()
         assert ev["data"]["id"] == "c" and ev["data"]["state"] == "held"
         assert ev["data"]["waiting_on"] == []
-        assert ev["data"]["version"] == _record(meshd, "p")["version"]
+        assert ev["data"]["version"] == meshd.record("p")["version"]
     finally:
         stream.close()
 
@@ -163,8 +152,8 @@ def test_forget_of_a_waited_for_parent_refused(meshd, tmp_path):
     """Forgetting a parent a dependent waits on is refused (409: meshctl exits 2) naming the
     dependent; forgetting a forgotten parent's id in after is refused at submit."""
     flag = tmp_path / "go"
-    _submit(meshd, "--id", "p", "--", *_blocked(str(flag)))
-    _submit(meshd, "--id", "c", "--after", "p", "--", "true")
+    meshd.submit("--id", "p", "--", *_blocked(str(flag)))
+    meshd.submit("--id", "c", "--after", "p", "--", "true")
     r = meshd.ctl("job", "forget", "p")
     assert r.returncode == 2 and b"c" in r.stderr and b"wait for it" in r.stderr, r.stderr
     flag.touch()
@@ -187,20 +176,20 @@ def test_dependent_survives_leader_failover(tmp_path):
         status, rec = lead.request("POST", "/jobs", {"id": "c", "argv": ["echo", "after-p"],
                                                      "after": ["p:ok"]})
         assert status == 201 and rec["state"] == "waiting", rec
-        wait_until(lambda: _record(lead, "p")["state"] == "running", what="the parent runs")
+        wait_until(lambda: lead.record("p")["state"] == "running", what="the parent runs")
         lead.kill9()
         rest = [m for m in members if m is not lead]
         new = leader_of(rest)
         assert new is not lead
-        rec = _record(new, "c")
+        rec = new.record("c")
         assert rec["state"] == "waiting" and rec["waiting_on"] == [{"id": "p", "on": "ok"}]
         flag.touch()
         done = new.wait_job("c", timeout_s=120)
         assert done["state"] == "done"
         assert new.request("GET", "/jobs/c/results")[1] == b"after-p\n"
-        assert _record(new, "p")["state"] == "done"
+        assert new.record("p")["state"] == "done"
         for m in rest:
-            wait_until(lambda m=m: _record(m, "c")["state"] == "done",
+            wait_until(lambda m=m: m.record("c")["state"] == "done",
                        what=f"{m.name} sees the dependent done")
     finally:
         for m in members:

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from meshjobs import limits
-from tests.fleet import make_fleet
+from tests.fleet import leader_of, make_fleet
 
 pytestmark = pytest.mark.fleet
 
@@ -55,21 +55,6 @@ def wait_for(pred, timeout_s: float = SETTLE_S_MAX, what: str = "condition"):
                 return last
         time.sleep(0.1)
     raise AssertionError(f"{what} not reached within {timeout_s} s (last: {last!r})")
-
-
-def leader_of(members) -> object:
-    def find():
-        for m in members:
-            if m.proc is None or m.proc.poll() is not None:
-                continue
-            try:
-                status, h = m.request("GET", "/healthz", timeout_s=2)
-            except OSError:
-                continue
-            if status == 200 and h.get("is_leader") and h.get("ready"):
-                return m
-        return None
-    return wait_for(find, what="a ready leader")
 
 
 def submit(m, spec: dict, timeout_s: float = 30.0) -> dict:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fleet import make_fleet, shift_clock
-from tests.test_fleet import leader_of, metrics, submit, wait_for
+from tests.fleet import leader_of, make_fleet, shift_clock
+from tests.test_fleet import metrics, submit, wait_for
 
 pytestmark = pytest.mark.fleet
 

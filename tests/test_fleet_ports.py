@@ -12,8 +12,8 @@ import time
 import pytest
 
 from meshjobs.frames import HEADER, MAGIC, FrameType, Hello, Role, Session
-from tests.fleet import make_fleet, start_all
-from tests.test_fleet import leader_of, metrics, submit, wait_for
+from tests.fleet import fleet_running, leader_of, make_fleet
+from tests.test_fleet import metrics, submit, wait_for
 
 pytestmark = pytest.mark.fleet
 
@@ -57,13 +57,7 @@ def _handshake(port: int, secret: bytes, body: dict) -> list[bytes]:
 
 @pytest.fixture
 def three(tmp_path):
-    members = make_fleet(str(tmp_path), voters=3)
-    try:
-        start_all(members)
-        yield members
-    finally:
-        for m in members:
-            m.stop()
+    yield from fleet_running(make_fleet(str(tmp_path), voters=3))
 
 
 def test_hostile_bytes_on_member_ports(three):

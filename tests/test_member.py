@@ -19,18 +19,11 @@ import pytest
 pytestmark = pytest.mark.fleet
 
 
-def _submit(m, *args: str) -> str:
-    r = m.ctl("job", "submit", *args)
-    assert r.returncode == 0, r.stderr
-    job_id = r.stdout.decode().strip()
-    assert job_id and "\n" not in job_id
-    return job_id
-
 
 def test_hello_submit_wait_results(meshd):
     """A plain command is a job of one item: submit prints the id, wait exits 0, results prints
     the output; status --json has the fields of DESIGN.md."""
-    job = _submit(meshd, "--", "sh", "-c", "echo hello")
+    job = meshd.submit("--", "sh", "-c", "echo hello")
     r = meshd.ctl("job", "wait", job)
     assert r.returncode == 0, r.stderr
     r = meshd.ctl("job", "results", job)
@@ -60,13 +53,13 @@ def test_items_from_dir_and_file(meshd, tmp_path):
     names = ["b.txt", "a.txt", "c.txt", "10.txt"]
     for n in names:
         (d / n).write_bytes(f"item {n}\n".encode())
-    job = _submit(meshd, "--items-from", str(d), "--", "tr", "a-z", "A-Z")
+    job = meshd.submit("--items-from", str(d), "--", "tr", "a-z", "A-Z")
     assert meshd.ctl("job", "wait", job).returncode == 0
     r = meshd.ctl("job", "results", job)
     assert r.stdout == b"".join(f"ITEM {n.upper()}\n".encode() for n in sorted(names))
     lines = tmp_path / "lines.txt"
     lines.write_text("one\ntwo\nthree\n")
-    job = _submit(meshd, "--items-from", str(lines), "--", "sh", "-c", "cat; echo \" $MESH_ITEM_INDEX\"")
+    job = meshd.submit("--items-from", str(lines), "--", "sh", "-c", "cat; echo \" $MESH_ITEM_INDEX\"")
     assert meshd.ctl("job", "wait", job).returncode == 0
     assert meshd.ctl("job", "results", job).stdout == b"one 0\ntwo 1\nthree 2\n"
     out = tmp_path / "out"
@@ -98,18 +91,18 @@ def test_retries_runtime_and_failure_exit_codes(meshd, tmp_path):
     """--retries re-runs a failing item with backoff; --runtime kills the whole group and the
     item ends as timeout; job wait exits 1 when the job failed."""
     counter = tmp_path / "count"
-    job = _submit(meshd, "--retries", "2", "--", "sh", "-c",
+    job = meshd.submit("--retries", "2", "--", "sh", "-c",
                   f"echo x >> {counter}; [ $(wc -l < {counter}) -ge 2 ]")
     assert meshd.ctl("job", "wait", job).returncode == 0
     rec = meshd.wait_job(job)
     assert rec["items"][0]["attempts"] == 2 and rec["state"] == "done"
-    job = _submit(meshd, "--retries", "1", "--", "sh", "-c", "exit 3")
+    job = meshd.submit("--retries", "1", "--", "sh", "-c", "exit 3")
     assert meshd.ctl("job", "wait", job).returncode == 1
     rec = meshd.wait_job(job)
     assert rec["state"] == "failed" and rec["items"][0]["rc"] == 3
     assert rec["items"][0]["attempts"] == 2
     pidfile = tmp_path / "grandchild.pid"
-    job = _submit(meshd, "--runtime", "0.5", "--", "sh", "-c",
+    job = meshd.submit("--runtime", "0.5", "--", "sh", "-c",
                   f"sleep 60 & echo $! > {pidfile}; wait")
     rec = meshd.wait_job(job)
     assert rec["state"] == "failed" and rec["items"][0]["state"] == "timeout"
@@ -135,10 +128,10 @@ def test_priority_hold_tone_and_max_leases(meshd_factory, tmp_path):
     --max-leases bounds how many items of a job run at once."""
     m = meshd_factory(slots=1)
     gate = tmp_path / "gate"
-    blocker = _submit(m, "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done")
-    low = _submit(m, "--priority", "1", "--", "true")
-    high = _submit(m, "--priority", "5", "--", "true")
-    held = _submit(m, "--hold", "--priority", "9", "--", "true")
+    blocker = m.submit("--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    low = m.submit("--priority", "1", "--", "true")
+    high = m.submit("--priority", "5", "--", "true")
+    held = m.submit("--hold", "--priority", "9", "--", "true")
     assert json.loads(m.ctl("--json", "job", "status", held).stdout)["state"] == "held"
     gate.write_text("go")
     m.wait_job(blocker)
@@ -152,13 +145,13 @@ def test_priority_hold_tone_and_max_leases(meshd_factory, tmp_path):
     m2 = meshd_factory(name="m2", slots=2)
     items = tmp_path / "items.txt"
     items.write_text("a\nb\nc\nd\n")
-    job = _submit(m2, "--max-leases", "1", "--items-from", str(items), "--", "sh", "-c", "sleep 0.2")
+    job = m2.submit("--max-leases", "1", "--items-from", str(items), "--", "sh", "-c", "sleep 0.2")
     rec = m2.wait_job(job)
     spans = sorted((i["started_at"], i["ended_at"]) for i in rec["items"])
     for (_s1, e1), (s2, _e2) in zip(spans, spans[1:], strict=False):
         assert s2 >= e1 - 0.01, spans
     # tone of priority and max-leases on a live job, then on a finished one (exit 2).
-    job = _submit(m2, "--hold", "--", "true")
+    job = m2.submit("--hold", "--", "true")
     assert m2.ctl("job", "tone", job, "--priority", "7", "--max-leases", "3").returncode == 0
     rec = json.loads(m2.ctl("--json", "job", "status", job).stdout)
     assert rec["priority"] == 7 and rec["max_leases"] == 3
@@ -173,7 +166,7 @@ def test_cancel_kills_and_forget(meshd, tmp_path):
     pidfile = tmp_path / "pid"
     items = tmp_path / "items.txt"
     items.write_text("\n".join(str(i) for i in range(6)) + "\n")
-    job = _submit(meshd, "--id", "long", "--items-from", str(items), "--", "sh", "-c",
+    job = meshd.submit("--id", "long", "--items-from", str(items), "--", "sh", "-c",
                   f"sleep 60 & echo $! >> {pidfile}; wait")
     deadline = time.monotonic() + 20
     while not (pidfile.exists() and len(pidfile.read_text().split()) >= 2):
@@ -197,8 +190,8 @@ def test_cancel_kills_and_forget(meshd, tmp_path):
 
 def test_idempotent_submit(meshd):
     """Re-submitting --id with the same spec returns that job; with a different spec: exit 2."""
-    a = _submit(meshd, "--id", "same", "--tag", "x", "--", "echo", "1")
-    b = _submit(meshd, "--id", "same", "--tag", "x", "--", "echo", "1")
+    a = meshd.submit("--id", "same", "--tag", "x", "--", "echo", "1")
+    b = meshd.submit("--id", "same", "--tag", "x", "--", "echo", "1")
     assert a == b == "same"
     r = meshd.ctl("job", "submit", "--id", "same", "--", "echo", "2")
     assert r.returncode == 2 and b"different" in r.stderr
@@ -215,8 +208,8 @@ def test_idempotent_submit(meshd):
 def test_restart_replays_log_and_forgotten_stays_forgotten(meshd):
     """Restart: the log is replayed, outputs are served with the same digests, a forgotten job
     stays forgotten, and SIGTERM stops the member with exit 0."""
-    keep = _submit(meshd, "--", "sh", "-c", "echo kept")
-    gone = _submit(meshd, "--", "sh", "-c", "echo gone")
+    keep = meshd.submit("--", "sh", "-c", "echo kept")
+    gone = meshd.submit("--", "sh", "-c", "echo gone")
     rec = meshd.wait_job(keep)
     meshd.wait_job(gone)
     assert meshd.ctl("job", "forget", gone).returncode == 0
@@ -241,7 +234,7 @@ def test_kill9_during_200_items(meshd_factory, tmp_path):
     items.write_text("".join(f"{i}\n" for i in range(200)))
     runs = tmp_path / "runs"
     runs.mkdir()
-    job = _submit(m, "--items-from", str(items), "--", "sh", "-c",
+    job = m.submit("--items-from", str(items), "--", "sh", "-c",
                   f"read x; touch {runs}/$x.$MESH_LEASE_EPOCH; sleep 0.02; echo out-$x")
     deadline = time.monotonic() + 30
     while len(os.listdir(runs)) < 40:
@@ -265,7 +258,7 @@ def test_kill9_during_200_items(meshd_factory, tmp_path):
 def test_sigterm_exits_zero_and_cuts_items(meshd, tmp_path):
     """SIGTERM stops the member cleanly (exit 0) and kills running items' groups."""
     pidfile = tmp_path / "pid"
-    _submit(meshd, "--", "sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait")
+    meshd.submit("--", "sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait")
     deadline = time.monotonic() + 20
     while not pidfile.exists() or not pidfile.read_text().strip():
         assert time.monotonic() < deadline
@@ -320,7 +313,7 @@ def test_idempotency_key_is_bound_to_its_request(meshd):
 def test_program_that_cannot_start_says_why(meshd):
     """An item whose program does not exist ends failed with no exit code, signal or outputs,
     and its record says why (`items[].error`), also after a restart (from the log)."""
-    job = _submit(meshd, "--", "/no/such/prog", "arg")
+    job = meshd.submit("--", "/no/such/prog", "arg")
     rec = meshd.wait_job(job)
     item = rec["items"][0]
     assert rec["state"] == "failed" and item["state"] == "failed"
@@ -333,7 +326,7 @@ def test_program_that_cannot_start_says_why(meshd):
     status, again = meshd.request("GET", f"/jobs/{job}?items=1")
     assert status == 200 and again["items"][0]["error"] == item["error"]
     # A command that ran and failed has no error text: its exit code says it.
-    job = _submit(meshd, "--", "sh", "-c", "exit 3")
+    job = meshd.submit("--", "sh", "-c", "exit 3")
     item = meshd.wait_job(job)["items"][0]
     assert item["rc"] == 3 and item["error"] is None
 
@@ -351,7 +344,7 @@ def test_orphans_of_items_are_reaped_when_meshd_is_a_subreaper(meshd_factory):
     m = meshd_factory(start=False)
     m.prefix = _SUBREAPER
     m.start()
-    job = _submit(m, "--", "sh", "-c",
+    job = m.submit("--", "sh", "-c",
                   "setsid sh -c 'sleep 1' </dev/null >/dev/null 2>&1 & echo $!")
     assert m.wait_job(job)["state"] == "done"
     r = m.ctl("job", "results", job)

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fleet import make_fleet, start_all, wait_until
-from tests.test_fleet import leader_of
+from tests.fleet import fleet_running, leader_of, make_fleet, wait_until
 
 
 def blocked(flag: str) -> list[str]:
@@ -34,13 +33,7 @@ def order(m, name: str, action: str, body=None) -> dict:
 
 @pytest.fixture
 def fleet(tmp_path):
-    members = make_fleet(str(tmp_path), voters=3)
-    try:
-        start_all(members)
-        yield members
-    finally:
-        for m in members:
-            m.stop()
+    yield from fleet_running(make_fleet(str(tmp_path), voters=3))
 
 
 def test_drained_member_takes_no_new_items(fleet) -> None:

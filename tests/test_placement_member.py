@@ -18,8 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.fleet import Meshd, make_fleet, start_all, wait_until
-from tests.test_fleet import leader_of
+from tests.fleet import Meshd, leader_of, make_fleet, start_all, wait_until
 
 pytestmark = pytest.mark.fleet
 
@@ -47,12 +46,6 @@ def _submit(m: Meshd, *args: str) -> subprocess.CompletedProcess:
         r = m.ctl("job", "submit", *args)
         return None if r.returncode == 4 else r
     return wait_until(attempt, what=f"submit {args}")
-
-
-def _record(m: Meshd, job_id: str, items: bool = False) -> dict:
-    status, rec = m.request("GET", f"/jobs/{job_id}" + ("?items=1" if items else ""))
-    assert status == 200, (status, rec)
-    return rec
 
 
 ECHO_MEMBER = ["sh", "-c", 'echo "$MESH_MEMBER"']
@@ -126,7 +119,7 @@ def test_no_matching_member_waits_and_says_why(fleet):
     _others_done(fleet[0], "after-gpu")
     why = "no alive member matches 'gpu-*'"
     for m in fleet:
-        rec = _record(m, "gpu", items=True)
+        rec = m.record("gpu", items=True)
         assert rec["state"] == "queued" and rec["items"][0]["attempts"] == 0
         assert why in rec.get("waiting_for", ""), (m.name, rec)
     text = fleet[1].ctl("job", "status", "gpu").stdout.decode()
@@ -134,7 +127,7 @@ def test_no_matching_member_waits_and_says_why(fleet):
     js = json.loads(fleet[2].ctl("--json", "job", "status", "gpu").stdout)
     assert why in js["waiting_for"]
     assert fleet[0].ctl("job", "cancel", "gpu").returncode == 0
-    assert "waiting_for" not in _record(fleet[0], "gpu")
+    assert "waiting_for" not in fleet[0].record("gpu")
 
 
 @pytest.mark.parametrize("body, words", [
@@ -182,20 +175,20 @@ def test_member_that_leaves_is_not_replaced(tmp_path):
         blocked = ["sh", "-c", f'until [ -e {flag} ]; do sleep 0.05; done; echo "$MESH_MEMBER"']
         r = _submit(lead, "--id", "fan", "--member", "*", "--", *blocked)
         assert r.returncode == 0, r.stderr
-        wait_until(lambda: _record(lead, "fan")["items_running"] == 3, what="the fan-out runs")
+        wait_until(lambda: lead.record("fan")["items_running"] == 3, what="the fan-out runs")
         gone.kill9()
-        wait_until(lambda: gone.name in _record(lead, "fan").get("pending_members", []),
+        wait_until(lambda: gone.name in lead.record("fan").get("pending_members", []),
                    what="the dead member's item back to pending")
         r = _submit(lead, "--id", "pinned", "--member", gone.name, "--", *ECHO_MEMBER)
         assert r.returncode == 0, r.stderr
         flag.touch()
-        wait_until(lambda: _record(lead, "fan")["items_done"] == 2, what="the others end")
+        wait_until(lambda: lead.record("fan")["items_done"] == 2, what="the others end")
         _others_done(lead, "filler")
-        fan = _record(lead, "fan", items=True)
+        fan = lead.record("fan", items=True)
         mine = next(it for it in fan["items"] if it["for_member"] == gone.name)
         assert fan["state"] == "running" and mine["state"] == "pending", fan
         assert gone.name in fan["waiting_for"] and "never run elsewhere" in fan["waiting_for"]
-        pinned = _record(lead, "pinned", items=True)
+        pinned = lead.record("pinned", items=True)
         assert pinned["items"][0]["attempts"] == 0
         assert f"no alive member matches '{gone.name}'" in pinned["waiting_for"]
         text = lead.ctl("job", "status", "fan").stdout.decode()

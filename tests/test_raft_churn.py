@@ -10,8 +10,8 @@ import signal
 
 import pytest
 
-from tests.fleet import iptables, make_fleet, raft_address, raft_deaf
-from tests.test_fleet import leader_of, wait_for
+from tests.fleet import iptables, leader_of, make_fleet, raft_address, raft_deaf
+from tests.test_fleet import wait_for
 
 pytestmark = pytest.mark.fleet
 needs_iptables = pytest.mark.skipif(

@@ -23,22 +23,11 @@ import pytest
 
 from meshjobs import limits
 from meshjobs.runas import can_switch_user
-from tests.fleet import Meshd, make_fleet, start_all, wait_until
-from tests.test_fleet import leader_of
+from tests.fleet import Meshd, leader_of, make_fleet, start_all, wait_until
 
 pytestmark = pytest.mark.fleet
 
 
-def _submit(m, *args: str, cwd: str | None = None) -> str:
-    r = m.ctl("job", "submit", *args, cwd=cwd)
-    assert r.returncode == 0, r.stderr
-    return r.stdout.decode().strip()
-
-
-def _record(m, job_id: str, items: bool = False) -> dict:
-    status, rec = m.request("GET", f"/jobs/{job_id}" + ("?items=1" if items else ""))
-    assert status == 200, (status, rec)
-    return rec
 
 
 def _lines(path) -> list[str]:
@@ -52,7 +41,7 @@ def _lines(path) -> list[str]:
 def _settled(m, job_id: str) -> dict:
     """The job's record once it has ended and no automatic re-run is due."""
     return wait_until(lambda: (lambda r: r if r["state"] in ("done", "failed", "cancelled")
-                               and not r.get("rerun_due_at") else None)(_record(m, job_id, True)),
+                               and not r.get("rerun_due_at") else None)(m.record(job_id, True)),
                       what=f"job {job_id} ended with no re-run due")
 
 
@@ -104,8 +93,8 @@ def test_rerun_refused_running_unknown_dep_failed(meshd, tmp_path):
     """A running job: 409 saying to wait or cancel (meshctl exits non-zero with those words);
     an unknown job: 404; a forgotten one: 404; a dep_failed one: 409."""
     flag = tmp_path / "go"
-    _submit(meshd, "--id", "busy", "--", "sh", "-c", f"until [ -e {flag} ]; do sleep 0.05; done")
-    wait_until(lambda: _record(meshd, "busy")["state"] == "running", what="the job runs")
+    meshd.submit("--id", "busy", "--", "sh", "-c", f"until [ -e {flag} ]; do sleep 0.05; done")
+    wait_until(lambda: meshd.record("busy")["state"] == "running", what="the job runs")
     status, body = meshd.request("POST", "/jobs/busy/rerun", {})
     assert status == 409 and "cancel" in body["error"] and "wait" in body["error"], body
     r = meshd.ctl("job", "rerun", "busy")
@@ -124,7 +113,7 @@ def test_rerun_refused_running_unknown_dep_failed(meshd, tmp_path):
     # A rerun of the parent does not settle its dependent again.
     assert meshd.request("POST", "/jobs/p/rerun", {})[0] == 200
     meshd.wait_job("p")
-    assert _record(meshd, "kid")["state"] == "dep_failed"
+    assert meshd.record("kid")["state"] == "dep_failed"
     assert meshd.request("DELETE", "/jobs/busy")[0] == 200
     status, body = meshd.request("POST", "/jobs/busy/rerun", {})
     assert status == 404 and "forgotten" in body["error"], body
@@ -134,8 +123,8 @@ def test_rerun_of_a_dependent_cancelled_while_waiting(meshd, tmp_path):
     """A dependent cancelled while it waited, rerun: it waits for its parent again (state
     waiting, nothing of it runs) and runs once the parent is done."""
     flag = tmp_path / "go"
-    _submit(meshd, "--id", "par", "--", "sh", "-c", f"until [ -e {flag} ]; do sleep 0.05; done")
-    _submit(meshd, "--id", "dep", "--after", "par", "--", "echo", "dep")
+    meshd.submit("--id", "par", "--", "sh", "-c", f"until [ -e {flag} ]; do sleep 0.05; done")
+    meshd.submit("--id", "dep", "--after", "par", "--", "echo", "dep")
     assert meshd.ctl("job", "cancel", "dep").returncode == 0
     r = meshd.ctl("--json", "job", "rerun", "dep")
     assert r.returncode == 0, r.stderr
@@ -150,15 +139,15 @@ def test_restart_runs_n_more_times_after_delay(meshd, tmp_path):
     """--restart 2 --restart-delay: the job runs 3 times in all, the record counts 2 restarts
     and shows the earlier runs; each run starts at least the delay after the one before."""
     log = tmp_path / "ran"
-    _submit(meshd, "--id", "r", "--restart", "2", "--restart-delay", "0.3", "--",
+    meshd.submit("--id", "r", "--restart", "2", "--restart-delay", "0.3", "--",
             "sh", "-c", f"date +%s.%N >> {log}")
     rec = wait_until(lambda: (lambda r: r if r["restarts"] == 2 and r["state"] == "done"
-                              and not r["rerun_due_at"] else None)(_record(meshd, "r")),
+                              and not r["rerun_due_at"] else None)(meshd.record("r")),
                      what="two restarts")
     assert rec["run"] == 3 and rec["restart"] == 2 and len(rec["previous_runs"]) == 2
     assert len(_lines(log)) == 3
     runs = [p["finished_at"] for p in rec["previous_runs"]]
-    item = _record(meshd, "r", items=True)["items"][0]
+    item = meshd.record("r", items=True)["items"][0]
     assert item["attempts"] == 3
     assert item["started_at"] >= runs[1] + 0.3 - 0.01
     text = meshd.ctl("job", "status", "r").stdout.decode()
@@ -169,16 +158,16 @@ def test_cancel_stops_restarting(meshd, tmp_path):
     """--restart forever with a long delay: after the first run a re-run is due; a cancel drops
     it (the job stays done, meshctl cancel exits 0); nothing runs again."""
     log = tmp_path / "ran"
-    _submit(meshd, "--id", "f", "--restart", "forever", "--restart-delay", "3600", "--",
+    meshd.submit("--id", "f", "--restart", "forever", "--restart-delay", "3600", "--",
             "sh", "-c", f"echo x >> {log}")
     rec = wait_until(lambda: (lambda r: r if r.get("rerun_due_at") else None)(
-        _record(meshd, "f")), what="a restart due")
+        meshd.record("f")), what="a restart due")
     assert rec["state"] == "done" and rec["rerun_due_why"] == "restart"
     text = meshd.ctl("job", "status", "f").stdout.decode()
     assert "next run" in text and "cancel" in text
     r = meshd.ctl("job", "cancel", "f")
     assert r.returncode == 0, r.stderr
-    rec = _record(meshd, "f")
+    rec = meshd.record("f")
     assert rec["state"] == "done" and rec["rerun_due_at"] is None and rec["restarts"] == 0
     assert _lines(log) == ["x"]
 
@@ -187,9 +176,9 @@ def test_resubmit_runs_again_after_failure(meshd, tmp_path):
     """--resubmit 2: a job that fails runs again, whole, twice more (3 runs), then stays
     failed; --retries would have re-run single items instead."""
     log = tmp_path / "ran"
-    _submit(meshd, "--id", "rs", "--resubmit", "2", "--", "sh", "-c", f"echo x >> {log}; exit 4")
+    meshd.submit("--id", "rs", "--resubmit", "2", "--", "sh", "-c", f"echo x >> {log}; exit 4")
     rec = wait_until(lambda: (lambda r: r if r["resubmits"] == 2 and r["state"] == "failed"
-                              and not r["rerun_due_at"] else None)(_record(meshd, "rs")),
+                              and not r["rerun_due_at"] else None)(meshd.record("rs")),
                      what="two resubmits")
     assert rec["run"] == 3 and len(_lines(log)) == 3
     assert [p["then"] for p in rec["previous_runs"]] == ["resubmit", "resubmit"]
@@ -324,7 +313,7 @@ def test_hostile_rerun_route_and_flags(meshd):
         assert r.returncode != 0 and r.stderr, args
     assert meshd.ctl("job", "rerun").returncode != 0
     assert meshd.ctl("job", "rerun", "bad/id").returncode != 0
-    assert _record(meshd, "h")["state"] == "done"
+    assert meshd.record("h")["state"] == "done"
 
 
 def test_rerun_forwarded_and_restart_across_leader_kill(tmp_path):
@@ -351,7 +340,7 @@ def test_rerun_forwarded_and_restart_across_leader_kill(tmp_path):
             "id": "rk", "argv": ["sh", "-c", f"echo rk >> {log2}"], "restart": 1,
             "restart_delay_s": 4})
         assert status == 201, rec
-        wait_until(lambda: _record(lead, "rk").get("rerun_due_at"), what="a restart due")
+        wait_until(lambda: lead.record("rk").get("rerun_due_at"), what="a restart due")
         lead.kill9()
         rest = [m for m in members if m is not lead]
         new = leader_of(rest)
@@ -359,8 +348,8 @@ def test_rerun_forwarded_and_restart_across_leader_kill(tmp_path):
         assert rec["state"] == "done" and rec["restarts"] == 1 and rec["run"] == 2, rec
         assert _lines(log2) == ["rk", "rk"]
         for m in rest:
-            wait_until(lambda m=m: _record(m, "rk")["restarts"] == 1
-                       and _record(m, "rk")["state"] == "done",
+            wait_until(lambda m=m: m.record("rk")["restarts"] == 1
+                       and m.record("rk")["state"] == "done",
                        what=f"{m.name} sees the restart")
     finally:
         for m in members:

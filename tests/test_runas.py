@@ -35,11 +35,6 @@ NO_SETUID = ["setpriv", "--bounding-set=-setuid,-setgid", "--inh-caps=-setuid,-s
 WHO = "id -u; id -g; id -G; echo ${HOME-unset}; echo ${USER-unset}; echo ${LOGNAME-unset}; pwd"
 
 
-def _submit(m: Meshd, *args: str, cwd: str | None = None) -> str:
-    r = m.ctl("job", "submit", *args, cwd=cwd)
-    assert r.returncode == 0, r.stderr
-    return r.stdout.decode().strip()
-
 
 def _out(m: Meshd, job: str) -> list[str]:
     r = m.ctl("job", "results", job)
@@ -48,7 +43,7 @@ def _out(m: Meshd, job: str) -> list[str]:
 
 
 def _who(m: Meshd, *args: str, cwd: str | None = None) -> tuple[dict, list[str]]:
-    job = _submit(m, *args, "--", "sh", "-c", WHO, cwd=cwd)
+    job = m.submit(*args, "--", "sh", "-c", WHO, cwd=cwd)
     rec = m.wait_job(job)
     assert rec["state"] == "done", rec
     return rec, _out(m, job)
@@ -242,7 +237,7 @@ def test_inherit_env_gives_meshds_whole_environment(meshd_factory):
     m = meshd_factory(env={"RUNAS_SECRET": "s3cret", "HOME": "/root-home"})
 
     def env_of(*args: str) -> dict[str, str]:
-        job = _submit(m, "--env", "JOB_OWN=mine", *args, "--cwd", "/", "--", "env")
+        job = m.submit("--env", "JOB_OWN=mine", *args, "--cwd", "/", "--", "env")
         assert m.wait_job(job)["state"] == "done"
         return dict(line.split("=", 1) for line in _out(m, job) if "=" in line)
 
@@ -267,15 +262,15 @@ def test_cwd_defaults_to_meshctls_folder(meshd, tmp_path):
     folder."""
     here = tmp_path / "submit-here"
     (here / "sub").mkdir(parents=True)
-    job = _submit(meshd, "--", "pwd", cwd=str(here))
+    job = meshd.submit("--", "pwd", cwd=str(here))
     rec = meshd.wait_job(job)
     assert rec["cwd"] == str(here) and _out(meshd, job) == [str(here)]
     r = meshd.ctl("job", "submit", "--cwd", "sub", "--", "pwd", cwd=str(here))
     assert r.returncode == 2 and "cwd must be an absolute path" in r.stderr.decode()
-    job = _submit(meshd, "--cwd", str(here / "sub"), "--", "pwd", cwd=str(here))
+    job = meshd.submit("--cwd", str(here / "sub"), "--", "pwd", cwd=str(here))
     assert meshd.wait_job(job)["cwd"] == str(here / "sub")
     assert _out(meshd, job) == [str(here / "sub")]
-    job = _submit(meshd, "--no-cwd", "--", "pwd", cwd=str(here))
+    job = meshd.submit("--no-cwd", "--", "pwd", cwd=str(here))
     rec = meshd.wait_job(job)
     assert rec["cwd"] is None and _out(meshd, job) == [os.path.realpath(meshd.data)]
     r = meshd.ctl("job", "submit", "--no-cwd", "--cwd", "/", "--", "pwd")
@@ -284,7 +279,7 @@ def test_cwd_defaults_to_meshctls_folder(meshd, tmp_path):
 
 def test_missing_cwd_is_an_item_error_naming_folder_and_member(meshd):
     """A cwd that does not exist on the member that runs the item fails it, naming both."""
-    job = _submit(meshd, "--cwd", "/no/such/folder", "--", "true")
+    job = meshd.submit("--cwd", "/no/such/folder", "--", "true")
     rec = meshd.wait_job(job)
     assert rec["state"] == "failed"
     error = rec["items"][0]["error"]
@@ -318,11 +313,11 @@ def test_item_errors_are_committed_in_a_fleet(tmp_path):
     v1.prefix = NO_SETUID
     try:
         v1.start()
-        job = _submit(v1, "--user", NO_SUCH_USER, "--cwd", "/", "--", "true")
+        job = v1.submit("--user", NO_SUCH_USER, "--cwd", "/", "--", "true")
         rec = v1.wait_job(job)
         assert rec["state"] == "failed"
         assert rec["items"][0]["error"].startswith(f"no user '{NO_SUCH_USER}' on member v1"), rec
-        job = _submit(v1, "--user", "nobody", "--cwd", "/", "--", "true")
+        job = v1.submit("--user", "nobody", "--cwd", "/", "--", "true")
         rec = v1.wait_job(job)
         assert rec["state"] == "failed"
         error = rec["items"][0]["error"]

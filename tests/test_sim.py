@@ -15,6 +15,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import Phase, given, settings
@@ -34,6 +35,22 @@ HARSH = SimConfig(steps=6000, crash=0.006, partition=0.008, frame_drop=0.15, fra
 # frame never caught up (seed 0; the leader's resend was timed from its last send, which
 # keep-alives refreshed for ever), and a deposed leader answered 404 for a job its stale table
 # did not have yet (seeds 2089, and 3059 of HARSH). The tests below keep both from coming back.
+
+
+def caught(seeds: Any, what: str, *words: str, **run_args: Any) -> None:
+    """Run the simulation on `seeds` (each with `run_args`: a config, a planted table or node)
+    until one fails with one of `words` in its message, which must name its seed; fail, naming
+    `what`, if none does (the planted bug went unseen)."""
+    config = run_args.pop("config")
+    for seed in seeds:
+        try:
+            run(seed, config, **run_args)
+        except SimFailure as e:
+            msg = str(e)
+            assert msg.startswith(f"seed={seed} "), msg
+            if any(w in msg for w in words):
+                return
+    raise AssertionError(f"no seed caught {what}")
 
 
 def _check_run(seed: int, config: SimConfig | None = None,
@@ -181,15 +198,8 @@ def test_planted_stale_result_is_caught() -> None:
     # try seeds until one shows one; seed 17 does today. A short liveness bound keeps the others
     # quick: only a safety failure counts here.
     quick = SimConfig(liveness_ms_max=1_000)
-    for seed in range(32):
-        try:
-            run(seed, quick, table_cls=StaleResultTable)
-        except SimFailure as e:
-            msg = str(e)
-            assert msg.startswith(f"seed={seed} ")
-            if "stale result" in msg or "two accepted results" in msg:
-                return
-    raise AssertionError("no seed caught a table that accepts stale results")
+    caught(range(32), "a table that accepts stale results", "stale result", "two accepted results",
+           config=quick, table_cls=StaleResultTable)
 
 
 def test_planted_early_ack_is_caught() -> None:
@@ -387,16 +397,9 @@ class EarlyReleaseTable(JobTable):
 def test_planted_early_release_is_caught() -> None:
     """Safety check: a table that releases a dependent its parents do not allow is caught, and
     the failure names its seed."""
-    for seed in range(1, 8):
-        try:
-            run(seed, replace(DEPS, liveness_ms_max=1_000), table_cls=EarlyReleaseTable)
-        except SimFailure as e:
-            msg = str(e)
-            assert msg.startswith(f"seed={seed} ")
-            if "before its parents allowed" in msg or "still waits" in msg or \
-                    "its parents not allowing it" in msg:
-                return
-    raise AssertionError("no seed caught a table that releases dependents early")
+    caught(range(1, 8), "a table that releases dependents early", "before its parents allowed",
+           "still waits", "its parents not allowing it",
+           config=replace(DEPS, liveness_ms_max=1_000), table_cls=EarlyReleaseTable)
 
 
 BULK = SimConfig(bulk=0.6, deps=0.2)
@@ -428,15 +431,8 @@ class HalfBulkTable(JobTable):
 def test_planted_half_bulk_is_caught() -> None:
     """Safety check: a table that answers a bulk change for jobs it did not change is caught,
     and the failure names its seed."""
-    for seed in range(1, 8):
-        try:
-            run(seed, replace(BULK, liveness_ms_max=1_000), table_cls=HalfBulkTable)
-        except SimFailure as e:
-            msg = str(e)
-            assert msg.startswith(f"seed={seed} ")
-            if "before it was committed" in msg:
-                return
-    raise AssertionError("no seed caught a table that half-applies bulk changes")
+    caught(range(1, 8), "a table that half-applies bulk changes", "before it was committed",
+           config=replace(BULK, liveness_ms_max=1_000), table_cls=HalfBulkTable)
 
 
 # --- placement (issue 12 point 1) -------------------------------------------------------------------
@@ -468,15 +464,11 @@ class IgnoresPlacementTable(JobTable):
 def test_planted_placement_ignored_is_caught() -> None:
     """Safety check: a table that ignores the member selector is caught, and the failure names
     its seed."""
-    for seed in range(1, 8):
-        try:
-            run(seed, replace(PLACE, liveness_ms_max=1_000), table_cls=IgnoresPlacementTable)
-        except SimFailure as e:
-            msg = str(e)
-            assert msg.startswith(f"seed={seed} ")
-            if "member selector" in msg or "not its own member" in msg:
-                return
-    raise AssertionError("no seed caught a table that ignores member selectors")
+    caught(range(1, 8), "a table that ignores member selectors", "member selector",
+           "not its own member", config=replace(PLACE, liveness_ms_max=1_000),
+           table_cls=IgnoresPlacementTable)
+
+
 ORDERS = SimConfig(orders=0.02)
 
 
@@ -503,16 +495,10 @@ class DrainDeafTable(JobTable):
 def test_planted_drain_deaf_table_is_caught() -> None:
     """Safety check: a table that ignores drains and holds leases against them, and is caught
     with its seed named."""
-    for seed in range(1, 8):
-        try:
-            run(seed, replace(ORDERS, orders=0.05, liveness_ms_max=1_000),
-                table_cls=DrainDeafTable)
-        except SimFailure as e:
-            msg = str(e)
-            assert msg.startswith(f"seed={seed} ")
-            if "by a committed order" in msg:
-                return
-    raise AssertionError("no seed caught a table that ignores pool and member orders")
+    caught(range(1, 8), "a table that ignores pool and member orders", "by a committed order",
+           config=replace(ORDERS, orders=0.05, liveness_ms_max=1_000), table_cls=DrainDeafTable)
+
+
 # --- re-runs (issue 12 point 3) -------------------------------------------------------------------
 
 RERUNS = SimConfig(reruns=0.4, deps=0.2)
@@ -582,15 +568,10 @@ class OneRestartTooManyTable(JobTable):
 def test_planted_rerun_bugs_are_caught(table_cls: type[JobTable], words: str) -> None:
     """Safety check: a table that reruns a job but leaves an item final, or restarts a job one
     time too many, is caught, and the failure names its seed."""
-    for seed in range(1, 8):
-        try:
-            run(seed, replace(RERUNS, liveness_ms_max=60_000), table_cls=table_cls)
-        except SimFailure as e:
-            msg = str(e)
-            assert msg.startswith(f"seed={seed} ")
-            if words in msg:
-                return
-    raise AssertionError(f"no seed caught {table_cls.__name__}")
+    caught(range(1, 8), table_cls.__name__, words,
+           config=replace(RERUNS, liveness_ms_max=60_000), table_cls=table_cls)
+
+
 CRON = SimConfig(cron=3)
 
 
@@ -674,15 +655,9 @@ def test_burst_proposals_are_harmless() -> None:
 def test_planted_burst_is_caught() -> None:
     """Safety check: a table that fires every missed due time (a burst after an outage) is
     caught, and the failure names its seed."""
-    for seed in (7, 1, 2):
-        try:
-            run(seed, replace(HARSH, cron=3, liveness_ms_max=1_000), table_cls=LaxFireTable,
-                node_cls=BurstNode)
-        except SimFailure as e:
-            assert str(e).startswith(f"seed={seed} ")
-            if "an older missed run (a burst)" in str(e):
-                return
-    raise AssertionError("no seed caught a table that fires every missed due time")
+    caught((7, 1, 2), "a table that fires every missed due time", "an older missed run (a burst)",
+           config=replace(HARSH, cron=3, liveness_ms_max=1_000), table_cls=LaxFireTable,
+           node_cls=BurstNode)
 
 
 # --- all of job control at once ---------------------------------------------------------------

@@ -21,11 +21,6 @@ pytestmark = pytest.mark.fleet
 FAILING = "echo starting; echo oops >&2; exit 3"
 
 
-def _submit(m, *args: str) -> str:
-    r = m.ctl("job", "submit", *args)
-    assert r.returncode == 0, r.stderr
-    return r.stdout.decode().strip()
-
 
 def _page(m, path: str) -> tuple[int, dict, str]:
     status, headers, body = m.raw_request("GET", path, headers={
@@ -37,7 +32,7 @@ def _page(m, path: str) -> tuple[int, dict, str]:
 def test_failing_item_explained(meshd):
     """Rule: status shows argv, pool and a failed item's rc, attempts, member and stderr tail;
     results of a failed job exit 1 and name the failed item; the job page shows the same."""
-    job = _submit(meshd, "--retries", "1", "--", "sh", "-c", FAILING)
+    job = meshd.submit("--retries", "1", "--", "sh", "-c", FAILING)
     meshd.wait_job(job)
     r = meshd.ctl("job", "status", job)
     assert r.returncode == 0, r.stderr
@@ -68,7 +63,7 @@ def test_failing_item_explained(meshd):
 
 def test_timed_out_item_says_timeout(meshd):
     """Rule: an item killed by its runtime limit is `timeout` (README), and status says why."""
-    job = _submit(meshd, "--runtime", "1", "--", "sleep", "30")
+    job = meshd.submit("--runtime", "1", "--", "sleep", "30")
     rec = meshd.wait_job(job)
     assert rec["items"][0]["state"] == "timeout" and rec["state"] == "failed"
     text = meshd.ctl("job", "status", job).stdout.decode()
@@ -81,7 +76,7 @@ def test_timed_out_item_says_timeout(meshd):
 def test_command_that_cannot_start(meshd):
     """Rule: a program that does not exist ends failed, and status explains it with the
     item's spawn error when the table records one, else its state and exit code."""
-    job = _submit(meshd, "--", "/no/such/prog", "x")
+    job = meshd.submit("--", "/no/such/prog", "x")
     rec = meshd.wait_job(job)
     assert rec["state"] == "failed"
     item = rec["items"][0]
@@ -99,7 +94,7 @@ def test_running_job_results_exit_5(meshd, tmp_path):
     output; --out writes only finished items."""
     lines = tmp_path / "in.txt"
     lines.write_text("a\nb\nc\nd\ne\n")
-    job = _submit(meshd, "--items-from", str(lines), "--", "sh", "-c",
+    job = meshd.submit("--items-from", str(lines), "--", "sh", "-c",
                   'read x; if [ "$x" = a ]; then echo "$x"; else sleep 60; fi')
     wait_until(lambda: meshd.request("GET", f"/jobs/{job}")[1]["items_done"] == 1,
                what="item 0 done")
@@ -130,7 +125,7 @@ def test_running_job_results_exit_5(meshd, tmp_path):
 def test_jobs_paged_newest_first(meshd):
     """Rule: GET /jobs?limit=N&after=CURSOR pages newest first; a bad cursor is 400; meshctl
     jobs pages the same way, shows failed counts and fits the terminal's width."""
-    ids = [_submit(meshd, "--id", f"page-{i}", "--tag", "paging", "--", "true") for i in range(5)]
+    ids = [meshd.submit("--id", f"page-{i}", "--tag", "paging", "--", "true") for i in range(5)]
     status, headers, raw = meshd.raw_request("GET", "/jobs?tag=paging&limit=2&format=json", headers={
         "Host": f"127.0.0.1:{urllib.parse.urlsplit(meshd.url).port}"})
     assert status == 200
@@ -167,11 +162,11 @@ def test_jobs_paged_newest_first(meshd):
 def test_forget_says_forgotten(meshd):
     """Rule: forget prints `ID: forgotten` (not `ID: None`); --json is what DELETE answers,
     which the OpenAPI document describes."""
-    job = _submit(meshd, "--", "true")
+    job = meshd.submit("--", "true")
     meshd.wait_job(job)
     r = meshd.ctl("job", "forget", job)
     assert r.returncode == 0 and r.stdout == f"{job}: forgotten\n".encode()
-    job = _submit(meshd, "--", "true")
+    job = meshd.submit("--", "true")
     meshd.wait_job(job)
     r = meshd.ctl("--json", "job", "forget", job)
     assert json.loads(r.stdout) == {"id": job, "forgotten": True}
@@ -190,7 +185,7 @@ def test_sep_json_lines_and_names(meshd, tmp_path):
     (d / "b.txt").write_bytes(b"B")
     (d / "a.txt").write_bytes(b"A")
     (d / "c.bin").write_bytes(b"\xff\x00")
-    job = _submit(meshd, "--items-from", str(d), "--", "cat")
+    job = meshd.submit("--items-from", str(d), "--", "cat")
     rec = meshd.wait_job(job)
     assert rec["names"] == ["a.txt", "b.txt", "c.bin"]
     r = meshd.ctl("job", "results", job, "--sep", "\\n--\\n")
@@ -238,7 +233,7 @@ def test_job_page_bad_format_and_unknown_job(meshd):
 def test_jobs_by_pool(meshd):
     """Rule: meshctl jobs --pool P lists only P's jobs; a bad pool name is refused (exit 2).
     (Two pools on one member: tests/test_webui.py.)"""
-    here = _submit(meshd, "--tag", "by-pool", "--", "true")
+    here = meshd.submit("--tag", "by-pool", "--", "true")
     r = meshd.ctl("jobs", "--tag", "by-pool", "--pool", "default")
     assert r.returncode == 0, r.stderr
     assert [row.split()[0] for row in r.stdout.decode().splitlines()[1:]] == [here]
