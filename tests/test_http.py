@@ -603,6 +603,17 @@ def test_openapi_describes_every_route(srv: Server) -> None:
             assert "200" in op["responses"] or "201" in op["responses"]
 
 
+def test_openapi_document_is_valid_openapi() -> None:
+    """The document is valid OpenAPI 3.1 (schema and references), as a client generator needs."""
+    from openapi_spec_validator import validate
+
+    validate(openapi_document())
+    broken = openapi_document()
+    broken["paths"]["/jobs"]["post"]["responses"]["201"] = {"no": "description"}
+    with pytest.raises(Exception, match="description"):
+        validate(broken)
+
+
 # --- routing, sizes, fuzz --------------------------------------------------------------------
 
 
