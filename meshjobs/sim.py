@@ -31,7 +31,10 @@ breaks them:
   jobs wait for earlier ones (`after`, each condition drawn from ok, end and fail). With `cron`
   set, that many schedules (`@every` 1 to 5 s of simulated time) are added through the control
   path and fire through crashes, partitions and leader changes; once healed and seen firing,
-  they are paused (so that the fleet can settle).
+  they are paused (so that the fleet can settle). With `stops` set, an operator now and then
+  orders a member to stop (`member stop`, with or without a grace): the member exits when its
+  node says so (the `Exit` effect, as meshd does), and is started again later with a new boot
+  id, as a crashed member is.
 
 Rule 1: pure and replayable. No IO, clock or threads; every choice comes from one
         `random.Random(seed)`, and nothing iterates a set whose order could change between runs.
@@ -48,6 +51,8 @@ Rule 2: the checks are the point. A broken one raises `SimFailure`, whose messag
         the id of its name and due time, and only as the latest due time at the fire's time
         stamp (never an older missed one: no burst; with catch-up none, not over
         `cron_late_ms_max` late); once the fleet is healed and settled, no due time is missed.
+        No lease to a member's incarnation (boot) is committed after a stop naming it, and a
+        member exits only in an incarnation a committed stop named.
         Checked after every
         step: every member's table equals every other table (and the oracle) at the same index;
         a submit, cancel or forget is answered 200/201 only once committed; a change of an
@@ -183,6 +188,10 @@ class SimConfig:
     # Schedules added at the start (meshjobs/cron.py), `@every` 1 to 5 s. Off by default (0),
     # and then nothing is drawn for them, so that recorded seeds replay as they did.
     cron: int = 0
+    # Per step: an operator orders a member to stop (`member stop`, grace none, 0 or a few
+    # seconds); it exits when its node says so and is started again later, as after a crash.
+    # Off by default, and then not drawn at all, so that recorded seeds replay as they did.
+    stops: float = 0.0
 
 
 # After healing, the fleet has this long to settle before a due time missed is a failure.
@@ -234,6 +243,7 @@ class _Member:
     pressure: bool = False
     disk_full: bool = False  # as the sim's disk is; `disk_known` once the node was told
     disk_known: bool = False
+    exiting: bool = False  # its node said Exit (a stop order): it goes down after this step
 
 
 @dataclass
@@ -324,6 +334,10 @@ class Sim:
         self.member_drains: set[str] = set()
         self.orders_sent = 0
         self.orders_lift_ms = 0
+        # Stop orders as the committed log says: member -> the boot a stop in force names, and
+        # every (member, boot) a committed stop ever named.
+        self.stopped: dict[str, str] = {}
+        self.stop_boots: set[tuple[str, str]] = set()
         # Schedules: their clients, each (schedule, due time) settled and how, the last due
         # time each settled, and when the fleet was healed.
         self.cron_clients: list[_CronClient] = []
@@ -407,9 +421,10 @@ class Sim:
             m.applied.append(Applied(index, entry, table.apply(entry, index), prev))
         return table
 
-    def _crash(self, m: _Member) -> None:
-        self.count("crashes_" + m.role)
+    def _crash(self, m: _Member, why: str = "crashes_") -> None:
+        self.count(why + m.role)
         m.alive = False
+        m.exiting = False
         m.node = m.table = m.view_sent = None
         m.inbox, m.applied, m.running, m.links = [], [], {}, {}
         m.pressure = m.disk_full = m.disk_known = False
@@ -434,6 +449,8 @@ class Sim:
                 m.disk_known = ev.on
         for eff in node.take():
             self._effect(m, eff)
+        if m.exiting:
+            self._crash(m, "stop_exits_")  # its meshd exits; started again later
 
     def _effect(self, m: _Member, eff: Any) -> None:
         if isinstance(eff, Propose):
@@ -480,7 +497,12 @@ class Sim:
         elif isinstance(eff, Notify):
             self.count("notices")
         elif isinstance(eff, Exit):
-            self.fail(f"{m.name} exits, though the simulator orders no member to stop")
+            if not self.cfg.stops:
+                self.fail(f"{m.name} exits, though the simulator orders no member to stop")
+            if (m.name, m.boot) not in self.stop_boots:
+                self.fail(f"{m.name} exits ({eff.why}), but no committed stop names its boot "
+                          f"{m.boot}")
+            m.exiting = True
         else:
             self.fail(f"{m.name} made an unknown effect {eff!r}")
 
@@ -672,6 +694,8 @@ class Sim:
             self._check_placement(e, index, outcome, rows)
         if self.cfg.orders and isinstance(e, dict):
             self._check_orders(e, index, outcome, before)
+        if self.cfg.stops and isinstance(e, dict):
+            self._check_stops(e, index, outcome)
         if isinstance(e, dict) and e.get("k") == "cron" and e.get("op") == "fire" \
                 and outcome.get("ok"):
             self._check_fire(e, index, outcome)
@@ -732,7 +756,7 @@ class Sim:
         elif kind == "member" and outcome.get("ok"):
             if e["a"] == "drain":
                 self.member_drains.add(e["name"])
-            else:
+            elif e["a"] == "undrain":
                 self.member_drains.discard(e["name"])
             self.count("orders_committed")
         elif kind == "lease":
@@ -773,6 +797,36 @@ class Sim:
         self._order({"op": "pool", "action": "undrain", "pool": "default", "member": None})
         for name in sorted(self.member_drains):
             self._order({"op": "member", "action": "undrain", "name": name, "grace_s": None})
+
+    def _check_stops(self, e: dict, index: int, outcome: dict) -> None:
+        """No lease is committed to a member's incarnation after a stop naming it (until an
+        undrain calls the stop off)."""
+        kind = e.get("k")
+        if kind == "member" and outcome.get("ok"):
+            if e["a"] == "stop":
+                self.stopped[e["name"]] = e["boot"]
+                self.stop_boots.add((e["name"], e["boot"]))
+                self.count("stops_committed")
+            elif e["a"] == "undrain":
+                self.stopped.pop(e["name"], None)
+        elif kind == "lease":
+            for g in e.get("g") or ():
+                after = self._item((g[0], g[1]))
+                if after is None or after[0] != LEASED or after[1] != index:
+                    continue  # not granted by this entry
+                if self.stopped.get(g[2]) == g[3]:
+                    self.fail(f"entry {index} leased {g[0]}[{g[1]}] to {g[2]} (boot {g[3]}), "
+                              "which a committed stop order names")
+                self.count("stop_leases_checked")
+
+    def _stops(self) -> None:
+        """Now and then (while faulty) an operator orders a member to stop."""
+        rng = self.rng
+        if not self.faulty or rng.random() >= self.cfg.stops:
+            return
+        self._order({"op": "member", "action": "stop", "name": rng.choice(MEMBERS),
+                     "grace_s": rng.choice([None, None, 0.0, 0.5, 3.0])})
+        self.count("stops_sent")
 
     def _order(self, req: dict) -> None:
         alive = [n for n in MEMBERS if self.members[n].alive]
@@ -1456,6 +1510,8 @@ class Sim:
         self._clients()
         if self.cfg.orders:
             self._orders()
+        if self.cfg.stops:
+            self._stops()
         if self.cron_clients:
             self._cron_requests()
         for name in MEMBERS:
@@ -1471,6 +1527,8 @@ class Sim:
             return False
         if self.cron_clients and not self._crons_settled():
             return False
+        if any(not m.alive for m in self.members.values() if m.name not in self.gone):
+            return False  # a member that exited on a stop order, not started again yet
         for jid in self.acked:
             job = self.oracle.jobs.get(jid)
             if job is None:
@@ -1503,7 +1561,7 @@ class Sim:
         open_jobs = sorted(j for j in self.acked if j in self.oracle.jobs
                            and not self.oracle.jobs[j].finished)
         last = self.log[-1][0] if self.log else 0
-        live = [m for m in self.members.values() if m.name not in self.gone]
+        live = [m for m in self.members.values() if m.name not in self.gone and m.alive]
         behind = [m.name for m in live if m.role == "worker" and m.table.applied_index < last]
         short = self._under_copied()
         return (f"clients submitting: {[c.cid for c in self.clients if c.phase == 'submit']}; "
