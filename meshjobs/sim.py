@@ -34,7 +34,9 @@ breaks them:
   they are paused (so that the fleet can settle). With `stops` set, an operator now and then
   orders a member to stop (`member stop`, with or without a grace): the member exits when its
   node says so (the `Exit` effect, as meshd does), and is started again later with a new boot
-  id, as a crashed member is.
+  id, as a crashed member is. With `slots` set, an operator now and then sets the pool's
+  slots (0 to 3, fleet-wide or on one member) or resets them; after healing every override
+  is reset.
 
 Rule 1: pure and replayable. No IO, clock or threads; every choice comes from one
         `random.Random(seed)`, and nothing iterates a set whose order could change between runs.
@@ -52,7 +54,9 @@ Rule 2: the checks are the point. A broken one raises `SimFailure`, whose messag
         stamp (never an older missed one: no burst; with catch-up none, not over
         `cron_late_ms_max` late); once the fleet is healed and settled, no due time is missed.
         No lease to a member's incarnation (boot) is committed after a stop naming it, and a
-        member exits only in an incarnation a committed stop named.
+        member exits only in an incarnation a committed stop named. A member starts an item
+        only while fewer of the pool's items run there than its effective slots (as its own
+        table says; with slots set to 0, its configured ones, for what was leased before).
         Checked after every
         step: every member's table equals every other table (and the oracle) at the same index;
         a submit, cancel or forget is answered 200/201 only once committed; a change of an
@@ -192,6 +196,10 @@ class SimConfig:
     # seconds); it exits when its node says so and is started again later, as after a crash.
     # Off by default, and then not drawn at all, so that recorded seeds replay as they did.
     stops: float = 0.0
+    # Per step: an operator sets the pool's slots (0 to 3; fleet-wide or on one member) or
+    # resets them (`pool slots`); after healing they are reset. Off by default, and then not
+    # drawn at all, so that recorded seeds replay as they did.
+    slots: float = 0.0
 
 
 # After healing, the fleet has this long to settle before a due time missed is a failure.
@@ -244,6 +252,7 @@ class _Member:
     disk_full: bool = False  # as the sim's disk is; `disk_known` once the node was told
     disk_known: bool = False
     exiting: bool = False  # its node said Exit (a stop order): it goes down after this step
+    cut: set = field(default_factory=set)  # runs its node cut, whose end is still to come
 
 
 @dataclass
@@ -338,6 +347,7 @@ class Sim:
         # every (member, boot) a committed stop ever named.
         self.stopped: dict[str, str] = {}
         self.stop_boots: set[tuple[str, str]] = set()
+        self.slots_lift_ms = 0
         # Schedules: their clients, each (schedule, due time) settled and how, the last due
         # time each settled, and when the fleet was healed.
         self.cron_clients: list[_CronClient] = []
@@ -390,6 +400,7 @@ class Sim:
             raise AssertionError(f"{m.name} started twice")
         m.inc += 1
         m.inbox, m.applied, m.running, m.links, m.view_sent = [], [], {}, {}, None
+        m.cut = set()
         m.boot = f"{m.name}.{m.inc}.{self.rng.getrandbits(32):08x}"
         if m.role == "voter":
             table = self._voter_table(m)
@@ -473,6 +484,7 @@ class Sim:
                 self.count("cuts_idle")
                 return
             self.count("cuts")
+            m.cut.add(key)
             end = ItemEnded(eff.job_id, eff.index, eff.epoch, "cut", None, 15, None, None,
                             self.now, self.now)
             m.running[key] = self._at(self.now + self.rng.randint(1, 50), "end",
@@ -696,6 +708,9 @@ class Sim:
             self._check_orders(e, index, outcome, before)
         if self.cfg.stops and isinstance(e, dict):
             self._check_stops(e, index, outcome)
+        if isinstance(e, dict) and e.get("k") == "pool" and e.get("a") == "slots" \
+                and outcome.get("ok"):
+            self.count("slots_orders_committed")
         if isinstance(e, dict) and e.get("k") == "cron" and e.get("op") == "fire" \
                 and outcome.get("ok"):
             self._check_fire(e, index, outcome)
@@ -827,6 +842,35 @@ class Sim:
         self._order({"op": "member", "action": "stop", "name": rng.choice(MEMBERS),
                      "grace_s": rng.choice([None, None, 0.0, 0.5, 3.0])})
         self.count("stops_sent")
+
+    def _check_slots(self, m: _Member, key: tuple) -> None:
+        """A member starts an item only while fewer items of the pool run there than its
+        effective slots (every job of the simulation is in pool "default", 2 slots)."""
+        configured = m.node.cfg.pools["default"].slots
+        n = m.table.ctl.slots_of("default", m.name, configured)
+        limit = n if n > 0 else configured
+        running = sum(1 for k in m.running if k not in m.cut)
+        if running >= limit:
+            self.fail(f"{m.name} started {key} with {running} items running, its pool's "
+                      f"effective slots being {n}")
+        self.count("slot_starts_checked")
+
+    def _slots(self) -> None:
+        """Now and then (while faulty) an operator sets or resets the pool's slots; after
+        healing, every override is reset (sent again every second until the log shows none)."""
+        rng = self.rng
+        if self.faulty:
+            if rng.random() >= self.cfg.slots:
+                return
+            n = rng.choice([None, 0, 1, 1, 2, 3])
+            self._order({"op": "pool", "action": "slots", "pool": "default",
+                         "member": rng.choice([None, *MEMBERS]), "slots": n})
+            self.count("slots_sent")
+            return
+        if self.oracle.ctl.slots and self.now >= self.slots_lift_ms:
+            self.slots_lift_ms = self.now + 1_000
+            self._order({"op": "pool", "action": "slots", "pool": "default", "member": None,
+                         "slots": None})
 
     def _order(self, req: dict) -> None:
         alive = [n for n in MEMBERS if self.members[n].alive]
@@ -1004,6 +1048,8 @@ class Sim:
         key = (eff.job_id, eff.index, eff.epoch)
         if key in m.running:
             self.fail(f"{m.name} ran {key} twice")
+        if self.cfg.slots:
+            self._check_slots(m, key)
         if eff.stdin is not None and not any(eff.stdin in self.blobs[n] for n in MEMBERS):
             self.fail(f"{m.name} runs {key} whose input {eff.stdin[:12]} no member holds")
         self.count("runs")
@@ -1042,6 +1088,7 @@ class Sim:
                 if m.inc != inc or not m.alive or m.running.get(key) != seq:
                     continue
                 del m.running[key]
+                m.cut.discard(key)
                 # The driver writes the outputs to the blob store before it reports the end.
                 self.blobs[name].update(d for d in (ev.stdout, ev.stderr) if d is not None)
                 m.inbox.append(ev)
@@ -1512,6 +1559,8 @@ class Sim:
             self._orders()
         if self.cfg.stops:
             self._stops()
+        if self.cfg.slots:
+            self._slots()
         if self.cron_clients:
             self._cron_requests()
         for name in MEMBERS:

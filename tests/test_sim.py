@@ -780,3 +780,46 @@ def test_planted_exit_of_a_new_incarnation_is_caught() -> None:
             if "no committed stop names its boot" in msg:
                 return
     raise AssertionError("no seed caught a member that exits on another incarnation's stop")
+
+
+# --- pool slots set while running (issue 12 point 4: slots) -----------------------------------
+
+SLOTS = SimConfig(slots=0.02)
+
+
+@pytest.mark.parametrize("seed", (1, 2))
+def test_pool_slots_orders_safe_and_live(seed: int) -> None:
+    """Operators set and reset the pool's slots during the run (0 to 3, fleet-wide or on one
+    member): no member starts an item past its effective slots, and once they are reset after
+    healing every job ends."""
+    c = run(seed, SLOTS).counts
+    assert c.get("slots_orders_committed", 0) > 0, c
+    assert c.get("slot_starts_checked", 0) > 0, c
+
+
+def test_pool_slots_with_stops_and_orders() -> None:
+    """Slots orders among stops, holds and drains, in one run."""
+    c = run(6, replace(SLOTS, stops=0.01, orders=0.02)).counts
+    for check in ("slots_orders_committed", "stops_committed", "orders_committed"):
+        assert c.get(check, 0) > 0, (check, c)
+
+
+class IgnoresSlotsNode(JobNode):
+    """Planted bug: the member starts up to its configured slots, whatever the orders say."""
+
+    def _slots_here(self, pool: Pool) -> int:
+        return pool.slots
+
+
+def test_planted_slots_ignored_is_caught() -> None:
+    """Safety check: a member that starts items past its pool's effective slots is caught,
+    with its seed named."""
+    for seed in range(1, 8):
+        try:
+            run(seed, replace(SLOTS, liveness_ms_max=1_000), node_cls=IgnoresSlotsNode)
+        except SimFailure as e:
+            msg = str(e)
+            assert msg.startswith(f"seed={seed} ")
+            if "effective slots" in msg:
+                return
+    raise AssertionError("no seed caught a member that ignores slots orders")
