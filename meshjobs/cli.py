@@ -1450,7 +1450,8 @@ def _member_state(m: dict) -> str:
 
 @cli.group("pool")
 def pool_group() -> None:
-    """Hold, release, drain or undrain a pool, fleet-wide or on one member (needs admin).
+    """Hold, release, drain or undrain a pool, or set its slots, fleet-wide or on one member
+    (needs admin).
 
     hold: no new leases in the pool, and items leased but not started there wait until
     release (running ones go on). drain: no new leases; what is leased runs to its end.
@@ -1480,6 +1481,10 @@ def _pool_words(row: dict) -> str:
             words.append(f"{what} fleet-wide")
         if on:
             words.append(f"{what} on {', '.join(map(str, on))}")
+    if row.get("slots_set") is not None:
+        words.append(f"slots {row['slots_set']} (set)")
+    for m, n in sorted((row.get("slots_set_on") or {}).items()):
+        words.append(f"slots {n} on {m} (set)")
     return "; ".join(words) or "taking work"
 
 
@@ -1487,6 +1492,32 @@ _pool_order("hold", "Hold POOL: start nothing more in it until release.")
 _pool_order("release", "Release POOL (with --member: only that member's hold).")
 _pool_order("drain", "Drain POOL: running items finish, no new ones are taken.")
 _pool_order("undrain", "Undrain POOL (with --member: only that member's drain).")
+
+
+@pool_group.command("slots")
+@click.argument("pool")
+@click.argument("n", required=False, type=click.IntRange(0, limits.pool_slots_max))
+@click.option("--reset", is_flag=True, help="Back to the members' configured slots.")
+@click.option("--member", metavar="NAME", help="Only on this member (default: fleet-wide).")
+@json_option
+@click.pass_context
+def pool_slots(ctx: click.Context, pool: str, n: int | None, reset: bool, member: str | None,
+               as_json: bool) -> None:
+    """Set POOL's slots to N (0: take no new items there), fleet-wide or on one member, over
+    the members' config; --reset goes back to the config. More slots run more items at once;
+    fewer start fewer (running items go on). A pool a member's config lacks, or gives no
+    slots, stays so."""
+    if (n is None) == (not reset):
+        raise click.UsageError("give either N (slots, 0 to "
+                               f"{limits.pool_slots_max}) or --reset, not both or neither")
+    body: dict[str, Any] = {"slots": n}
+    if member is not None:
+        body["member"] = member
+    out = _client(ctx).json("POST", f"/pools/{_q(pool)}/slots", body)
+    if _wants_json(ctx, as_json):
+        _print_json(out)
+        return
+    click.echo(f"pool {pool}: {_pool_words(out)}")
 
 
 @cli.command("pools")

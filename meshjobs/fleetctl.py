@@ -29,6 +29,17 @@ What each order means:
   (a new boot id) comes back taking work, unless it was also drained.
 - undrain (member) lifts a drain and a stop not yet done; release and undrain without a member
   lift every hold (or drain) of the pool, with one only that member's own.
+- pool slots N (0..`limits.pool_slots_max`): the pool's slots, fleet-wide or on the member
+  named, instead of the member's configured ones; `slots` with no number (reset) goes back
+  to the config (fleet-wide reset: every override of the pool; with a member: its own). The
+  effective slots of a pool on a member are its member override if any, else the fleet-wide
+  one, else its configured slots. An override never creates a pool a member's config does
+  not have, and never gives slots to a pool its config gives none (slots = 0, or hold or
+  drain): the config's word is final there, as for hold and drain. The leader leases up to
+  the effective slots (and the member starts up to them), so raising them runs more items
+  at once and lowering them starts fewer: running items are never cut, and items already
+  leased ahead past the new number wait their turn. Slots 0 takes no new lease there and lets
+  what is leased run to its end, as a drain.
 
 Rule 1: pure. No IO, clock, randomness or threads; the entry's `t` is its time.
 Rule 2: `apply` raises `meshjobs.table.Refused` (through the table) for a malformed entry; the
@@ -44,6 +55,7 @@ from meshjobs import limits
 
 ALL = "*"  # the "member" of a fleet-wide pool order
 POOL_ACTIONS = ("hold", "release", "drain", "undrain")
+SLOTS = "slots"  # the pool order that sets (or resets) a pool's slots: POST /pools/{pool}/slots
 MEMBER_ACTIONS = ("drain", "undrain", "stop")
 
 
@@ -65,11 +77,12 @@ class FleetCtl:
         self.drained_pools: dict[tuple[str, str], None] = {}
         self.drained: dict[str, None] = {}  # member names
         self.stops: dict[str, tuple[str, int, int | None]] = {}  # member -> (boot, t ms, grace ms)
+        self.slots: dict[tuple[str, str], int] = {}  # (pool, member or ALL) -> slots set
 
     # --- reading ----------------------------------------------------------------------------
 
     def active(self) -> bool:
-        return bool(self.held or self.drained_pools or self.drained or self.stops)
+        return bool(self.held or self.drained_pools or self.drained or self.stops or self.slots)
 
     def pool_held(self, pool: str, member: str) -> bool:
         return (pool, ALL) in self.held or (pool, member) in self.held
@@ -97,20 +110,46 @@ class FleetCtl:
             "held_on": sorted(m for p, m in self.held if p == pool and m != ALL),
             "drained": (pool, ALL) in self.drained_pools,
             "drained_on": sorted(m for p, m in self.drained_pools if p == pool and m != ALL),
+            **self.slots_view(pool),
         }
 
     def pools_named(self) -> set[str]:
-        return {p for p, _m in self.held} | {p for p, _m in self.drained_pools}
+        return ({p for p, _m in self.held} | {p for p, _m in self.drained_pools}
+                | {p for p, _m in self.slots})
+
+    def slots_of(self, pool: str, member: str, configured: int) -> int:
+        """The effective slots of `pool` on `member`, whose config gives it `configured`."""
+        if not self.slots or configured <= 0:
+            return configured
+        n = self.slots.get((pool, member))
+        if n is None:
+            n = self.slots.get((pool, ALL))
+        return configured if n is None else n
+
+    def effective(self, member: str, pools: dict[str, int]) -> dict[str, int]:
+        """A member's pools (name -> configured slots) with their effective slots."""
+        if not self.slots:
+            return pools
+        return {p: self.slots_of(p, member, n) for p, n in pools.items()}
+
+    def slots_view(self, pool: str) -> dict[str, Any]:
+        """The slots set for `pool`: fleet-wide (None: none), and per member named."""
+        return {"slots_set": self.slots.get((pool, ALL)),
+                "slots_set_on": {m: n for (p, m), n in sorted(self.slots.items())
+                                 if p == pool and m != ALL}}
 
     # --- applying -----------------------------------------------------------------------------
 
     def _room_for(self, n: int = 1) -> None:
-        total = len(self.held) + len(self.drained_pools) + len(self.drained) + len(self.stops)
+        total = (len(self.held) + len(self.drained_pools) + len(self.drained) + len(self.stops)
+                 + len(self.slots))
         if total + n > limits.ctl_orders_max:
             raise CtlRefused(409, f"the fleet keeps at most {limits.ctl_orders_max} pool and "
                                   "member orders: release, undrain or undrain members first")
 
     def apply_pool(self, e: dict) -> dict:
+        if e.get("a") == SLOTS:
+            return self.apply_slots(e)
         action, pool, member = e.get("a"), e.get("pool"), e.get("member")
         if (action not in POOL_ACTIONS or not _name_ok(pool)
                 or not (member is None or _name_ok(member))):
@@ -129,6 +168,26 @@ class FleetCtl:
             else:
                 book.pop(key, None)
         return {"ok": True, "pool": pool, "action": action, "member": member,
+                **self.pool_view(pool)}
+
+    def apply_slots(self, e: dict) -> dict:
+        """Set (`slots` an int) or reset (`slots` None) a pool's slots, fleet-wide or on one
+        member. A fleet-wide reset drops every override of the pool."""
+        pool, member, n = e.get("pool"), e.get("member"), e.get("slots", ...)
+        if (not _name_ok(pool) or not (member is None or _name_ok(member))
+                or not (n is None or _slots_ok(n))):
+            raise CtlRefused(400, "malformed pool order")
+        key = (pool, ALL if member is None else member)
+        if n is not None:
+            if key not in self.slots:
+                self._room_for()
+            self.slots[key] = n
+        elif member is None:
+            for k in [k for k in self.slots if k[0] == pool]:
+                del self.slots[k]
+        else:
+            self.slots.pop(key, None)
+        return {"ok": True, "pool": pool, "action": SLOTS, "member": member,
                 **self.pool_view(pool)}
 
     def apply_member(self, e: dict, t: int) -> dict:
@@ -161,7 +220,9 @@ class FleetCtl:
         return {"held": [list(k) for k in self.held],
                 "drained_pools": [list(k) for k in self.drained_pools],
                 "drained": list(self.drained),
-                "stops": [[n, b, t, g] for n, (b, t, g) in self.stops.items()]}
+                "stops": [[n, b, t, g] for n, (b, t, g) in self.stops.items()],
+                **({"slots": [[p, m, n] for (p, m), n in self.slots.items()]}
+                   if self.slots else {})}
 
     @classmethod
     def from_state(cls, s: Any) -> FleetCtl:
@@ -172,16 +233,25 @@ class FleetCtl:
         c.drained_pools = {(p, m): None for p, m in s["drained_pools"]}
         c.drained = dict.fromkeys(s["drained"])
         c.stops = {n: (b, t, g) for n, b, t, g in s["stops"]}
+        c.slots = {(p, m): n for p, m, n in s.get("slots", ())}
         c.check()
         return c
 
     def check(self) -> None:
-        total = len(self.held) + len(self.drained_pools) + len(self.drained) + len(self.stops)
+        total = (len(self.held) + len(self.drained_pools) + len(self.drained) + len(self.stops)
+                 + len(self.slots))
         assert total <= limits.ctl_orders_max, "more pool and member orders than kept"
         for p, m in (*self.held, *self.drained_pools):
             assert _name_ok(p) and (m == ALL or _name_ok(m)), f"bad pool order {p}@{m}"
         for n in (*self.drained, *self.stops):
             assert _name_ok(n), f"bad member order for {n!r}"
+        for (p, m), n in self.slots.items():
+            assert _name_ok(p) and (m == ALL or _name_ok(m)) and _slots_ok(n), \
+                f"bad slots order {p}@{m} = {n!r}"
+
+
+def _slots_ok(n: Any) -> bool:
+    return type(n) is int and 0 <= n <= limits.pool_slots_max
 
 
 def _name_ok(x: Any) -> bool:
@@ -202,14 +272,19 @@ def parse_ctl(req: dict) -> dict:
         return {"op": "pools"}
     action = req.get("action")
     if op == "pool":
-        if action not in POOL_ACTIONS:
+        if action not in (*POOL_ACTIONS, SLOTS):
             raise ControlError(400, f"unknown pool action {str(action)[:40]!r}: use one of "
-                                    f"{', '.join(POOL_ACTIONS)}")
+                                    f"{', '.join((*POOL_ACTIONS, SLOTS))}")
         out: dict[str, Any] = {"op": "pool", "rid": parse_rid(req.get("rid")),
                                "fp": parse_fp(req.get("fp")), "action": action,
                                "pool": parse_name(req.get("pool"), "pool"), "member": None}
         if req.get("member") is not None:
             out["member"] = parse_name(req.get("member"), "member")
+        if action == SLOTS:
+            if "slots" not in req:
+                raise ControlError(400, 'give "slots": a whole number, or null to go back to '
+                                        "the config")
+            out["slots"] = parse_slots(req["slots"])
         return out
     if action not in MEMBER_ACTIONS:
         raise ControlError(400, f"unknown member action {str(action)[:40]!r}: use one of "
@@ -230,6 +305,16 @@ def parse_name(value: Any, what: str) -> str:
         raise ControlError(400, f"bad {what} name {str(value)[:40]!r}: use 1 to "
                                 f"{limits.pool_chars_max} letters, digits, '.', '_' or '-'")
     return str(value)
+
+
+def parse_slots(value: Any) -> int | None:
+    """A pool's slots in a slots order: a whole number 0..pool_slots_max, or None (reset)."""
+    from meshjobs.control import ControlError
+
+    if value is None or _slots_ok(value):
+        return value
+    raise ControlError(400, f"slots must be a whole number from 0 to {limits.pool_slots_max} "
+                            f"(or null to go back to the config), not {str(value)[:40]!r}")
 
 
 def parse_grace(value: Any) -> float:
@@ -312,6 +397,8 @@ def pools_view(fleet: dict, ctl: FleetCtl, leased: dict[str, dict[str, int]],
             row["free"] += free
             row["running"] += running
             row["members"][name] = {"slots": slots, "running": running, "free": free,
+                                    "slots_set": ctl.slots.get((pool, name),
+                                                               ctl.slots.get((pool, ALL))),
                                     "held": ctl.pool_held(pool, name),
                                     "drained": ctl.pool_drained(pool, name),
                                     "member_drained": bool(m.get("drained")),

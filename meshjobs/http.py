@@ -304,6 +304,7 @@ class HttpApi:
             r.add_post(f"/pools/{{pool}}/{action}", self._pool_order)
         for action in fleetctl.MEMBER_ACTIONS:
             r.add_post(f"/members/{{name}}/{action}", self._member_order)
+        r.add_post(f"/pools/{{pool}}/{fleetctl.SLOTS}", self._pool_slots)
         r.add_get("/ui.js", self._ui_script)
         r.add_get("/healthz", self._health)
         r.add_get("/metrics", self._metrics)
@@ -917,6 +918,18 @@ class HttpApi:
         body = await self._order_body(request, frozenset({"member"}))
         ask = {"op": "pool", "action": action, "pool": request.match_info["pool"],
                "member": body.get("member")}
+        fleetctl.parse_ctl({**ask, "rid": "x"})  # refused here, before any round trip
+        return await self._relay({**ask, **await self._rid(request)})
+
+    async def _pool_slots(self, request: web.Request) -> web.Response:
+        """POST /pools/{pool}/slots, body {"slots": N or null, "member": M (optional)}."""
+        body = await self._order_body(request, frozenset({"slots", "member"}))
+        if "slots" not in body:
+            raise HttpError(400, 'give a body {"slots": N} (N from 0 to '
+                                 f'{limits.pool_slots_max}), or {{"slots": null}} to go back to '
+                                 'the config; "member": M for one member only')
+        ask = {"op": "pool", "action": fleetctl.SLOTS, "pool": request.match_info["pool"],
+               "member": body.get("member"), "slots": body["slots"]}
         fleetctl.parse_ctl({**ask, "rid": "x"})  # refused here, before any round trip
         return await self._relay({**ask, **await self._rid(request)})
 

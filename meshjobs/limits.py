@@ -258,3 +258,5 @@ cron_every_s_max = 366 * 24 * 3600  # the longest period of `@every`
 cron_search_years_max = 30  # how far ahead (or back) a due time is looked for; none: it never fires
 cron_late_ms_max = 60_000  # with --catch-up none, a run fired later than this after its due time is skipped
 cron_body_bytes_max = 1 << 20  # the JSON body of PUT /cron/{name} (a job spec's argv and env fit)
+# --- Pool slots set while running (meshctl pool slots; meshjobs/fleetctl.py) -------------------
+pool_slots_max = 100_000  # slots a `pool slots` order may give a pool on a member (as the config)

@@ -716,6 +716,27 @@ for _action, _words in _ORDER_WORDS.items():
                       "400": _BAD, "404": _err("No such pool or member in the fleet."),
                       "409": _err("Too many orders kept: lift some first."), "503": _BUSY},
     }}
+_BULK_PATHS["/pools/{pool}/slots"] = {"post": {
+    "summary": "Set the pool's slots (fleet-wide, or on member), over the members' config; "
+               "slots null goes back to the config (fleet-wide: every override of the pool). "
+               "Effective slots: the member's override, else the fleet-wide one, else the "
+               "config; a pool a member's config lacks or gives no slots stays so. More "
+               "slots run more items at once, fewer start fewer (running items go on); 0 "
+               "takes no new items there. Committed: survives restarts and failovers. Needs "
+               "admin.",
+    "operationId": "poolSlots",
+    "parameters": [{"name": "pool", "in": "path", "required": True,
+                    "schema": {"type": "string", "maxLength": limits.pool_chars_max}},
+                   _IDEMPOTENCY_KEY],
+    "requestBody": {"required": True, "content": {"application/json": {"schema": {
+        "type": "object", "additionalProperties": False, "required": ["slots"], "properties": {
+            "slots": {"type": ["integer", "null"], "minimum": 0,
+                      "maximum": limits.pool_slots_max},
+            "member": {"type": "string", "description": "Only on this member."}}}}}},
+    "responses": {"200": _json({"$ref": "#/components/schemas/PoolOrder"}, "Applied."),
+                  "400": _BAD, "404": _err("No such pool or member in the fleet."),
+                  "409": _err("Too many orders kept: lift some first."), "503": _BUSY},
+}}
 _MEMBER_WORDS = {
     "drain": "Drain the member: it gets no new leases; what it runs goes on.",
     "undrain": "Undrain the member (also calls off a stop not done yet).",
@@ -747,6 +768,10 @@ _POOL_STATE = {
     "held_on": {"type": "array", "items": {"type": "string"}},
     "drained": {"type": "boolean", "description": "Drained fleet-wide."},
     "drained_on": {"type": "array", "items": {"type": "string"}},
+    "slots_set": {"type": ["integer", "null"], "description": "Slots set fleet-wide "
+                                                              "(meshctl pool slots)."},
+    "slots_set_on": {"type": "object", "additionalProperties": {"type": "integer"},
+                     "description": "Slots set per member."},
 }
 _BULK_SCHEMAS: dict[str, Any] = {
     "PoolOrder": {"type": "object", "properties": {

@@ -31,7 +31,12 @@ breaks them:
   jobs wait for earlier ones (`after`, each condition drawn from ok, end and fail). With `cron`
   set, that many schedules (`@every` 1 to 5 s of simulated time) are added through the control
   path and fire through crashes, partitions and leader changes; once healed and seen firing,
-  they are paused (so that the fleet can settle).
+  they are paused (so that the fleet can settle). With `stops` set, an operator now and then
+  orders a member to stop (`member stop`, with or without a grace): the member exits when its
+  node says so (the `Exit` effect, as meshd does), and is started again later with a new boot
+  id, as a crashed member is. With `slots` set, an operator now and then sets the pool's
+  slots (0 to 3, fleet-wide or on one member) or resets them; after healing every override
+  is reset.
 
 Rule 1: pure and replayable. No IO, clock or threads; every choice comes from one
         `random.Random(seed)`, and nothing iterates a set whose order could change between runs.
@@ -48,6 +53,10 @@ Rule 2: the checks are the point. A broken one raises `SimFailure`, whose messag
         the id of its name and due time, and only as the latest due time at the fire's time
         stamp (never an older missed one: no burst; with catch-up none, not over
         `cron_late_ms_max` late); once the fleet is healed and settled, no due time is missed.
+        No lease to a member's incarnation (boot) is committed after a stop naming it, and a
+        member exits only in an incarnation a committed stop named. A member starts an item
+        only while fewer of the pool's items run there than its effective slots (as its own
+        table says; with slots set to 0, its configured ones, for what was leased before).
         Checked after every
         step: every member's table equals every other table (and the oracle) at the same index;
         a submit, cancel or forget is answered 200/201 only once committed; a change of an
@@ -183,6 +192,14 @@ class SimConfig:
     # Schedules added at the start (meshjobs/cron.py), `@every` 1 to 5 s. Off by default (0),
     # and then nothing is drawn for them, so that recorded seeds replay as they did.
     cron: int = 0
+    # Per step: an operator orders a member to stop (`member stop`, grace none, 0 or a few
+    # seconds); it exits when its node says so and is started again later, as after a crash.
+    # Off by default, and then not drawn at all, so that recorded seeds replay as they did.
+    stops: float = 0.0
+    # Per step: an operator sets the pool's slots (0 to 3; fleet-wide or on one member) or
+    # resets them (`pool slots`); after healing they are reset. Off by default, and then not
+    # drawn at all, so that recorded seeds replay as they did.
+    slots: float = 0.0
 
 
 # After healing, the fleet has this long to settle before a due time missed is a failure.
@@ -234,6 +251,8 @@ class _Member:
     pressure: bool = False
     disk_full: bool = False  # as the sim's disk is; `disk_known` once the node was told
     disk_known: bool = False
+    exiting: bool = False  # its node said Exit (a stop order): it goes down after this step
+    cut: set = field(default_factory=set)  # runs its node cut, whose end is still to come
 
 
 @dataclass
@@ -324,6 +343,11 @@ class Sim:
         self.member_drains: set[str] = set()
         self.orders_sent = 0
         self.orders_lift_ms = 0
+        # Stop orders as the committed log says: member -> the boot a stop in force names, and
+        # every (member, boot) a committed stop ever named.
+        self.stopped: dict[str, str] = {}
+        self.stop_boots: set[tuple[str, str]] = set()
+        self.slots_lift_ms = 0
         # Schedules: their clients, each (schedule, due time) settled and how, the last due
         # time each settled, and when the fleet was healed.
         self.cron_clients: list[_CronClient] = []
@@ -376,6 +400,7 @@ class Sim:
             raise AssertionError(f"{m.name} started twice")
         m.inc += 1
         m.inbox, m.applied, m.running, m.links, m.view_sent = [], [], {}, {}, None
+        m.cut = set()
         m.boot = f"{m.name}.{m.inc}.{self.rng.getrandbits(32):08x}"
         if m.role == "voter":
             table = self._voter_table(m)
@@ -407,9 +432,10 @@ class Sim:
             m.applied.append(Applied(index, entry, table.apply(entry, index), prev))
         return table
 
-    def _crash(self, m: _Member) -> None:
-        self.count("crashes_" + m.role)
+    def _crash(self, m: _Member, why: str = "crashes_") -> None:
+        self.count(why + m.role)
         m.alive = False
+        m.exiting = False
         m.node = m.table = m.view_sent = None
         m.inbox, m.applied, m.running, m.links = [], [], {}, {}
         m.pressure = m.disk_full = m.disk_known = False
@@ -434,6 +460,8 @@ class Sim:
                 m.disk_known = ev.on
         for eff in node.take():
             self._effect(m, eff)
+        if m.exiting:
+            self._crash(m, "stop_exits_")  # its meshd exits; started again later
 
     def _effect(self, m: _Member, eff: Any) -> None:
         if isinstance(eff, Propose):
@@ -456,6 +484,7 @@ class Sim:
                 self.count("cuts_idle")
                 return
             self.count("cuts")
+            m.cut.add(key)
             end = ItemEnded(eff.job_id, eff.index, eff.epoch, "cut", None, 15, None, None,
                             self.now, self.now)
             m.running[key] = self._at(self.now + self.rng.randint(1, 50), "end",
@@ -480,7 +509,12 @@ class Sim:
         elif isinstance(eff, Notify):
             self.count("notices")
         elif isinstance(eff, Exit):
-            self.fail(f"{m.name} exits, though the simulator orders no member to stop")
+            if not self.cfg.stops:
+                self.fail(f"{m.name} exits, though the simulator orders no member to stop")
+            if (m.name, m.boot) not in self.stop_boots:
+                self.fail(f"{m.name} exits ({eff.why}), but no committed stop names its boot "
+                          f"{m.boot}")
+            m.exiting = True
         else:
             self.fail(f"{m.name} made an unknown effect {eff!r}")
 
@@ -672,6 +706,11 @@ class Sim:
             self._check_placement(e, index, outcome, rows)
         if self.cfg.orders and isinstance(e, dict):
             self._check_orders(e, index, outcome, before)
+        if self.cfg.stops and isinstance(e, dict):
+            self._check_stops(e, index, outcome)
+        if isinstance(e, dict) and e.get("k") == "pool" and e.get("a") == "slots" \
+                and outcome.get("ok"):
+            self.count("slots_orders_committed")
         if isinstance(e, dict) and e.get("k") == "cron" and e.get("op") == "fire" \
                 and outcome.get("ok"):
             self._check_fire(e, index, outcome)
@@ -732,7 +771,7 @@ class Sim:
         elif kind == "member" and outcome.get("ok"):
             if e["a"] == "drain":
                 self.member_drains.add(e["name"])
-            else:
+            elif e["a"] == "undrain":
                 self.member_drains.discard(e["name"])
             self.count("orders_committed")
         elif kind == "lease":
@@ -773,6 +812,65 @@ class Sim:
         self._order({"op": "pool", "action": "undrain", "pool": "default", "member": None})
         for name in sorted(self.member_drains):
             self._order({"op": "member", "action": "undrain", "name": name, "grace_s": None})
+
+    def _check_stops(self, e: dict, index: int, outcome: dict) -> None:
+        """No lease is committed to a member's incarnation after a stop naming it (until an
+        undrain calls the stop off)."""
+        kind = e.get("k")
+        if kind == "member" and outcome.get("ok"):
+            if e["a"] == "stop":
+                self.stopped[e["name"]] = e["boot"]
+                self.stop_boots.add((e["name"], e["boot"]))
+                self.count("stops_committed")
+            elif e["a"] == "undrain":
+                self.stopped.pop(e["name"], None)
+        elif kind == "lease":
+            for g in e.get("g") or ():
+                after = self._item((g[0], g[1]))
+                if after is None or after[0] != LEASED or after[1] != index:
+                    continue  # not granted by this entry
+                if self.stopped.get(g[2]) == g[3]:
+                    self.fail(f"entry {index} leased {g[0]}[{g[1]}] to {g[2]} (boot {g[3]}), "
+                              "which a committed stop order names")
+                self.count("stop_leases_checked")
+
+    def _stops(self) -> None:
+        """Now and then (while faulty) an operator orders a member to stop."""
+        rng = self.rng
+        if not self.faulty or rng.random() >= self.cfg.stops:
+            return
+        self._order({"op": "member", "action": "stop", "name": rng.choice(MEMBERS),
+                     "grace_s": rng.choice([None, None, 0.0, 0.5, 3.0])})
+        self.count("stops_sent")
+
+    def _check_slots(self, m: _Member, key: tuple) -> None:
+        """A member starts an item only while fewer items of the pool run there than its
+        effective slots (every job of the simulation is in pool "default", 2 slots)."""
+        configured = m.node.cfg.pools["default"].slots
+        n = m.table.ctl.slots_of("default", m.name, configured)
+        limit = n if n > 0 else configured
+        running = sum(1 for k in m.running if k not in m.cut)
+        if running >= limit:
+            self.fail(f"{m.name} started {key} with {running} items running, its pool's "
+                      f"effective slots being {n}")
+        self.count("slot_starts_checked")
+
+    def _slots(self) -> None:
+        """Now and then (while faulty) an operator sets or resets the pool's slots; after
+        healing, every override is reset (sent again every second until the log shows none)."""
+        rng = self.rng
+        if self.faulty:
+            if rng.random() >= self.cfg.slots:
+                return
+            n = rng.choice([None, 0, 1, 1, 2, 3])
+            self._order({"op": "pool", "action": "slots", "pool": "default",
+                         "member": rng.choice([None, *MEMBERS]), "slots": n})
+            self.count("slots_sent")
+            return
+        if self.oracle.ctl.slots and self.now >= self.slots_lift_ms:
+            self.slots_lift_ms = self.now + 1_000
+            self._order({"op": "pool", "action": "slots", "pool": "default", "member": None,
+                         "slots": None})
 
     def _order(self, req: dict) -> None:
         alive = [n for n in MEMBERS if self.members[n].alive]
@@ -950,6 +1048,8 @@ class Sim:
         key = (eff.job_id, eff.index, eff.epoch)
         if key in m.running:
             self.fail(f"{m.name} ran {key} twice")
+        if self.cfg.slots:
+            self._check_slots(m, key)
         if eff.stdin is not None and not any(eff.stdin in self.blobs[n] for n in MEMBERS):
             self.fail(f"{m.name} runs {key} whose input {eff.stdin[:12]} no member holds")
         self.count("runs")
@@ -988,6 +1088,7 @@ class Sim:
                 if m.inc != inc or not m.alive or m.running.get(key) != seq:
                     continue
                 del m.running[key]
+                m.cut.discard(key)
                 # The driver writes the outputs to the blob store before it reports the end.
                 self.blobs[name].update(d for d in (ev.stdout, ev.stderr) if d is not None)
                 m.inbox.append(ev)
@@ -1456,6 +1557,10 @@ class Sim:
         self._clients()
         if self.cfg.orders:
             self._orders()
+        if self.cfg.stops:
+            self._stops()
+        if self.cfg.slots:
+            self._slots()
         if self.cron_clients:
             self._cron_requests()
         for name in MEMBERS:
@@ -1471,6 +1576,8 @@ class Sim:
             return False
         if self.cron_clients and not self._crons_settled():
             return False
+        if any(not m.alive for m in self.members.values() if m.name not in self.gone):
+            return False  # a member that exited on a stop order, not started again yet
         for jid in self.acked:
             job = self.oracle.jobs.get(jid)
             if job is None:
@@ -1503,7 +1610,7 @@ class Sim:
         open_jobs = sorted(j for j in self.acked if j in self.oracle.jobs
                            and not self.oracle.jobs[j].finished)
         last = self.log[-1][0] if self.log else 0
-        live = [m for m in self.members.values() if m.name not in self.gone]
+        live = [m for m in self.members.values() if m.name not in self.gone and m.alive]
         behind = [m.name for m in live if m.role == "worker" and m.table.applied_index < last]
         short = self._under_copied()
         return (f"clients submitting: {[c.cid for c in self.clients if c.phase == 'submit']}; "

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from meshjobs import cron, limits
 from meshjobs.control import Answer
 from meshjobs.node import Ctl, JobNode, NodeConfig, Pool, Propose, Reply, Tick, View
+from meshjobs.node.events import Exit
 from meshjobs.sim import SimConfig, SimFailure, run
 from meshjobs.table import CANCELLED, DONE, LEASED, JobTable
 
@@ -674,3 +675,126 @@ def test_all_job_control_together(seed: int) -> None:
     for check in ("placements_checked", "order_leases_checked", "reruns_checked",
                   "cron_fires_checked", "deps_checked"):
         assert c.get(check, 0) > 0, (check, c)
+
+
+# --- members ordered to stop (issue 12 point 8: member stop) ----------------------------------
+
+STOPS = SimConfig(stops=0.01)
+
+
+@pytest.mark.parametrize("seed", (1, 2))
+def test_member_stops_safe_and_live(seed: int) -> None:
+    """Operators order members to stop during the run: each exits when its node says so and is
+    started again later; no lease is committed to a stopped incarnation, and once healed every
+    acknowledged job ends. The same seed replays the same run."""
+    report = run(seed, STOPS)
+    c = report.counts
+    assert c.get("stops_committed", 0) > 0, c
+    assert c.get("stop_exits_voter", 0) + c.get("stop_exits_worker", 0) > 0, c
+    assert c.get("stop_leases_checked", 0) > 0, c
+    assert run(seed, STOPS) == report
+
+
+def test_member_stops_with_pool_and_member_orders() -> None:
+    """Stops among holds, drains and undrains (an undrain calls a stop off)."""
+    c = run(4, replace(STOPS, orders=0.02)).counts
+    assert c.get("stops_committed", 0) > 0 and c.get("orders_committed", 0) > 0, c
+
+
+class LeaseIgnoresStopsTable(JobTable):
+    """Planted bug: the lease rule forgets stop orders, so a lease the leader proposed before
+    the stop was applied, committed after it, goes to the stopped incarnation."""
+
+    def _apply_one(self, entry: object, index: int, nested: bool) -> dict:
+        if isinstance(entry, dict) and entry.get("k") == "lease" and self.ctl.stops:
+            stops, self.ctl.stops = self.ctl.stops, {}
+            try:
+                return super()._apply_one(entry, index, nested)
+            finally:
+                self.ctl.stops = stops
+        return super()._apply_one(entry, index, nested)
+
+
+def test_planted_lease_to_a_stopped_member_is_caught() -> None:
+    """Safety check: a table that lets a stopped incarnation take leases is caught, with its
+    seed named."""
+    for seed in range(1, 8):
+        try:
+            run(seed, replace(STOPS, stops=0.05, liveness_ms_max=1_000),
+                table_cls=LeaseIgnoresStopsTable)
+        except SimFailure as e:
+            msg = str(e)
+            assert msg.startswith(f"seed={seed} ")
+            if "which a committed stop order names" in msg:
+                return
+    raise AssertionError("no seed caught a table that leases to a stopped member")
+
+
+class ExitsOnAnyStopNode(JobNode):
+    """Planted bug: the node compares a stop's member but not its boot, so a member started
+    again after a stop exits once more (and again, for ever)."""
+
+    def _stop_check(self) -> None:
+        stop = self.table.ctl.stops.get(self.cfg.member)
+        if stop is not None and stop[0] != self.cfg.boot and not self._exit_sent:
+            self._exit_sent = True
+            self._out.append(Exit("ordered to stop"))
+            return
+        super()._stop_check()
+
+
+def test_planted_exit_of_a_new_incarnation_is_caught() -> None:
+    """Safety check: a member that exits in an incarnation no committed stop names is caught."""
+    for seed in range(1, 8):
+        try:
+            run(seed, replace(STOPS, stops=0.05, liveness_ms_max=1_000),
+                node_cls=ExitsOnAnyStopNode)
+        except SimFailure as e:
+            msg = str(e)
+            assert msg.startswith(f"seed={seed} ")
+            if "no committed stop names its boot" in msg:
+                return
+    raise AssertionError("no seed caught a member that exits on another incarnation's stop")
+
+
+# --- pool slots set while running (issue 12 point 4: slots) -----------------------------------
+
+SLOTS = SimConfig(slots=0.02)
+
+
+@pytest.mark.parametrize("seed", (1, 2))
+def test_pool_slots_orders_safe_and_live(seed: int) -> None:
+    """Operators set and reset the pool's slots during the run (0 to 3, fleet-wide or on one
+    member): no member starts an item past its effective slots, and once they are reset after
+    healing every job ends."""
+    c = run(seed, SLOTS).counts
+    assert c.get("slots_orders_committed", 0) > 0, c
+    assert c.get("slot_starts_checked", 0) > 0, c
+
+
+def test_pool_slots_with_stops_and_orders() -> None:
+    """Slots orders among stops, holds and drains, in one run."""
+    c = run(6, replace(SLOTS, stops=0.01, orders=0.02)).counts
+    for check in ("slots_orders_committed", "stops_committed", "orders_committed"):
+        assert c.get(check, 0) > 0, (check, c)
+
+
+class IgnoresSlotsNode(JobNode):
+    """Planted bug: the member starts up to its configured slots, whatever the orders say."""
+
+    def _slots_here(self, pool: Pool) -> int:
+        return pool.slots
+
+
+def test_planted_slots_ignored_is_caught() -> None:
+    """Safety check: a member that starts items past its pool's effective slots is caught,
+    with its seed named."""
+    for seed in range(1, 8):
+        try:
+            run(seed, replace(SLOTS, liveness_ms_max=1_000), node_cls=IgnoresSlotsNode)
+        except SimFailure as e:
+            msg = str(e)
+            assert msg.startswith(f"seed={seed} ")
+            if "effective slots" in msg:
+                return
+    raise AssertionError("no seed caught a member that ignores slots orders")

@@ -934,7 +934,7 @@ class JobNode(LeaderDuties, Following, Feeding, Orders):
                 continue  # its pool is held here, or this member is stopping
             pool = self.cfg.pools.get(job.pool)
             if pool is not None:
-                if busy.get(pool.name, 0) >= pool.slots:
+                if busy.get(pool.name, 0) >= self._slots_here(pool):
                     continue
                 busy[pool.name] = busy.get(pool.name, 0) + 1
             runtime = job.runtime_s

@@ -61,6 +61,8 @@ class Orders:
             entry.update({"a": req["action"], "pool": pool})
             if member is not None:
                 entry["member"] = member
+            if "slots" in req:
+                entry["slots"] = req["slots"]
             return True
         name = req["name"]
         if name not in known:
@@ -131,12 +133,23 @@ class Orders:
         self._out.append(Exit(why))
 
     def _fleet_orders(self, members: dict[str, dict]) -> None:
-        """Each member's row in the fleet view says whether it is drained or stopping."""
+        """Each member's row in the fleet view says whether it is drained or stopping, and
+        gives its pools' effective slots (`pool slots` orders over its config)."""
         ctl = self.table.ctl
         for name, row in members.items():
             row["drained"] = name in ctl.drained
             boot = self._boot_of(name)
             row["stopping"] = bool(boot) and ctl.stopping(name, boot)
+            if ctl.slots and row.get("pools"):
+                row["pools"] = ctl.effective(name, row["pools"])
+                row["slots"] = sum(row["pools"].values())
+
+    def _slots_here(self, pool: Any) -> int:
+        """How many items of `pool` (a configured pool) this member runs at once: its effective
+        slots; with slots set to 0, its configured ones, so that what was leased before runs
+        to its end as in a drain (the leader leases nothing more here)."""
+        n = self.table.ctl.slots_of(pool.name, self.cfg.member, pool.slots)
+        return n if n > 0 else pool.slots
 
     def pools(self) -> dict:
         """Per pool, fleet-wide: slots, free, running, pending, held and drained (GET /pools)."""

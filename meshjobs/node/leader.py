@@ -128,11 +128,12 @@ class LeaderDuties:
             return {p: n * (1 + self._ahead(p)) for p, n in pools.items()}
 
         if not self._takes_no_work():
-            room[self.cfg.member] = cap({p.name: p.slots for p in self.cfg.pools.values()})
+            room[self.cfg.member] = cap(self.table.ctl.effective(
+                self.cfg.member, {p.name: p.slots for p in self.cfg.pools.values()}))
         for name, m in self.members.items():
             if (name != self.cfg.member and not m.pressure and not m.disk_full
                     and self._alive(name, m.boot)):
-                room[name] = cap(m.pools)
+                room[name] = cap(self.table.ctl.effective(name, m.pools))
         jobs, results = self.table.jobs, self._results
         for (jid, i), (member, _boot) in self.table.leased.items():
             pools = room.get(member)
