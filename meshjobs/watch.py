@@ -1,0 +1,285 @@
+"""`meshctl watch`: the IO edge of meshjobs.watchplan. It looks at folders, submits the jobs the
+plan says, follows them and keeps their results beside each file.
+
+Rules:
+- All decisions are the plan's (meshjobs/watchplan.py); this module lists folders, reads and
+  writes the hidden state files, talks HTTP to one member and sleeps.
+- Submits are idempotent: the job id is derived from the file (and the Idempotency-Key is that
+  id), so a POST answered "already there" is a job to follow like one just made.
+- A state file is written whole under a temporary name, synced, then renamed: a crash leaves the
+  old state or the new one, never half of one (a lost one only costs a submit meshd dedupes).
+- Folders are watched with inotify (watchfiles) where it works, and rescanned every `rescan`
+  seconds in any case: network filesystems send no events.
+- One summary log line per scan of a watch; structlog JSON when not on a terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from meshjobs import limits
+from meshjobs.watchplan import (
+    END_STATES,
+    Config,
+    FileFact,
+    Plan,
+    Snapshot,
+    Submit,
+    Watch,
+    ended,
+    plan,
+)
+
+try:  # inotify (and the other platforms' file events); without it, rescans only
+    import watchfiles
+except ImportError:  # pragma: no cover - the dependency is declared; this is a broken install
+    watchfiles = None  # type: ignore[assignment]
+
+TICK_S_MAX = 1.0  # the loop looks at its deadlines at least this often
+
+
+@dataclass
+class WatchState:
+    """What the watcher keeps of one watch in memory: the jobs it follows (lost on a crash, which
+    the derived ids make harmless) and how many of its jobs have ended."""
+
+    following: dict[str, Submit] = field(default_factory=dict)
+    generations: dict[tuple[int, int], int] = field(default_factory=dict)
+    ended: int = 0
+    next_scan: float = 0.0
+    next_refresh: float = 0.0
+
+
+def snapshot(watch: Watch) -> tuple[Snapshot, int]:
+    """The files of the watch's folder and the text of its state files; and how many entries were
+    left out (past watch_files_max, or not regular files)."""
+    files: dict[str, FileFact] = {}
+    states: dict[str, str | None] = {}
+    prefix = f"._{watch.name}_"
+    left = 0
+    with os.scandir(watch.path) as it:
+        for entry in it:
+            if len(files) + len(states) >= limits.watch_files_max:
+                left += 1
+                continue
+            try:
+                if not entry.is_file():
+                    continue
+                st = entry.stat()
+            except OSError:
+                continue  # gone between the listing and the stat: the next scan sees it
+            if entry.name.startswith("._"):
+                if entry.name.startswith(prefix):
+                    states[entry.name] = _read_state(entry.path, st.st_size)
+                continue
+            files[entry.name] = FileFact(st.st_mtime_ns, st.st_size)
+    return Snapshot(files, states), left
+
+
+def _read_state(path: str, size: int) -> str | None:
+    if size > limits.watch_state_bytes_max:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read(limits.watch_state_bytes_max + 1).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def write_file(folder: str, name: str, text: str) -> None:
+    """`name` in `folder` replaced whole by `text`: written aside, synced, renamed."""
+    final = os.path.join(folder, name)
+    tmp = f"{final}.part"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, text.encode("utf-8", "surrogateescape"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, final)
+
+
+def remove_file(folder: str, name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(folder, name))
+
+
+class Watcher:
+    """Runs the watches of one config against one member (`client`: meshjobs.cli.Client)."""
+
+    def __init__(self, config: Config, client: Any, log: Any, dry_run: bool = False,
+                 out: IO[str] | None = None, clock: Callable[[], float] = time.monotonic,
+                 wall_ns: Callable[[], int] = time.time_ns) -> None:
+        self.config = config
+        self.client = client
+        self.log = log
+        self.dry_run = dry_run
+        self.out = out
+        self.clock = clock
+        self.wall_ns = wall_ns
+        self.states = {w.name: WatchState() for w in config.watches}
+        self.failed = 0  # jobs seen ending failed or dep_failed
+
+    # --- one watch ---------------------------------------------------------------------------
+    def scan(self, watch: Watch) -> Plan:
+        """Look at the folder, apply the plan: removes, writes, submits; log one summary line."""
+        st = self.states[watch.name]
+        try:
+            snap, left = snapshot(watch)
+        except OSError as e:
+            self.log.warning("watch_scan_failed", watch=watch.name, path=watch.path,
+                             error=f"{e.strerror or e}: check that the folder exists and is "
+                                   "readable; retrying at the next rescan")
+            return Plan([], [], [], [], {})
+        p = plan(watch, snap, self.wall_ns(), frozenset(st.following), st.generations)
+        failed = 0
+        if not self.dry_run:
+            for name in p.removes:
+                remove_file(watch.path, name)
+            for name, text in p.writes:
+                write_file(watch.path, name, text)
+        for sub in p.submits:
+            if self.dry_run:
+                if self.out is not None:
+                    self.out.write(json.dumps({"watch": watch.name, "file": sub.filename,
+                                               "index": sub.index, "submit": sub.body}) + "\n")
+                continue
+            if not self._submit(watch, sub):
+                failed += 1
+        for problem in p.problems[:limits.watch_jobs_max]:
+            self.log.warning("watch_problem", watch=watch.name, problem=problem)
+        self.log.info("watch_scan", watch=watch.name, following=len(st.following),
+                      ended=st.ended, submit_failed=failed, left_out=left,
+                      removed=0 if self.dry_run else len(p.removes),
+                      written=0 if self.dry_run else len(p.writes), **p.counts)
+        return p
+
+    def _submit(self, watch: Watch, sub: Submit) -> bool:
+        from meshjobs.cli import Failure
+        self.client.key = sub.job_id  # a retried POST is the same request to meshd
+        try:
+            answer = self.client.json("POST", "/jobs", sub.body)
+        except Failure as e:
+            self.log.warning("watch_submit_failed", watch=watch.name, job=sub.job_id,
+                             file=sub.filename, error=e.message)
+            return False
+        self.states[watch.name].following[sub.job_id] = sub
+        self.log.info("watch_submitted", watch=watch.name, job=sub.job_id, file=sub.filename,
+                      index=sub.index, attempt=sub.attempt,
+                      new=bool(answer.get("new", True)) if isinstance(answer, dict) else None)
+        return True
+
+    def refresh(self, watch: Watch) -> tuple[int, bool]:
+        """Ask after every job followed; keep the result of each that ended. Returns how many
+        ended, and whether one of them ended in a way that moves files on (not a failure, whose
+        retry waits for the next rescan)."""
+        from meshjobs.cli import Failure
+        st = self.states[watch.name]
+        count = 0
+        moves = False
+        for jid, sub in list(st.following.items()):
+            try:
+                record = self.client.json("GET", f"/jobs/{urllib.parse.quote(jid, safe='')}")
+            except Failure as e:
+                if e.exit_code == 3:  # forgotten before we saw its end: the next scan decides
+                    self.log.warning("watch_job_gone", watch=watch.name, job=jid,
+                                     error=e.message)
+                    del st.following[jid]
+                    continue
+                self.log.warning("watch_refresh_failed", watch=watch.name, job=jid,
+                                 error=e.message)
+                break  # the member is away: ask again at the next refresh
+            state = record.get("state") if isinstance(record, dict) else None
+            if state not in END_STATES:
+                continue
+            writes, removes = ended(watch, sub, record)
+            for name in removes:
+                remove_file(watch.path, name)
+            for name, text in writes:
+                write_file(watch.path, name, text)
+            del st.following[jid]
+            if not sub.filename:
+                st.generations[(sub.index, sub.list)] = sub.mtime_ns + 1
+            st.ended += 1
+            count += 1
+            moves = moves or state not in ("failed", "dep_failed")
+            self.failed += state in ("failed", "dep_failed")
+            self.log.info("watch_job_ended", watch=watch.name, job=jid, file=sub.filename,
+                          index=sub.index, state=state)
+        return count, moves
+
+    def counted_out(self, watch: Watch) -> bool:
+        return watch.count is not None and self.states[watch.name].ended >= watch.count
+
+    # --- the loop ----------------------------------------------------------------------------
+    def once(self) -> int:
+        """One scan of every watch, then follow what it submitted until all of it ended.
+        Returns the number of jobs that ended failed (or dep_failed)."""
+        for w in self.config.watches:
+            self.scan(w)
+        if self.dry_run:
+            return 0
+        while any(self.states[w.name].following for w in self.config.watches):
+            for w in self.config.watches:
+                self.refresh(w)
+            if any(self.states[w.name].following for w in self.config.watches):
+                time.sleep(min(min(w.refresh for w in self.config.watches), TICK_S_MAX))
+        return self.failed
+
+    def run(self, events: bool = True) -> None:
+        """Scan, follow, rescan, until every watch with a `count` has reached it (or forever)."""
+        watches = list(self.config.watches)
+        for w in watches:
+            self.scan(w)
+            now = self.clock()
+            self.states[w.name].next_scan = now + w.rescan
+            self.states[w.name].next_refresh = now + w.refresh
+        for changed in self._wakeups(events):
+            now = self.clock()
+            for w in list(watches):
+                st = self.states[w.name]
+                scan_now = now >= st.next_scan or w.path in changed
+                if now >= st.next_refresh:
+                    st.next_refresh = now + w.refresh
+                    n, moves = self.refresh(w)
+                    scan_now = scan_now or moves
+                if self.counted_out(w):
+                    self.log.info("watch_count_reached", watch=w.name, count=w.count)
+                    watches.remove(w)
+                    continue
+                if scan_now:
+                    self.scan(w)
+                    st.next_scan = self.clock() + w.rescan
+            if not watches:
+                return
+
+    def _wakeups(self, events: bool) -> Iterator[set[str]]:
+        """The folders with file events since the last wakeup (empty: a tick)."""
+        tick_s = min([TICK_S_MAX, *(w.refresh for w in self.config.watches)])
+        paths = sorted({w.path for w in self.config.watches})
+        if events and watchfiles is not None:
+            try:
+                for changes in watchfiles.watch(
+                        *paths, watch_filter=_not_state_file, recursive=False,
+                        debounce=int(tick_s * 1000), rust_timeout=int(tick_s * 1000),
+                        yield_on_timeout=True, raise_interrupt=False):
+                    yield {os.path.dirname(p) for _, p in changes}
+                return
+            except (OSError, RuntimeError) as e:
+                self.log.warning("watch_events_unavailable", error=str(e),
+                                 fallback="rescans every rescan seconds")
+        while True:
+            time.sleep(tick_s)
+            yield set()
+
+
+def _not_state_file(change: Any, path: str) -> bool:
+    """File events worth a scan: not our own state files (nor their temporary names)."""
+    return not os.path.basename(path).startswith("._")

@@ -1,0 +1,226 @@
+"""`meshctl watch` against a real member (issue 13): files in, jobs out, results beside each
+file, nothing run twice, also when the watcher is killed between its submit and its state file.
+
+Every job appends one line to a run log, so "ran exactly once" is counted from what the programs
+did, not from what the watcher says.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.fleet import env_with_path, wait_until
+
+pytestmark = pytest.mark.fleet
+
+
+def config(folder: str, **watch) -> dict:
+    """A watch of `folder` whose job appends "<index> <filename>" to folder/../ran.log."""
+    ran = os.path.join(os.path.dirname(folder), "ran.log")
+    base = {"path": folder, "glob": "*.in", "refresh": 0.2, "rescan": 1,
+            "jobs": [{"argv": ["sh", "-c", f"echo \"%(index)s %(filename)s\" >> {ran}"]}]}
+    base.update(watch)
+    return {"name": "t", "watch": {"w": base}}
+
+
+def write_config(tmp_path, cfg: dict, name: str = "watch.json") -> str:
+    path = os.path.join(str(tmp_path), name)
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+def ran(folder: str) -> list[str]:
+    try:
+        with open(os.path.join(os.path.dirname(folder), "ran.log")) as f:
+            return sorted(f.read().splitlines())
+    except FileNotFoundError:
+        return []
+
+
+def states(folder: str) -> list[str]:
+    return sorted(n for n in os.listdir(folder) if n.startswith("._"))
+
+
+def put(folder: str, name: str, text: str = "x", age_s: float = 0) -> None:
+    path = os.path.join(folder, name)
+    with open(path, "w") as f:
+        f.write(text)
+    if age_s:
+        t = time.time() - age_s
+        os.utime(path, (t, t))
+
+
+def jobs_of(m) -> list[dict]:
+    status, page = m.request("GET", "/jobs?limit=1000")
+    assert status == 200, page
+    return page["jobs"] if isinstance(page, dict) else page
+
+
+@pytest.fixture
+def folder(tmp_path) -> str:
+    path = os.path.join(str(tmp_path), "in")
+    os.makedirs(path)
+    return path
+
+
+def start_watcher(m, *args: str) -> subprocess.Popen:
+    env = env_with_path()
+    env.pop("MESHJOBS_AT", None)
+    return subprocess.Popen([sys.executable, "-m", "meshjobs.cli", "--at", m.url, "watch", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def test_once_processes_a_folder_and_never_twice(meshd, folder, tmp_path) -> None:
+    """--once: one scan, wait for the jobs, exit 0; results are kept beside each file in
+    ._<name>_<n>_<filename>.done; a second run submits nothing and runs nothing."""
+    put(folder, "a.in")
+    put(folder, "b.in")
+    put(folder, "c.out")
+    cfg = write_config(tmp_path, config(folder))
+    r = meshd.ctl("watch", "--once", cfg)
+    assert r.returncode == 0, r.stderr.decode()
+    assert ran(folder) == ["0 a.in", "0 b.in"]
+    assert states(folder) == ["._t-w_0_a.in.done", "._t-w_0_b.in.done"]
+    rec = json.load(open(os.path.join(folder, "._t-w_0_a.in.done")))
+    assert rec["state"] == "done" and rec["job"]["state"] == "done"
+    assert rec["watch"]["file"] == "a.in" and rec["watch"]["attempt"] == 0
+    before = len(jobs_of(meshd))
+    r = meshd.ctl("watch", "--once", cfg)
+    assert r.returncode == 0 and ran(folder) == ["0 a.in", "0 b.in"]
+    assert len(jobs_of(meshd)) == before
+    summary = [json.loads(line) for line in r.stderr.decode().splitlines()
+               if '"watch_scan"' in line]
+    assert summary and summary[0]["submits"] == 0 and summary[0]["processed"] == 2
+
+
+def test_dry_run_changes_nothing(meshd, folder, tmp_path) -> None:
+    """--dry-run prints the submits one scan would make and submits and writes nothing."""
+    put(folder, "a.in")
+    cfg = write_config(tmp_path, config(folder))
+    r = meshd.ctl("watch", "--dry-run", cfg)
+    assert r.returncode == 0, r.stderr.decode()
+    (line,) = r.stdout.decode().splitlines()
+    out = json.loads(line)
+    assert out["file"] == "a.in" and out["submit"]["id"].startswith("t-w-0-a.in.")
+    assert jobs_of(meshd) == [] and states(folder) == []
+
+
+def test_overrides_toml_and_bad_config(meshd, folder, tmp_path) -> None:
+    """A TOML config with key=value overrides runs; a broken config exits 2 naming every error."""
+    toml = os.path.join(str(tmp_path), "w.toml")
+    with open(toml, "w") as f:
+        f.write(f'name = "t"\n[watch.w]\npath = "{folder}"\nglob = "*.nope"\n'
+                f'jobs = [{{args = ["true"]}}]\n')
+    put(folder, "a.in")
+    r = meshd.ctl("watch", "--dry-run", "watch.w.glob=*.in", toml)
+    assert r.returncode == 0 and json.loads(r.stdout)["file"] == "a.in", r.stderr.decode()
+    bad = write_config(tmp_path, {"watch": {"w": {"path": folder, "glob": "a/b", "jobs": [
+        {"argv": ["x", "%(nope)s"]}], "refresh": -1}}}, "bad.json")
+    r = meshd.ctl("watch", "--once", bad)
+    err = r.stderr.decode()
+    assert r.returncode == 2 and "watch.w.glob" in err and "%(nope)s" in err
+    assert "watch.w.refresh" in err and "Traceback" not in err
+
+
+def test_retry_of_a_failing_command(meshd, folder, tmp_path) -> None:
+    """retry (default): a failed job is kept in .failed and submitted again (a new attempt, a new
+    id) at the next scan; once done, .failed gives way to .done. retry=0 leaves it failed."""
+    put(folder, "a.in")
+    count = os.path.join(str(tmp_path), "count")
+    cmd = f"n=$(cat {count} 2>/dev/null || echo 0); echo $((n+1)) > {count}; [ $n -ge 1 ]"
+    cfg = write_config(tmp_path, config(folder, jobs=[{"argv": ["sh", "-c", cmd]}]))
+    r = meshd.ctl("watch", "--once", cfg)
+    assert r.returncode == 1 and states(folder) == ["._t-w_0_a.in.failed"]
+    r = meshd.ctl("watch", "--once", "watch.w.retry=0", cfg)
+    assert r.returncode == 0 and open(count).read().strip() == "1"  # not retried
+    r = meshd.ctl("watch", "--once", cfg)
+    assert r.returncode == 0 and states(folder) == ["._t-w_0_a.in.done"]
+    rec = json.load(open(os.path.join(folder, "._t-w_0_a.in.done")))
+    assert rec["watch"]["attempt"] == 1 and open(count).read().strip() == "2"
+
+
+def test_filesets_skip_and_updated(meshd, folder, tmp_path) -> None:
+    """Filesets run when complete (partial: when the first list has the file), skip marks a set
+    done without a job, updated runs jobs[0] again when the mtime changes."""
+    ranlog = os.path.join(str(tmp_path), "ran.log")
+    cfg = config(folder, glob=["*.foo", "*.bar"], split=".", match=2, skip="out", updated=True,
+                 jobs=[{"argv": ["sh", "-c", f"echo \"%(index)s %(fileset)s\" >> {ranlog}"]}])
+    path = write_config(tmp_path, cfg)
+    for name in ("d.00.foo", "d.00.bar", "d.01.foo", "d.02.foo", "d.02.bar", "d.02.out"):
+        put(folder, name, age_s=100)
+    assert meshd.ctl("watch", "--once", path).returncode == 0
+    assert ran(folder) == ["0 d.00.foo d.00.bar"]
+    assert "._t-w_0_d.02.foo.done" in states(folder)  # skipped, marked done
+    assert meshd.ctl("watch", "--once", "watch.w.partial=true", path).returncode == 0
+    assert ran(folder) == ["0 d.00.foo d.00.bar", "0 d.01.foo"]
+    put(folder, "d.00.foo", "changed")  # a new mtime
+    assert meshd.ctl("watch", "--once", path).returncode == 0
+    assert ran(folder) == ["0 d.00.foo d.00.bar", "0 d.00.foo d.00.bar", "0 d.01.foo"]
+    os.unlink(os.path.join(folder, "d.00.foo"))
+    assert meshd.ctl("watch", "--once", path).returncode == 0
+    assert not any("d.00.foo" in s for s in states(folder))  # cleaned up with the file
+
+
+def test_files_arriving_and_the_chain(meshd, folder, tmp_path) -> None:
+    """A running watcher: files arriving over time get jobs[0]; each older file moves down and
+    gets jobs[1]; every (index, file) ran exactly once. `count` ends the watcher."""
+    ranlog = os.path.join(str(tmp_path), "ran.log")
+    jobs = [{"argv": ["sh", "-c", f"echo \"%(index)s %(filename)s\" >> {ranlog}"]}] * 2
+    path = write_config(tmp_path, config(folder, jobs=jobs, count=5))
+    proc = start_watcher(meshd, path)
+    try:
+        put(folder, "1.in")
+        wait_until(lambda: ran(folder) == ["0 1.in"], what="1.in's jobs[0]")
+        put(folder, "2.in")
+        wait_until(lambda: ran(folder) == ["0 1.in", "0 2.in", "1 1.in"], what="the chain")
+        put(folder, "3.in")
+        wait_until(lambda: len(ran(folder)) == 5, what="3.in's jobs[0] and 2.in's jobs[1]")
+        proc.wait(timeout=60)  # count: 5 jobs ended
+        assert proc.returncode == 0, proc.stderr.read().decode()
+    finally:
+        stop(proc)
+    assert ran(folder) == ["0 1.in", "0 2.in", "0 3.in", "1 1.in", "1 2.in"]
+
+
+def test_killed_between_submit_and_state_file(meshd, folder, tmp_path) -> None:
+    """The watcher killed (kill -9) after its submit and before the job's state file, then
+    restarted: the same derived id is submitted, meshd answers it exists, the result is kept;
+    the program ran once."""
+    gate = os.path.join(str(tmp_path), "gate")
+    ranlog = os.path.join(str(tmp_path), "ran.log")
+    cmd = f"while [ ! -f {gate} ]; do sleep 0.05; done; echo \"%(filename)s\" >> {ranlog}"
+    path = write_config(tmp_path, config(folder, jobs=[{"argv": ["sh", "-c", cmd]}]))
+    put(folder, "a.in")
+    proc = start_watcher(meshd, path)
+    try:
+        wait_until(lambda: [j for j in jobs_of(meshd) if j["state"] == "running"],
+                   what="the job running")
+    finally:
+        stop(proc)  # kill -9: its state in memory is lost
+    assert states(folder) == []
+    open(gate, "w").close()
+    (job,) = jobs_of(meshd)
+    meshd.wait_job(job["id"])
+    r = meshd.ctl("watch", "--once", path)
+    assert r.returncode == 0, r.stderr.decode()
+    submitted = [json.loads(line)["job"] for line in r.stderr.decode().splitlines()
+                 if '"watch_submitted"' in line]
+    assert submitted == [job["id"]]  # the same derived id, answered by the job that exists
+    assert states(folder) == ["._t-w_0_a.in.done"]
+    assert ran(folder) == ["a.in"] and len(jobs_of(meshd)) == 1
+    assert meshd.ctl("watch", "--once", path).returncode == 0 and ran(folder) == ["a.in"]
