@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from click import ClickException
+
 from meshjobs import limits
 from meshjobs.watchplan import (
     END_STATES,
@@ -112,7 +114,8 @@ def remove_file(folder: str, name: str) -> None:
 
 
 class Watcher:
-    """Runs the watches of one config against one member (`client`: meshjobs.cli.Client)."""
+    """Runs the watches of one config against one member (`client`: meshjobs.cli.Client, whose
+    failures are ClickExceptions with a message and an exit code)."""
 
     def __init__(self, config: Config, client: Any, log: Any, dry_run: bool = False,
                  out: IO[str] | None = None, clock: Callable[[], float] = time.monotonic,
@@ -162,11 +165,10 @@ class Watcher:
         return p
 
     def _submit(self, watch: Watch, sub: Submit) -> bool:
-        from meshjobs.cli import Failure
         self.client.key = sub.job_id  # a retried POST is the same request to meshd
         try:
             answer = self.client.json("POST", "/jobs", sub.body)
-        except Failure as e:
+        except ClickException as e:
             self.log.warning("watch_submit_failed", watch=watch.name, job=sub.job_id,
                              file=sub.filename, error=e.message)
             return False
@@ -180,14 +182,13 @@ class Watcher:
         """Ask after every job followed; keep the result of each that ended. Returns how many
         ended, and whether one of them ended in a way that moves files on (not a failure, whose
         retry waits for the next rescan)."""
-        from meshjobs.cli import Failure
         st = self.states[watch.name]
         count = 0
         moves = False
         for jid, sub in list(st.following.items()):
             try:
                 record = self.client.json("GET", f"/jobs/{urllib.parse.quote(jid, safe='')}")
-            except Failure as e:
+            except ClickException as e:
                 if e.exit_code == 3:  # forgotten before we saw its end: the next scan decides
                     self.log.warning("watch_job_gone", watch=watch.name, job=jid,
                                      error=e.message)

@@ -25,7 +25,8 @@ def config(folder: str, **watch) -> dict:
     """A watch of `folder` whose job appends "<index> <filename>" to folder/../ran.log."""
     ran = os.path.join(os.path.dirname(folder), "ran.log")
     base = {"path": folder, "glob": "*.in", "refresh": 0.2, "rescan": 1,
-            "jobs": [{"argv": ["sh", "-c", f"echo \"%(index)s %(filename)s\" >> {ran}"]}]}
+            "jobs": [{"argv": ["sh", "-c", f"echo \"$1 $2\" >> {ran}", "sh", "%(index)s",
+                               "%(filename)s"]}]}
     base.update(watch)
     return {"name": "t", "watch": {"w": base}}
 
@@ -72,11 +73,21 @@ def folder(tmp_path) -> str:
 
 
 def start_watcher(m, *args: str) -> subprocess.Popen:
+    """A long-running `meshctl watch`; its log goes to watch.log beside the member's data (a pipe
+    nobody reads would fill and stop it)."""
     env = env_with_path()
     env.pop("MESHJOBS_AT", None)
-    return subprocess.Popen([sys.executable, "-m", "meshjobs.cli", "--at", m.url, "watch", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            start_new_session=True)
+    log_path = os.path.join(os.path.dirname(m.data.rstrip("/")), "watch.log")
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "meshjobs.cli", "--at", m.url, "watch",
+                                 *args], stdout=log, stderr=log, env=env, start_new_session=True)
+    proc.log_path = log_path  # type: ignore[attr-defined]
+    return proc
+
+
+def watch_log(proc: subprocess.Popen) -> str:
+    with open(proc.log_path) as f:  # type: ignore[attr-defined]
+        return f.read()
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -191,7 +202,7 @@ def test_files_arriving_and_the_chain(meshd, folder, tmp_path) -> None:
         put(folder, "3.in")
         wait_until(lambda: len(ran(folder)) == 5, what="3.in's jobs[0] and 2.in's jobs[1]")
         proc.wait(timeout=60)  # count: 5 jobs ended
-        assert proc.returncode == 0, proc.stderr.read().decode()
+        assert proc.returncode == 0, watch_log(proc)
     finally:
         stop(proc)
     assert ran(folder) == ["0 1.in", "0 2.in", "0 3.in", "1 1.in", "1 2.in"]
@@ -224,3 +235,95 @@ def test_killed_between_submit_and_state_file(meshd, folder, tmp_path) -> None:
     assert states(folder) == ["._t-w_0_a.in.done"]
     assert ran(folder) == ["a.in"] and len(jobs_of(meshd)) == 1
     assert meshd.ctl("watch", "--once", path).returncode == 0 and ran(folder) == ["a.in"]
+
+
+def test_killed_at_random_points_and_restarted(meshd, folder, tmp_path) -> None:
+    """The watcher killed (kill -9) at seeded random points while files arrive and a chain
+    jobs[0]/jobs[1] moves them down, then restarted: each (index, file) ran exactly once."""
+    import random
+    seed = random.randrange(2**32)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    ranlog = os.path.join(str(tmp_path), "ran.log")
+    jobs = [{"argv": ["sh", "-c", f"echo \"%(index)s %(filename)s\" >> {ranlog}"]}] * 2
+    path = write_config(tmp_path, config(folder, jobs=jobs))
+    names = [f"{i}.in" for i in range(1, 6)]
+    for name in names:
+        proc = start_watcher(meshd, path)
+        try:
+            put(folder, name)
+            # The kill point itself is what is drawn: a crash at any moment, not a wait.
+            time.sleep(rng.uniform(0, 1.5))
+        finally:
+            stop(proc)
+    for _ in range(len(jobs) + 1):  # run_all: one index per scan of a file
+        r = meshd.ctl("watch", "--once", path)
+        assert r.returncode == 0, r.stderr.decode()
+    expected = sorted([f"0 {n}" for n in names] + [f"1 {n}" for n in names[:-1]])
+    assert ran(folder) == expected, f"seed {seed}"
+    r = meshd.ctl("watch", "--once", path)
+    assert ran(folder) == expected and '"submits": 0' in r.stderr.decode()
+
+
+def test_member_restart(tmp_path, folder) -> None:
+    """The member stopped and started again under a running watcher: submits and refreshes that
+    fail are logged and tried again; every file's job runs once."""
+    from tests.fleet import Meshd, free_port
+    m = Meshd(os.path.join(str(tmp_path), "m1"), http=f"127.0.0.1:{free_port()}")
+    try:
+        m.start()
+        path = write_config(tmp_path, config(folder))
+        proc = start_watcher(m, path)
+        try:
+            put(folder, "1.in")
+            wait_until(lambda: states(folder) == ["._t-w_0_1.in.done"], what="1.in done")
+            assert m.terminate() == 0
+            put(folder, "2.in")
+            m.start()
+            wait_until(lambda: "._t-w_0_2.in.done" in states(folder),
+                       what=f"2.in done; the watcher's log:\n{watch_log(proc)[-3000:]}")
+        finally:
+            stop(proc)
+        assert ran(folder) == ["0 1.in", "0 2.in"]
+    finally:
+        m.stop()
+
+
+def test_polling_and_always_running(meshd, folder, tmp_path) -> None:
+    """--poll: rescans only, still processes files. A watch without globs keeps its job running:
+    each time it ends, the next one is submitted (count ends the watcher)."""
+    path = write_config(tmp_path, config(folder))
+    proc = start_watcher(meshd, "--poll", path)
+    try:
+        put(folder, "p.in")
+        wait_until(lambda: ran(folder) == ["0 p.in"], what="p.in by polling")
+    finally:
+        stop(proc)
+    ranlog = os.path.join(str(tmp_path), "ran.log")
+    cfg = {"watch": {"svc": {"path": folder, "refresh": 0.2, "count": 3, "jobs": [
+        {"argv": ["sh", "-c", f"echo svc >> {ranlog}"]}]}}}
+    proc = start_watcher(meshd, write_config(tmp_path, cfg, "svc.json"))
+    try:
+        assert proc.wait(timeout=60) == 0, watch_log(proc)
+    finally:
+        stop(proc)
+    assert ran(folder).count("svc") == 3
+    assert len({j["id"] for j in jobs_of(meshd) if j["id"].startswith("svc-")}) == 3
+
+
+def test_hostile_folder(meshd, folder, tmp_path) -> None:
+    """Garbage state files, odd names and a missing folder neither crash the watcher nor run a
+    processed file again."""
+    odd = "sp ace é'\";$(x).in"
+    put(folder, odd)
+    put(folder, "._t-w_0_gone.in.done", "x" * (1 << 20))  # huge, and its file is gone
+    put(folder, "._t-w_0_done.in.done", "{not json")  # damaged: still done
+    put(folder, "done.in")
+    missing = os.path.join(str(tmp_path), "missing")
+    cfg = config(folder)
+    cfg["watch"]["m"] = {"path": missing, "glob": "*", "jobs": [{"argv": ["true"]}]}
+    r = meshd.ctl("watch", "--once", write_config(tmp_path, cfg))
+    assert r.returncode == 0, r.stderr.decode()
+    assert "watch_scan_failed" in r.stderr.decode()
+    assert ran(folder) == [f"0 {odd}"]
+    assert states(folder) == sorted(["._t-w_0_done.in.done", f"._t-w_0_{odd}.done"])
