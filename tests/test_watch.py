@@ -327,3 +327,18 @@ def test_hostile_folder(meshd, folder, tmp_path) -> None:
     assert "watch_scan_failed" in r.stderr.decode()
     assert ran(folder) == [f"0 {odd}"]
     assert states(folder) == sorted(["._t-w_0_done.in.done", f"._t-w_0_{odd}.done"])
+
+
+def test_readme_example(meshd, folder, tmp_path) -> None:
+    """The README's watch (gzip every *.log a minute old) processes a folder as shown."""
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")).read()
+    start = readme.index("$ cat gz.json\n") + len("$ cat gz.json\n")
+    cfg = json.loads(readme[start:readme.index("$ meshctl watch --dry-run gz.json")])
+    cfg["watch"]["logs"]["path"] = folder
+    path = write_config(tmp_path, cfg, "gz.json")
+    put(folder, "a.log", "hello\n", age_s=100)
+    put(folder, "b.log", "too new\n")
+    r = meshd.ctl("watch", "--once", path)
+    assert r.returncode == 0, r.stderr.decode()
+    assert sorted(os.listdir(folder)) == ["._lab-logs_0_a.log.done", "a.log", "a.log.gz",
+                                          "b.log"]
