@@ -277,3 +277,4 @@ watch_period_s_max = 7 * 24 * 3600  # the longest refresh, rescan, min_age or ma
 watch_count_max = 10**9  # the largest `count`
 watch_inflight_max = 10_000  # jobs one watcher follows at once; more wait for a later scan
 watch_id_hash_chars = 16  # hex digits of the digest that ends every derived job id
+watch_state_name_bytes_max = 255  # NAME_MAX: a file whose state file name is longer is not run
