@@ -1739,7 +1739,8 @@ def cron_resume(ctx: click.Context, name: str, as_json: bool) -> None:
 @cli.command("watch", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("args", metavar="[KEY=VALUE]... CONFIG...", nargs=-1, required=True)
 @click.option("--once", is_flag=True,
-              help="One scan, wait for the jobs it submitted, exit (1 if one failed).")
+              help="One scan, wait for the jobs it submitted, exit (1 if one failed, 4 if "
+                   "the member could not be reached, 2 if it refused a submit).")
 @click.option("--dry-run", "dry_run", is_flag=True,
               help="Print the jobs one scan would submit (JSON lines); change nothing.")
 @click.option("--at", "watch_at", metavar="URL", help="The member to submit to (else the global "
@@ -1794,8 +1795,7 @@ def watch_cmd(ctx: click.Context, args: tuple[str, ...], once: bool, dry_run: bo
     watcher = Watcher(config, client, structlog.get_logger("meshjobs.watch"), dry_run=dry_run,
                       out=sys.stdout)
     if dry_run or once:
-        failed = watcher.once()
-        ctx.exit(1 if failed else 0)
+        ctx.exit(watcher.once())
     try:
         watcher.run(events=not poll)
     except KeyboardInterrupt:

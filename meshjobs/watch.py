@@ -129,6 +129,7 @@ class Watcher:
         self.wall_ns = wall_ns
         self.states = {w.name: WatchState() for w in config.watches}
         self.failed = 0  # jobs seen ending failed or dep_failed
+        self.submit_exit = 0  # the exit code of the last refused or unanswered submit (meshctl's)
 
     # --- one watch ---------------------------------------------------------------------------
     def scan(self, watch: Watch) -> Plan:
@@ -171,6 +172,7 @@ class Watcher:
         except ClickException as e:
             self.log.warning("watch_submit_failed", watch=watch.name, job=sub.job_id,
                              file=sub.filename, error=e.message)
+            self.submit_exit = e.exit_code
             return False
         self.states[watch.name].following[sub.job_id] = sub
         self.log.info("watch_submitted", watch=watch.name, job=sub.job_id, file=sub.filename,
@@ -222,7 +224,8 @@ class Watcher:
     # --- the loop ----------------------------------------------------------------------------
     def once(self) -> int:
         """One scan of every watch, then follow what it submitted until all of it ended.
-        Returns the number of jobs that ended failed (or dep_failed)."""
+        Returns the exit code: that of a submit that failed (4: the member unreachable, 2:
+        refused), else 1 if a job ended failed (or dep_failed), else 0."""
         for w in self.config.watches:
             self.scan(w)
         if self.dry_run:
@@ -232,7 +235,7 @@ class Watcher:
                 self.refresh(w)
             if any(self.states[w.name].following for w in self.config.watches):
                 time.sleep(min(min(w.refresh for w in self.config.watches), TICK_S_MAX))
-        return self.failed
+        return self.submit_exit or (1 if self.failed else 0)
 
     def run(self, events: bool = True) -> None:
         """Scan, follow, rescan, until every watch with a `count` has reached it (or forever)."""

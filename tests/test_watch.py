@@ -342,3 +342,31 @@ def test_readme_example(meshd, folder, tmp_path) -> None:
     assert r.returncode == 0, r.stderr.decode()
     assert sorted(os.listdir(folder)) == ["._lab-logs_0_a.log.done", "a.log", "a.log.gz",
                                           "b.log"]
+
+
+def test_member_from_config_or_at(meshd, folder, tmp_path) -> None:
+    """The member is the watch's --at, else the global --at or MESHJOBS_AT, else the config's
+    client.at; a missing config file is exit 2 with its name."""
+    put(folder, "a.in")
+    cfg = config(folder)
+    cfg["client"] = {"at": meshd.url}
+    path = write_config(tmp_path, cfg)
+    env = env_with_path()
+    env.pop("MESHJOBS_AT", None)
+    run = [sys.executable, "-m", "meshjobs.cli"]
+    r = subprocess.run([*run, "watch", "--once", path], capture_output=True, env=env, timeout=60)
+    assert r.returncode == 0 and ran(folder) == ["0 a.in"], r.stderr.decode()
+    cfg["client"] = {"at": "http://127.0.0.1:9"}  # nothing listens there
+    path = write_config(tmp_path, cfg)
+    put(folder, "b.in")
+    r = subprocess.run([*run, "watch", "--once", path], capture_output=True, env=env, timeout=60)
+    assert r.returncode == 4 and "cannot reach meshd" in r.stderr.decode()
+    r = subprocess.run([*run, "watch", "--once", "--at", meshd.url, path], capture_output=True,
+                       env=env, timeout=60)
+    assert r.returncode == 0 and ran(folder) == ["0 a.in", "0 b.in"], r.stderr.decode()
+    put(folder, "c.in")
+    r = subprocess.run([*run, "watch", "--once", path], capture_output=True,
+                       env={**env, "MESHJOBS_AT": meshd.url}, timeout=60)
+    assert r.returncode == 0 and ran(folder) == ["0 a.in", "0 b.in", "0 c.in"]
+    r = meshd.ctl("watch", "--once", os.path.join(str(tmp_path), "nope.json"))
+    assert r.returncode == 2 and "nope.json" in r.stderr.decode()
