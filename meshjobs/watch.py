@@ -170,6 +170,15 @@ class Watcher:
         try:
             answer = self.client.json("POST", "/jobs", sub.body)
         except ClickException as e:
+            if e.exit_code == 2 and self._exists(sub.job_id):
+                # The job of this file version exists under another spec (the config was
+                # edited since it was submitted): it is this file's job all the same, and
+                # submitting the new spec under another id would run the file twice.
+                self.log.warning("watch_spec_changed", watch=watch.name, job=sub.job_id,
+                                 file=sub.filename, error=e.message,
+                                 action="following the job submitted with the earlier spec")
+                self.states[watch.name].following[sub.job_id] = sub
+                return True
             self.log.warning("watch_submit_failed", watch=watch.name, job=sub.job_id,
                              file=sub.filename, error=e.message)
             self.submit_exit = e.exit_code
@@ -178,6 +187,13 @@ class Watcher:
         self.log.info("watch_submitted", watch=watch.name, job=sub.job_id, file=sub.filename,
                       index=sub.index, attempt=sub.attempt,
                       new=bool(answer.get("new", True)) if isinstance(answer, dict) else None)
+        return True
+
+    def _exists(self, job_id: str) -> bool:
+        try:
+            self.client.json("GET", f"/jobs/{urllib.parse.quote(job_id, safe='')}")
+        except ClickException:
+            return False
         return True
 
     def refresh(self, watch: Watch) -> tuple[int, bool]:

@@ -370,3 +370,28 @@ def test_member_from_config_or_at(meshd, folder, tmp_path) -> None:
     assert r.returncode == 0 and ran(folder) == ["0 a.in", "0 b.in", "0 c.in"]
     r = meshd.ctl("watch", "--once", os.path.join(str(tmp_path), "nope.json"))
     assert r.returncode == 2 and "nope.json" in r.stderr.decode()
+
+
+def test_spec_edited_under_a_running_job(meshd, folder, tmp_path) -> None:
+    """The config's spec edited while a file's job (old spec) runs and the watcher restarted:
+    the file's job id is the same, meshd refuses the new spec under it, and the watcher follows
+    the existing job instead of running the file again."""
+    gate = os.path.join(str(tmp_path), "gate")
+    ranlog = os.path.join(str(tmp_path), "ran.log")
+    cmd = f"while [ ! -f {gate} ]; do sleep 0.05; done; echo \"old $1\" >> {ranlog}"
+    path = write_config(tmp_path, config(folder, jobs=[{"argv": ["sh", "-c", cmd, "sh",
+                                                                 "%(filename)s"]}]))
+    put(folder, "a.in")
+    proc = start_watcher(meshd, path)
+    try:
+        wait_until(lambda: [j for j in jobs_of(meshd) if j["state"] == "running"],
+                   what="the job running")
+    finally:
+        stop(proc)
+    path = write_config(tmp_path, config(folder))  # the new spec: echo "<index> <file>"
+    open(gate, "w").close()
+    r = meshd.ctl("watch", "--once", path)
+    assert r.returncode == 0, r.stderr.decode()
+    assert "watch_spec_changed" in r.stderr.decode()
+    assert ran(folder) == ["old a.in"] and len(jobs_of(meshd)) == 1
+    assert states(folder) == ["._t-w_0_a.in.done"]
