@@ -29,6 +29,7 @@ from click import ClickException
 from meshjobs import limits
 from meshjobs.watchplan import (
     END_STATES,
+    TMP_SUFFIX,
     Config,
     FileFact,
     Plan,
@@ -98,7 +99,7 @@ def _read_state(path: str, size: int) -> str | None:
 def write_file(folder: str, name: str, text: str) -> None:
     """`name` in `folder` replaced whole by `text`: written aside, synced, renamed."""
     final = os.path.join(folder, name)
-    tmp = f"{final}.part"
+    tmp = final + TMP_SUFFIX
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.write(fd, text.encode("utf-8", "surrogateescape"))
@@ -145,10 +146,15 @@ class Watcher:
         p = plan(watch, snap, self.wall_ns(), frozenset(st.following), st.generations)
         failed = 0
         if not self.dry_run:
-            for name in p.removes:
-                remove_file(watch.path, name)
-            for name, text in p.writes:
-                write_file(watch.path, name, text)
+            try:
+                for name in p.removes:
+                    remove_file(watch.path, name)
+                for name, text in p.writes:
+                    write_file(watch.path, name, text)
+            except OSError as e:
+                self.log.warning("watch_state_write_failed", watch=watch.name, path=watch.path,
+                                 error=f"{e.strerror or e}: let the watcher write in the "
+                                       "folder; retrying at the next scan")
         for sub in p.submits:
             if self.dry_run:
                 if self.out is not None:
@@ -219,11 +225,18 @@ class Watcher:
             if state not in END_STATES:
                 continue
             writes, removes = ended(watch, sub, record)
-            for name in removes:
-                remove_file(watch.path, name)
-            for name, text in writes:
-                write_file(watch.path, name, text)
             del st.following[jid]
+            try:
+                for name in removes:
+                    remove_file(watch.path, name)
+                for name, text in writes:
+                    write_file(watch.path, name, text)
+            except OSError as e:
+                # Not kept: the next scan submits the same id again, and follows it to its end.
+                self.log.warning("watch_state_write_failed", watch=watch.name, job=jid,
+                                 file=sub.filename, error=f"{e.strerror or e}: let the watcher "
+                                 "write in the folder; retrying at the next scan")
+                continue
             if not sub.filename:
                 st.generations[(sub.index, sub.list)] = sub.mtime_ns + 1
             st.ended += 1

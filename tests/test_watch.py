@@ -395,3 +395,19 @@ def test_spec_edited_under_a_running_job(meshd, folder, tmp_path) -> None:
     assert "watch_spec_changed" in r.stderr.decode()
     assert ran(folder) == ["old a.in"] and len(jobs_of(meshd)) == 1
     assert states(folder) == ["._t-w_0_a.in.done"]
+
+
+def test_state_file_cannot_be_written(meshd, folder, tmp_path) -> None:
+    """A state file that cannot be written is logged, not a crash; the next run submits the same
+    id, follows the job that exists and keeps its end: the program ran once."""
+    put(folder, "a.in")
+    os.makedirs(os.path.join(folder, "._t-w_0_a.in.done.part"))  # in the way of the write
+    path = write_config(tmp_path, config(folder))
+    r = meshd.ctl("watch", "--once", path)
+    assert r.returncode == 0 and "watch_state_write_failed" in r.stderr.decode()
+    assert "._t-w_0_a.in.done" not in states(folder)
+    os.rmdir(os.path.join(folder, "._t-w_0_a.in.done.part"))
+    r = meshd.ctl("watch", "--once", path)
+    assert r.returncode == 0, r.stderr.decode()
+    assert states(folder) == ["._t-w_0_a.in.done"] and ran(folder) == ["0 a.in"]
+    assert len(jobs_of(meshd)) == 1

@@ -38,6 +38,7 @@ from meshjobs.watchplan.config import (
 )
 from meshjobs.watchplan.plan import (
     END_STATES,
+    TMP_SUFFIX,
     FileFact,
     Plan,
     Snapshot,
@@ -52,6 +53,6 @@ from meshjobs.watchplan.plan import (
     state_name,
 )
 
-__all__ = ["END_STATES", "Config", "FileFact", "Plan", "Slot", "Snapshot", "StateFact", "Submit",
+__all__ = ["END_STATES", "TMP_SUFFIX", "Config", "FileFact", "Plan", "Slot", "Snapshot", "StateFact", "Submit",
            "Watch", "WatchError", "apply_overrides", "build", "ended", "facts", "fill", "job_id",
            "listing", "load_text", "merge", "parse_state_name", "plan", "state_name"]

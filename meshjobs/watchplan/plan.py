@@ -20,6 +20,7 @@ from meshjobs.watchplan.config import Unfilled, Watch, fill, join
 END_STATES = ("done", "failed", "cancelled", "dep_failed")
 FAILURES = ("failed", "dep_failed")
 UNSAFE_ID_RE = re.compile(r"[^A-Za-z0-9._-]+")
+TMP_SUFFIX = ".part"  # a state file is written under its name plus this, then renamed
 
 
 
@@ -339,8 +340,9 @@ def plan(watch: Watch, snap: Snapshot, now_ns: int, inflight: frozenset[str] = f
                 continue
             for k, spec in pending:
                 f = unit.files[k]
-                if len(state_name(watch.name, n, f, "dep_failed").encode(
-                        "utf-8", "surrogatepass")) > limits.watch_state_name_bytes_max:
+                longest = state_name(watch.name, n, f, "dep_failed") + TMP_SUFFIX
+                if len(longest.encode("utf-8", "surrogatepass")) > (
+                        limits.watch_state_name_bytes_max):
                     problems.append(f"{watch.name}: file {f[:80]!r} has too long a name for its "
                                     "state file beside it: rename the file, or shorten the watch "
                                     "name")
