@@ -278,3 +278,4 @@ watch_count_max = 10**9  # the largest `count`
 watch_inflight_max = 10_000  # jobs one watcher follows at once; more wait for a later scan
 watch_id_hash_chars = 16  # hex digits of the digest that ends every derived job id
 watch_state_name_bytes_max = 255  # NAME_MAX: a file whose state file name is longer is not run
+watch_xattr_bytes_max = 1024  # a state kept in an xattr (ext4 keeps one block for all of a file's)

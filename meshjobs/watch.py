@@ -10,6 +10,8 @@ Rules:
   old state or the new one, never half of one (a lost one only costs a submit meshd dedupes).
 - Folders are watched with inotify (watchfiles) where it works, and rescanned every `rescan`
   seconds in any case: network filesystems send no events.
+- With `xattr` (the manual's WatchXattr) the same state lives in each file's extended attributes
+  `user.meshjobs.<name>.<n>.<state>` instead: the plan sees them under the hidden files' names.
 - One summary log line per scan of a watch; structlog JSON when not on a terminal.
 """
 
@@ -37,7 +39,9 @@ from meshjobs.watchplan import (
     Submit,
     Watch,
     ended,
+    parse_state_name,
     plan,
+    state_name,
 )
 
 try:  # inotify (and the other platforms' file events); without it, rescans only
@@ -79,11 +83,73 @@ def snapshot(watch: Watch) -> tuple[Snapshot, int]:
             except OSError:
                 continue  # gone between the listing and the stat: the next scan sees it
             if entry.name.startswith("._"):
-                if entry.name.startswith(prefix):
+                if entry.name.startswith(prefix) and not watch.xattr:
                     states[entry.name] = _read_state(entry.path, st.st_size)
                 continue
             files[entry.name] = FileFact(st.st_mtime_ns, st.st_size)
+            if watch.xattr:
+                states.update(_read_xattrs(watch, entry.path, entry.name))
     return Snapshot(files, states), left
+
+
+def _attr_prefix(watch: Watch) -> str:
+    return f"user.meshjobs.{watch.name}."
+
+
+def _read_xattrs(watch: Watch, path: str, filename: str) -> dict[str, str | None]:
+    """A file's state attributes (user.meshjobs.<name>.<n>.<state>) under the names the plan
+    knows (its hidden state files' names): the plan is the same whichever keeps the state."""
+    prefix = _attr_prefix(watch)
+    out: dict[str, str | None] = {}
+    try:
+        attrs = os.listxattr(path)
+    except OSError:
+        return out
+    for attr in attrs:
+        if not attr.startswith(prefix):
+            continue
+        n_text, _, state = attr[len(prefix):].partition(".")
+        if not n_text.isascii() or not n_text.isdigit() or len(n_text) > len(str(limits.watch_jobs_max)):
+            continue
+        try:
+            value = os.getxattr(path, attr)
+        except OSError:
+            continue
+        out[state_name(watch.name, int(n_text), filename, state)] = (
+            value[:limits.watch_state_bytes_max].decode("utf-8", "replace"))
+    return out
+
+
+def keep(watch: Watch, writes: list[tuple[str, str]], removes: list[str]) -> None:
+    """Apply a plan's (or an end's) state changes: hidden files, or the files' xattrs."""
+    if not watch.xattr:
+        for name in removes:
+            remove_file(watch.path, name)
+        for name, text in writes:
+            write_file(watch.path, name, text)
+        return
+    prefix = _attr_prefix(watch)
+    for name in removes:
+        parsed = parse_state_name(watch.name, name)
+        if parsed is not None:
+            n, filename, state = parsed
+            with contextlib.suppress(OSError):  # gone already, or its file is
+                os.removexattr(os.path.join(watch.path, filename), f"{prefix}{n}.{state}")
+    for name, text in writes:
+        parsed = parse_state_name(watch.name, name)
+        if parsed is None:
+            raise AssertionError(f"the plan wrote a state name it cannot parse: {name!r}")
+        n, filename, state = parsed
+        if len(text) > limits.watch_xattr_bytes_max:
+            # Filesystems keep little in xattrs (ext4: one block for all of a file's): the
+            # watch facts, not the job's whole record.
+            rec = json.loads(text)
+            text = json.dumps({k: rec.get(k) for k in ("id", "state", "skipped", "watch")})
+        try:
+            os.setxattr(os.path.join(watch.path, filename), f"{prefix}{n}.{state}",
+                        text.encode("utf-8", "surrogateescape"))
+        except FileNotFoundError:
+            pass  # the file went: nothing to keep its state on
 
 
 def _read_state(path: str, size: int) -> str | None:
@@ -147,10 +213,7 @@ class Watcher:
         failed = 0
         if not self.dry_run:
             try:
-                for name in p.removes:
-                    remove_file(watch.path, name)
-                for name, text in p.writes:
-                    write_file(watch.path, name, text)
+                keep(watch, p.writes, p.removes)
             except OSError as e:
                 self.log.warning("watch_state_write_failed", watch=watch.name, path=watch.path,
                                  error=f"{e.strerror or e}: let the watcher write in the "
@@ -227,10 +290,7 @@ class Watcher:
             writes, removes = ended(watch, sub, record)
             del st.following[jid]
             try:
-                for name in removes:
-                    remove_file(watch.path, name)
-                for name, text in writes:
-                    write_file(watch.path, name, text)
+                keep(watch, writes, removes)
             except OSError as e:
                 # Not kept: the next scan submits the same id again, and follows it to its end.
                 self.log.warning("watch_state_write_failed", watch=watch.name, job=jid,

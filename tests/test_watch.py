@@ -411,3 +411,29 @@ def test_state_file_cannot_be_written(meshd, folder, tmp_path) -> None:
     assert r.returncode == 0, r.stderr.decode()
     assert states(folder) == ["._t-w_0_a.in.done"] and ran(folder) == ["0 a.in"]
     assert len(jobs_of(meshd)) == 1
+
+
+def test_xattr_state(meshd, folder, tmp_path) -> None:
+    """xattr: the state is kept in each file's user.meshjobs.<name>.<n>.<state> attribute, no
+    hidden files; a restarted watcher reads it and runs nothing twice; updated re-runs."""
+    probe = os.path.join(folder, "probe")
+    open(probe, "w").close()
+    try:
+        os.setxattr(probe, "user.probe", b"1")
+    except OSError:
+        pytest.skip("this filesystem keeps no user xattrs")
+    os.unlink(probe)
+    put(folder, "a.in")
+    path = write_config(tmp_path, config(folder, plugin="meeseeks.watch.WatchXattr",
+                                         updated=True))
+    assert meshd.ctl("watch", "--once", path).returncode == 0
+    assert states(folder) == [] and ran(folder) == ["0 a.in"]
+    attrs = os.listxattr(os.path.join(folder, "a.in"))
+    assert sorted(attrs) == ["user.meshjobs.t-w.0.done", "user.meshjobs.t-w.0.mtime"]
+    rec = json.loads(os.getxattr(os.path.join(folder, "a.in"), "user.meshjobs.t-w.0.done"))
+    assert rec["state"] == "done" and rec["watch"]["file"] == "a.in"
+    assert meshd.ctl("watch", "--once", path).returncode == 0 and ran(folder) == ["0 a.in"]
+    t = time.time() + 5
+    os.utime(os.path.join(folder, "a.in"), (t, t))
+    assert meshd.ctl("watch", "--once", path).returncode == 0
+    assert ran(folder) == ["0 a.in", "0 a.in"] and len(jobs_of(meshd)) == 2

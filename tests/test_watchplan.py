@@ -167,7 +167,7 @@ def test_every_error_at_once() -> None:
             "b": {"path": "/d", "glob": "*", "jobs": [{"argv": ["p", "%(nope)s"]}],
                   "retry": "maybe", "template": "missing"},
             "c": {"path": "/d", "glob": "*", "jobs": [{"argv": ["p", "100%"]}],
-                  "plugin": "meeseeks.watch.WatchXattr"},
+                  "plugin": "my.Plugin"},
         },
     })
     text = "\n".join(errs)
@@ -663,3 +663,14 @@ def test_simulated_watcher_runs_each_version_once(steps, updated, run_all) -> No
                 states.update(writes)
                 del following[jid]
     assert len(done_versions) == len(set(done_versions))
+
+
+def test_xattr_state() -> None:
+    """xattr (or the manual's plugin meeseeks.watch.WatchXattr): the state lives on the file, so
+    nothing is cleaned up beside it and a long file name is no problem."""
+    assert W(xattr=True).xattr and W(plugin="meeseeks.watch.WatchXattr").xattr
+    assert not W().xattr
+    states = {state_name("w", 0, "gone.in", "done"): "{}"}
+    assert plan(W(xattr=True), snap(["a.in"], states), NOW).removes == []
+    long = "x" * 250 + ".in"
+    assert targets(plan(W(xattr=True), snap([long]), NOW)) == [(0, long)]

@@ -19,7 +19,8 @@ from meshjobs.control import ControlError, parse_submit
 TOP_KEYS = ("name", "defaults", "client", "template", "watch", "cleanup")
 CLIENT_KEYS = ("at", "token_file", "cacert")
 BOOL_KEYS = {"reverse": False, "partial": False, "updated": False, "retry": True,
-             "run_all": True, "cleanup": True}
+             "run_all": True, "cleanup": True, "xattr": False}
+XATTR_PLUGIN = "meeseeks.watch.WatchXattr"  # the manual's plugin: state in xattrs (`xattr`)
 NUMBER_KEYS = ("min_age", "max_age", "refresh", "rescan")
 INT_KEYS = ("match", "max_index", "count")
 WATCH_KEYS = frozenset({"template", "plugin", "path", "glob", "split", "skip", "jobs",
@@ -65,6 +66,7 @@ class Watch:
     retry: bool = True
     run_all: bool = True
     cleanup: bool = True
+    xattr: bool = False  # state in each file's extended attributes, not in hidden files
     min_age: float | None = None
     max_age: float | None = None
     max_index: int | None = None
@@ -306,9 +308,9 @@ def build(raw: Mapping) -> Config:
 def _watch(key: str, full: str, w: Mapping, where: str, errors: list[str]) -> Watch | None:
     before = len(errors)
     kw: dict[str, Any] = {}
-    if "plugin" in w:
-        errors.append(f"{where}.plugin: plugins are not supported: meshctl watch keeps state in "
-                      "hidden files beside each file; remove plugin")
+    if "plugin" in w and w["plugin"] != XATTR_PLUGIN:
+        errors.append(f"{where}.plugin: only {XATTR_PLUGIN} (the same as \"xattr\": true) is "
+                      "built in; remove plugin to keep state in hidden files")
     path = w.get("path")
     if not isinstance(path, str) or not path or "\0" in path:
         errors.append(f"{where}.path: give the folder to watch (a non-empty string)")
@@ -324,6 +326,8 @@ def _watch(key: str, full: str, w: Mapping, where: str, errors: list[str]) -> Wa
         globs = []
     for k, default in BOOL_KEYS.items():
         kw[k] = _bool(w[k], f"{where}.{k}", errors) if k in w else default
+    if w.get("plugin") == XATTR_PLUGIN:
+        kw["xattr"] = True
     for k in NUMBER_KEYS:
         if k in w:
             kw[k] = _number(w[k], f"{where}.{k}", errors, 0, k in ("refresh", "rescan"))

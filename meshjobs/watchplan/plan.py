@@ -303,7 +303,7 @@ def plan(watch: Watch, snap: Snapshot, now_ns: int, inflight: frozenset[str] = f
         return Plan(submits, writes, removes, problems, counts)
 
     known = facts(watch, snap.states)
-    if watch.cleanup:
+    if watch.cleanup and not watch.xattr:  # xattrs go with their file
         for hidden in sorted(snap.states):
             parsed = parse_state_name(watch.name, hidden)
             if parsed is not None and parsed[1] not in snap.files:
@@ -341,7 +341,7 @@ def plan(watch: Watch, snap: Snapshot, now_ns: int, inflight: frozenset[str] = f
             for k, spec in pending:
                 f = unit.files[k]
                 longest = state_name(watch.name, n, f, "dep_failed") + TMP_SUFFIX
-                if len(longest.encode("utf-8", "surrogatepass")) > (
+                if not watch.xattr and len(longest.encode("utf-8", "surrogatepass")) > (
                         limits.watch_state_name_bytes_max):
                     problems.append(f"{watch.name}: file {f[:80]!r} has too long a name for its "
                                     "state file beside it: rename the file, or shorten the watch "
