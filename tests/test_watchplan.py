@@ -21,6 +21,7 @@ from meshjobs.watchplan import (
     apply_overrides,
     build,
     ended,
+    facts,
     job_id,
     load_text,
     parse_state_name,
@@ -663,6 +664,31 @@ def test_simulated_watcher_runs_each_version_once(steps, updated, run_all) -> No
                 states.update(writes)
                 del following[jid]
     assert len(done_versions) == len(set(done_versions))
+    # Liveness: with every job ending done from now on, the watcher settles with each present
+    # file's due jobs kept (every index up to its place with run_all, its own index without).
+    following.clear()
+    for _ in range(3 * (len(files) + 2)):
+        clock += S
+        s = Snapshot({n: FileFact(m, 1) for n, m in files.items()}, states)
+        p = plan(w, s, clock, frozenset(following))
+        states.update(p.writes)
+        for r in p.removes:
+            states.pop(r, None)
+        for sub in p.submits:
+            member.setdefault(sub.job_id, None)
+            if member[sub.job_id] is None:
+                member[sub.job_id] = "done"
+            writes, removes = ended(w, sub, {"id": sub.job_id, "state": member[sub.job_id]})
+            for r in removes:
+                states.pop(r, None)
+            states.update(writes)
+    final = plan(w, Snapshot({n: FileFact(m, 1) for n, m in files.items()}, states), clock)
+    assert final.submits == [] and final.problems == []
+    kept = facts(w, states)
+    for pos, name in enumerate(sorted(files, reverse=True)):
+        due = range(min(pos, 1) + 1) if run_all else [min(pos, 1)]
+        for n in due:
+            assert (n, name) in kept, (n, name, pos)
 
 
 def test_xattr_state() -> None:
