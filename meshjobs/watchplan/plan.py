@@ -118,8 +118,10 @@ def _fact(state: str, text: str | None) -> StateFact:
     return StateFact(state, attempt, mtime)
 
 
-def facts(watch: Watch, states: Mapping[str, str | None]) -> dict[tuple[int, str], StateFact]:
-    """(index, filename) -> the best state fact of the watch's state files: done over failure."""
+def facts(watch: Watch, states: Mapping[str, str | None],
+          owners: dict[str, str] | None = None) -> dict[tuple[int, str], StateFact]:
+    """(index, filename) -> the best state fact of the watch's state files: done over failure.
+    `owners`, when given, gets each of the watch's state files' file name."""
     rank = {"done": 3, "cancelled": 2, "failed": 1, "dep_failed": 1}
     out: dict[tuple[int, str], StateFact] = {}
     mtimes: dict[tuple[int, str], int] = {}
@@ -128,11 +130,16 @@ def facts(watch: Watch, states: Mapping[str, str | None]) -> dict[tuple[int, str
         if parsed is None:
             continue
         n, filename, state = parsed
+        if owners is not None:
+            owners[hidden] = filename
         if state == "mtime":
             if text is not None and text.strip().isdigit() and len(text) < 32:
                 mtimes[(n, filename)] = int(text.strip())
             continue
-        f = _fact(state, text)
+        # A done (or cancelled) state's attempt never matters, nor its mtime without updated:
+        # such a file is not read as JSON at all.
+        f = (_fact(state, text) if state in FAILURES or watch.updated
+             else StateFact(state, 0, None))
         old = out.get((n, filename))
         if old is None or (rank[f.state], f.attempt) > (rank[old.state], old.attempt):
             out[(n, filename)] = f
@@ -302,12 +309,10 @@ def plan(watch: Watch, snap: Snapshot, now_ns: int, inflight: frozenset[str] = f
         counts["problems"] = len(problems)
         return Plan(submits, writes, removes, problems, counts)
 
-    known = facts(watch, snap.states)
+    owners: dict[str, str] = {}
+    known = facts(watch, snap.states, owners)
     if watch.cleanup and not watch.xattr:  # xattrs go with their file
-        for hidden in sorted(snap.states):
-            parsed = parse_state_name(watch.name, hidden)
-            if parsed is not None and parsed[1] not in snap.files:
-                removes.append(hidden)
+        removes.extend(sorted(h for h, f in owners.items() if f not in snap.files))
     lists = [listing(watch, g, snap.files, now_ns) for g in watch.globs]
     counts["files"] = sum(len(lst) for lst in lists)
     last = len(watch.jobs) - 1
