@@ -437,3 +437,17 @@ def test_xattr_state(meshd, folder, tmp_path) -> None:
     os.utime(os.path.join(folder, "a.in"), (t, t))
     assert meshd.ctl("watch", "--once", path).returncode == 0
     assert ran(folder) == ["0 a.in", "0 a.in"] and len(jobs_of(meshd)) == 2
+
+
+def test_file_events_without_rescan(meshd, folder, tmp_path) -> None:
+    """With inotify a file is picked up at once: rescan is an hour here, so only the file event
+    can make the scan that submits its job."""
+    path = write_config(tmp_path, config(folder, rescan=3600))
+    proc = start_watcher(meshd, path)
+    try:
+        wait_until(lambda: '"watch_scan"' in watch_log(proc), what="the first scan")
+        put(folder, "e.in")
+        wait_until(lambda: ran(folder) == ["0 e.in"], what="e.in by its file event")
+        wait_until(lambda: "._t-w_0_e.in.done" in states(folder), what="e.in's state")
+    finally:
+        stop(proc)

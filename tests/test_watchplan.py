@@ -96,6 +96,14 @@ def test_manual_json_shape() -> None:
     assert w.jobs[0].specs[0] == {"argv": ["gzip", "%(file)s"]}
 
 
+def test_manual_defaults() -> None:
+    """The manual's defaults: refresh 10 s, rescan 60 s, retry and run_all on, cleanup on,
+    updated, reverse and partial off, no filesets."""
+    w = W()
+    assert (w.refresh, w.rescan, w.retry, w.run_all, w.cleanup) == (10.0, 60.0, True, True, True)
+    assert (w.updated, w.reverse, w.partial, w.match, w.count) == (False, False, False, 0, None)
+
+
 def test_toml_is_the_same_config() -> None:
     """Config: the TOML form of a config builds the same watches as its JSON form."""
     toml = """
