@@ -279,3 +279,4 @@ watch_inflight_max = 10_000  # jobs one watcher follows at once; more wait for a
 watch_id_hash_chars = 16  # hex digits of the digest that ends every derived job id
 watch_state_name_bytes_max = 255  # NAME_MAX: a file whose state file name is longer is not run
 watch_xattr_bytes_max = 1024  # a state kept in an xattr (ext4 keeps one block for all of a file's)
+watch_tick_s_max = 1.0  # a running watcher looks at its refresh and rescan times at least this often

@@ -2,7 +2,7 @@
 plan says, follows them and keeps their results beside each file.
 
 Rules:
-- All decisions are the plan's (meshjobs/watchplan.py); this module lists folders, reads and
+- All decisions are the plan's (meshjobs/watchplan/); this module lists folders, reads and
   writes the hidden state files, talks HTTP to one member and sleeps.
 - Submits are idempotent: the job id is derived from the file (and the Idempotency-Key is that
   id), so a POST answered "already there" is a job to follow like one just made.
@@ -48,9 +48,6 @@ try:  # inotify (and the other platforms' file events); without it, rescans only
     import watchfiles
 except ImportError:  # pragma: no cover - the dependency is declared; this is a broken install
     watchfiles = None  # type: ignore[assignment]
-
-TICK_S_MAX = 1.0  # the loop looks at its deadlines at least this often
-
 
 @dataclass
 class WatchState:
@@ -323,7 +320,7 @@ class Watcher:
             for w in self.config.watches:
                 self.refresh(w)
             if any(self.states[w.name].following for w in self.config.watches):
-                time.sleep(min(min(w.refresh for w in self.config.watches), TICK_S_MAX))
+                time.sleep(min(min(w.refresh for w in self.config.watches), limits.watch_tick_s_max))
         return self.submit_exit or (1 if self.failed else 0)
 
     def run(self, events: bool = True) -> None:
@@ -355,7 +352,7 @@ class Watcher:
 
     def _wakeups(self, events: bool) -> Iterator[set[str]]:
         """The folders with file events since the last wakeup (empty: a tick)."""
-        tick_s = min([TICK_S_MAX, *(w.refresh for w in self.config.watches)])
+        tick_s = min([limits.watch_tick_s_max, *(w.refresh for w in self.config.watches)])
         paths = sorted({w.path for w in self.config.watches})
         if events and watchfiles is not None:
             try:
