@@ -1775,8 +1775,9 @@ def watch_cmd(ctx: click.Context, args: tuple[str, ...], once: bool, dry_run: bo
     except watchplan.WatchError as e:
         raise Failure("the watch config cannot run:\n  " + "\n  ".join(e.errors), 2) from None
     import dataclasses
+    # Jobs run on other members, in other folders: %(file)s and %(path)s must be absolute.
     config = dataclasses.replace(config, watches=tuple(
-        dataclasses.replace(w, path=os.path.abspath(w.path)) for w in config.watches))
+        watchplan.rooted(w, os.path.abspath(w.path)) for w in config.watches))
     root = ctx.find_root()
     obj = root.obj
     at = watch_at or (obj["at"] if root.get_parameter_source("ats")

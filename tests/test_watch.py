@@ -451,3 +451,16 @@ def test_file_events_without_rescan(meshd, folder, tmp_path) -> None:
         wait_until(lambda: "._t-w_0_e.in.done" in states(folder), what="e.in's state")
     finally:
         stop(proc)
+
+
+def test_relative_path(meshd, folder, tmp_path) -> None:
+    """A relative path is the watcher's folder made absolute: the job (run by meshd, elsewhere)
+    gets the absolute %(file)s and %(path)s."""
+    ranlog = os.path.join(str(tmp_path), "ran.log")
+    cfg = config("in", jobs=[{"argv": ["sh", "-c", f"echo \"$1 $2\" >> {ranlog}", "sh",
+                                       "%(file)s", "%(path)s"]}])
+    path = write_config(tmp_path, cfg)
+    put(folder, "a.in")
+    r = meshd.ctl("watch", "--once", path, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr.decode()
+    assert ran(folder) == [f"{folder}/a.in {folder}"]

@@ -26,6 +26,7 @@ from meshjobs.watchplan import (
     load_text,
     parse_state_name,
     plan,
+    rooted,
     state_name,
 )
 
@@ -708,3 +709,10 @@ def test_xattr_state() -> None:
     assert plan(W(xattr=True), snap(["a.in"], states), NOW).removes == []
     long = "x" * 250 + ".in"
     assert targets(plan(W(xattr=True), snap([long]), NOW)) == [(0, long)]
+
+
+def test_rooted_path() -> None:
+    """The edge's absolute folder replaces path in %(file)s and %(path)s alike."""
+    w = rooted(W(path="rel", jobs=[{"argv": ["p", "%(file)s", "%(path)s"]}]), "/abs/rel")
+    (s,) = plan(w, snap(["a.in"]), NOW).submits
+    assert s.body["argv"] == ["p", "/abs/rel/a.in", "/abs/rel"]

@@ -35,6 +35,7 @@ from meshjobs.watchplan.config import (
     fill,
     load_text,
     merge,
+    rooted,
 )
 from meshjobs.watchplan.plan import (
     END_STATES,
@@ -55,4 +56,4 @@ from meshjobs.watchplan.plan import (
 
 __all__ = ["END_STATES", "TMP_SUFFIX", "Config", "FileFact", "Plan", "Slot", "Snapshot", "StateFact", "Submit",
            "Watch", "WatchError", "apply_overrides", "build", "ended", "facts", "fill", "job_id",
-           "listing", "load_text", "merge", "parse_state_name", "plan", "state_name"]
+           "listing", "load_text", "merge", "parse_state_name", "plan", "rooted", "state_name"]

@@ -10,7 +10,7 @@ import json
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from meshjobs import limits
@@ -383,6 +383,11 @@ def _watch(key: str, full: str, w: Mapping, where: str, errors: list[str]) -> Wa
                   globs=tuple(globs), jobs=jobs, split=split, skip=skip, values=values, **kw)
     _check_specs(watch, where, errors)
     return None if len(errors) > before else watch
+
+
+def rooted(watch: Watch, path: str) -> Watch:
+    """The watch with its folder given as `path` (the edge makes it absolute), %(path)s too."""
+    return replace(watch, path=path, values={**watch.values, "path": path})
 
 
 def _spec(v: Any, where: str, errors: list[str]) -> dict | None:
