@@ -716,3 +716,14 @@ def test_rooted_path() -> None:
     w = rooted(W(path="rel", jobs=[{"argv": ["p", "%(file)s", "%(path)s"]}]), "/abs/rel")
     (s,) = plan(w, snap(["a.in"]), NOW).submits
     assert s.body["argv"] == ["p", "/abs/rel/a.in", "/abs/rel"]
+
+
+def test_leftover_temporary_state_removed() -> None:
+    """A state file's temporary name (a watcher killed while writing it) is removed; another
+    watch's, or a stranger's, is not."""
+    states = {state_name("w", 0, "a.in", "done") + ".part": "{",
+              state_name("w-1", 0, "a.in", "done") + ".part": "{",
+              "._w_junk.part": "x"}
+    p = plan(W(cleanup=0), snap(["a.in"], states), NOW)
+    assert p.removes == [state_name("w", 0, "a.in", "done") + ".part"]
+    assert targets(p) == [(0, "a.in")]

@@ -313,6 +313,11 @@ def plan(watch: Watch, snap: Snapshot, now_ns: int, inflight: frozenset[str] = f
     known = facts(watch, snap.states, owners)
     if watch.cleanup and not watch.xattr:  # xattrs go with their file
         removes.extend(sorted(h for h, f in owners.items() if f not in snap.files))
+    if not watch.xattr:
+        # A state file's temporary name left by a watcher killed while writing it (the edge
+        # writes and renames within one step, so none is in the making now).
+        removes.extend(sorted(h for h in snap.states if h.endswith(TMP_SUFFIX)
+                              and parse_state_name(watch.name, h[:-len(TMP_SUFFIX)])))
     lists = [listing(watch, g, snap.files, now_ns) for g in watch.globs]
     counts["files"] = sum(len(lst) for lst in lists)
     last = len(watch.jobs) - 1
