@@ -326,10 +326,12 @@ class Watcher:
     def run(self, events: bool = True) -> None:
         """Scan, follow, rescan, until every watch with a `count` has reached it (or forever)."""
         watches = list(self.config.watches)
+        now = self.clock()
         for w in watches:
-            self.scan(w)
-            now = self.clock()
-            self.states[w.name].next_scan = now + w.rescan
+            # The first scans come at the first wakeup, once file events are being watched: a
+            # file made between a scan and the start of the watching would be seen only by the
+            # next rescan.
+            self.states[w.name].next_scan = now
             self.states[w.name].next_refresh = now + w.refresh
         for changed in self._wakeups(events):
             now = self.clock()
@@ -366,8 +368,8 @@ class Watcher:
                 self.log.warning("watch_events_unavailable", error=str(e),
                                  fallback="rescans every rescan seconds")
         while True:
-            time.sleep(tick_s)
             yield set()
+            time.sleep(tick_s)
 
 
 def _not_state_file(change: Any, path: str) -> bool:
