@@ -1767,6 +1767,73 @@ def cron_resume(ctx: click.Context, name: str, as_json: bool) -> None:
     _cron_change(ctx, "POST", f"/cron/{_q(name)}/resume", as_json, "resumed")
 
 
+@cli.command("watch", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("args", metavar="[KEY=VALUE]... CONFIG...", nargs=-1, required=True)
+@click.option("--once", is_flag=True,
+              help="One scan, wait for the jobs it submitted, exit (1 if one failed, 4 if "
+                   "the member could not be reached, 2 if it refused a submit).")
+@click.option("--dry-run", "dry_run", is_flag=True,
+              help="Print the jobs one scan would submit (JSON lines); change nothing.")
+@click.option("--at", "watch_at", metavar="URL", help="The member to submit to (else the global "
+              "--at or MESHJOBS_AT, else the config's client.at).")
+@click.option("--poll", is_flag=True, help="No file events: rescan only (every watch's rescan).")
+@click.pass_context
+def watch_cmd(ctx: click.Context, args: tuple[str, ...], once: bool, dry_run: bool,
+              watch_at: str | None, poll: bool) -> None:
+    """Watch folders and submit jobs for the files in them (meeseeks-watch's config).
+
+    CONFIG files (JSON, or TOML) are merged in order; KEY.SUBKEY=VALUE arguments override them.
+    A file's job id comes from the watch, index, file name and mtime, so nothing runs twice."""
+    from meshjobs import logs, watchplan
+    from meshjobs.watch import Watcher
+
+    overrides = [a for a in args if "=" in a and not os.path.exists(a)]
+    files = [a for a in args if a not in overrides]
+    if not files:
+        raise Failure("name a config file: meshctl watch [KEY=VALUE]... CONFIG...", 2)
+    raw: dict = {}
+    try:
+        for name in files:
+            try:
+                with open(name, "rb") as f:
+                    data = f.read(limits.watch_config_bytes_max + 1)
+            except OSError as e:
+                raise Failure(f"cannot read config {name}: {e.strerror or e}", 2) from None
+            fmt = "toml" if name.endswith(".toml") else "json" if name.endswith(".json") else "auto"
+            text = data.decode("utf-8", "replace")
+            raw = watchplan.merge(raw, watchplan.load_text(text, name, fmt))
+        config = watchplan.build(watchplan.apply_overrides(raw, overrides))
+    except watchplan.WatchError as e:
+        raise Failure("the watch config cannot run:\n  " + "\n  ".join(e.errors), 2) from None
+    import dataclasses
+    # Jobs run on other members, in other folders: %(file)s and %(path)s must be absolute.
+    config = dataclasses.replace(config, watches=tuple(
+        watchplan.rooted(w, os.path.abspath(w.path)) for w in config.watches))
+    root = ctx.find_root()
+    obj = root.obj
+    at = watch_at or (obj["at"] if root.get_parameter_source("ats")
+                      not in (click.core.ParameterSource.DEFAULT, None)
+                      else config.client.get("at", obj["at"]))
+    _urls((at,))
+    token = obj.get("token")
+    if token is None and "token_file" in config.client:
+        token = _read_token(config.client["token_file"])
+    tls = obj.get("tls")
+    if urllib.parse.urlsplit(at).scheme == "https" and tls is None:
+        tls = _tls(obj.get("cacert") or config.client.get("cacert"))
+    logs.configure()
+    import structlog
+    client = Client(at, uuid.uuid4().hex, token, tls)
+    watcher = Watcher(config, client, structlog.get_logger("meshjobs.watch"), dry_run=dry_run,
+                      out=sys.stdout)
+    if dry_run or once:
+        ctx.exit(watcher.once())
+    try:
+        watcher.run(events=not poll)
+    except KeyboardInterrupt:
+        ctx.exit(130)
+
+
 def main() -> NoReturn:
     """The `meshctl` console script."""
     try:

@@ -260,3 +260,25 @@ cron_late_ms_max = 60_000  # with --catch-up none, a run fired later than this a
 cron_body_bytes_max = 1 << 20  # the JSON body of PUT /cron/{name} (a job spec's argv and env fit)
 # --- Pool slots set while running (meshctl pool slots; meshjobs/fleetctl.py) -------------------
 pool_slots_max = 100_000  # slots a `pool slots` order may give a pool on a member (as the config)
+# --- Watching folders (meshctl watch; meshjobs/watchplan.py, meshjobs/watch.py) ---------------
+watch_config_bytes_max = 1 << 20  # one config file (JSON or TOML), read whole
+watch_overrides_max = 256  # key.subkey=value overrides on one command line
+watch_key_depth_max = 8  # parts of one override key (watch.NAME.jobs is three)
+watches_max = 256  # watches one config defines
+watch_name_chars_max = 64  # a watch's (or template's) name; the full name joins root and templates
+watch_full_name_chars_max = 200  # root name, template names and watch name joined by '-'
+watch_templates_max = 16  # templates one watch applies
+watch_globs_max = 16  # file lists (globs) of one watch
+watch_jobs_max = 64  # job indexes (jobs[n]) of one watch, and job specs at one index
+watch_split_chars_max = 8  # the `split` separator
+watch_match_max = 64  # filename parts `match` may join into a fileset key
+watch_files_max = 100_000  # files one scan of one path considers; the rest wait (and are counted)
+watch_state_bytes_max = 256 * 1024  # one hidden state file (a job's result) written or read back
+watch_attempts_max = 100  # a failing file's job is submitted this often, then left failed
+watch_period_s_max = 7 * 24 * 3600  # the longest refresh, rescan, min_age or max_age
+watch_count_max = 10**9  # the largest `count`
+watch_inflight_max = 10_000  # jobs one watcher follows at once; more wait for a later scan
+watch_id_hash_chars = 16  # hex digits of the digest that ends every derived job id
+watch_state_name_bytes_max = 255  # NAME_MAX: a file whose state file name is longer is not run
+watch_xattr_bytes_max = 1024  # a state kept in an xattr (ext4 keeps one block for all of a file's)
+watch_tick_s_max = 1.0  # a running watcher looks at its refresh and rescan times at least this often

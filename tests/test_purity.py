@@ -1,5 +1,5 @@
 """The pure core stays pure: a static check of meshjobs.table, meshjobs.node, meshjobs.control,
-meshjobs.auth (who may ask a member what), meshjobs.webui (the web pages), meshjobs.connbook (HTTP connection bookkeeping), meshjobs.frames (the member
+meshjobs.auth (who may ask a member what), meshjobs.watchplan (what `meshctl watch` submits), meshjobs.webui (the web pages), meshjobs.connbook (HTTP connection bookkeeping), meshjobs.frames (the member
 links' handshake and sealing) and meshjobs.raftseam (what the Raft seam lets through).
 
 Rule (STYLE.md): the job node, the job table and control parsing import no `os`, `socket`,
@@ -19,7 +19,7 @@ import pytest
 import meshjobs
 
 PURE = ("table", "node", "control", "auth", "connbook", "frames", "raftseam", "webui", "bulk",
-        "placement", "fleetctl", "reruns", "cron")
+        "placement", "fleetctl", "reruns", "cron", "watchplan")
 FORBIDDEN = frozenset({
     "os", "socket", "threading", "time", "random", "lmdb", "pysyncobj", "subprocess",
     # Other ways to reach the world, the clock or entropy from a module that must not.
@@ -33,7 +33,8 @@ PURE_SIBLINGS = frozenset({"meshjobs", "meshjobs.limits", "meshjobs.table", "mes
                            "meshjobs.node", "meshjobs.node.events", "meshjobs.node.core",
                            "meshjobs.node.leader", "meshjobs.node.follow",
                            "meshjobs.node.feed", "meshjobs.fleetctl", "meshjobs.node.hooks",
-                           "meshjobs.reruns"})
+                           "meshjobs.reruns", "meshjobs.watchplan", "meshjobs.watchplan.config",
+                           "meshjobs.watchplan.plan"})
 # What a module may use of `random`: the type name, never a call.
 RANDOM_TYPE_ONLY = {"node": {"Random"}}
 
