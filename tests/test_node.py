@@ -1249,3 +1249,58 @@ def test_no_known_holder_left_fetch_then_copy_on() -> None:
     f.node.step(BlobsCopied("m4", (DIGEST_OUT,)))
     f.take()
     assert f.node.counts["recopies_done"] == 1 and not f.node._recopies
+
+
+def test_a_follower_asks_the_leader_before_no_such_job() -> None:
+    """A follower learns of a commit a heartbeat after the leader answered the submit: for a job
+    it does not know, it asks the leader (F_CTL) and says what the leader says, once its own
+    table has the job (the record's version is the index it waits for); the leader's 404 is
+    passed on; unanswered within fleet_ask_ms, or with no leader known, its own 404."""
+    f = Fleet1(voters=("m1", "m2", "m3"))
+    f.node.step(View(term=3, leader="m2", is_leader=False, ready=True))
+    f.ctl(1, {"op": "get", "id": "j1"})
+    [ask] = [e for e in f.take() if isinstance(e, Send) and e.ftype == "F_CTL"]
+    assert ask.to == "m2" and ask.body["req"]["op"] == "get" and ask.body["rid"].startswith("#")
+    assert 1 not in f.replies
+    rec = {"id": "j1", "state": "queued", "version": 1}
+    f.node.step(FrameIn("m2", "F_CTL_REPLY", {"rid": ask.body["rid"], "fp": None, "status": 200,
+                                              "body": rec, "index": 1}))
+    f.take()
+    assert 1 not in f.replies  # parked until this member's table has entry 1
+    lead = Fleet1(voters=("m1", "m2", "m3"))  # the submit as the leader made it
+    lead.ctl(9, submit_req())
+    lead.take()
+    [entry] = lead.pending_of("submit")
+    f.commit(entry)
+    f.take()
+    assert f.answer(1) == Answer(200, rec)
+    f.ctl(2, {"op": "get", "id": "nope"})
+    [ask] = [e for e in f.take() if isinstance(e, Send) and e.ftype == "F_CTL"]
+    f.node.step(FrameIn("m2", "F_CTL_REPLY", {"rid": ask.body["rid"], "fp": None, "status": 404,
+                                              "body": {"error": "no job nope"}, "index": 0}))
+    f.take()
+    assert f.answer(2).status == 404
+    f.ctl(3, {"op": "get", "id": "gone"})
+    f.take()
+    f.tick(limits.fleet_ask_ms + 1)
+    f.take()
+    assert f.answer(3).status == 404 and "no job gone" in f.answer(3).body["error"]
+    f.node.step(View(term=4, leader=None, is_leader=False, ready=False))
+    f.ctl(4, {"op": "get", "id": "nope"})
+    assert not [e for e in f.take() if isinstance(e, Send) and e.ftype == "F_CTL"]
+    assert f.answer(4).status == 404
+
+
+def test_leader_answers_a_forwarded_get_with_the_records_version() -> None:
+    """At the leader, a job asked by another member is answered with its record and, as the
+    index to wait for, its version; an unknown job 404, never asked further."""
+    f = Fleet1(voters=("m1", "m2", "m3"))
+    submitted(f, token=1)
+    f.node.step(FrameIn("m2", "F_CTL", {"rid": "#get.m2.1", "req": {"op": "get", "id": "j1"}}))
+    f.node.step(FrameIn("m2", "F_CTL", {"rid": "#get.m2.2", "req": {"op": "get", "id": "no"}}))
+    replies = [e for e in f.take() if isinstance(e, Send) and e.ftype == "F_CTL_REPLY"]
+    by = {r.body["rid"]: r.body for r in replies}
+    assert by["#get.m2.1"]["status"] == 200
+    assert by["#get.m2.1"]["index"] == by["#get.m2.1"]["body"]["version"] > 0
+    assert by["#get.m2.2"]["status"] == 404
+    assert not [e for e in f.take() if isinstance(e, Send) and e.ftype == "F_CTL"]

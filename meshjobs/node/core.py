@@ -438,14 +438,37 @@ class JobNode(LeaderDuties, Following, Feeding, Orders):
     def _get(self, token: int, req: dict) -> None:
         job = self.table.jobs.get(req["id"])
         if job is None:
-            self._not_found(token, req["id"])
+            if not self._ask_leader_for_job(token, req):
+                self._not_found(token, req["id"])
             return
         since = req.get("since")
         if req["wait_ms"] and not job.finished and (since is None or job.version <= since):
             self._waiters.setdefault(job.id, []).append(
                 (token, req["items"], self.now_ms + req["wait_ms"], since))
             return
-        self._reply(token, 200, self.table.record(job, items=req["items"]))
+        # The record's version goes with it: a member that asked on its client's behalf answers
+        # once its own table has the job (read your writes, as for a forwarded change).
+        self._answer(token, Answer(200, self.table.record(job, items=req["items"])), job.version)
+
+    def _ask_leader_for_job(self, token: int, req: dict) -> bool:
+        """A job this member does not know may be committed already, its entry not here yet
+        (a follower learns of a commit a heartbeat after the leader answered the submit): before
+        it says "no such job", a member that does not lead asks the leader (F_CTL), and answers
+        with the leader's word once its own table has the job. True when asked."""
+        leader = self.view.leader
+        if (self._leading() or token in self._remote or leader is None
+                or leader == self.cfg.member or req["id"] in self.table.forgotten):
+            return False
+        self._next_fleet_ask += 1
+        rid = f"#get.{self.cfg.member}.{self._next_fleet_ask}"  # no client request id has "#"
+        ask = {"op": "get", "id": req["id"], "items": req["items"], "wait_ms": 0}
+        ch = self._new_change([token], "get", req["id"], ask)
+        ch.deadline_ms = ch.sent_ms = self.now_ms
+        ch.deadline_ms += limits.fleet_ask_ms
+        self._forwarded[rid] = ch
+        self._count("ctl_get_asked_leader")
+        self._out.append(Send(leader, "F_CTL", {"rid": rid, "req": ask}))
+        return True
 
     def _not_found(self, token: int, job_id: str) -> None:
         if job_id in self.table.forgotten:
@@ -851,6 +874,10 @@ class JobNode(LeaderDuties, Following, Feeding, Orders):
                             self._reply(token, 422, {"error": RID_REUSED})
                         else:
                             self._answer_change(token, ch.op, ch.job_id, seen)
+                elif ch.deadline_ms <= now and ch.op == "get":
+                    del pending[rid]  # the leader did not answer in time: what this member knows
+                    for token in ch.tokens:
+                        self._not_found(token, ch.job_id or "")
                 elif ch.deadline_ms <= now and ch.op in ("fleet", "pools"):
                     del pending[rid]  # the leader did not answer in time: what this member knows
                     for token in ch.tokens:
