@@ -49,7 +49,6 @@ from meshjobs.node import (
     JobNode,
     PeerLink,
     Pin,
-    Propose,
     Reply,
     Run,
     Send,
@@ -57,6 +56,8 @@ from meshjobs.node import (
     Unpin,
     UnpinAllBut,
     View,
+    advance,
+    run_round,
 )
 from meshjobs.node.events import Exit, Notify
 from meshjobs.replica import fail_stop
@@ -317,31 +318,35 @@ class JobsThread:
             replica.wait(min(wait_s, replica.due_s()))
 
     def _step_once(self) -> bool:
-        node, replica = self.node, self.replica
+        """One round: gather the events, step the node with them (`run_round`), then carry out
+        what it asks in the gate's order (`advance`: log, sync, release)."""
+        replica = self.replica
+        events: list[Any] = []
         view = replica.view()
         if view != self._last_view:
             self._last_view = view
-            node.step(view)
+            events.append(view)
             log.info("raft_view", term=view.term, leader=view.leader, is_leader=view.is_leader,
                      ready=view.ready)
         now = self.clock_ms()
-        node.step(Tick(now))
+        events.append(Tick(now))
         if now >= self._next_publish_ms:
             # Every `publish_ms`: what the blob store holds, for this member's reports.
             self._next_publish_ms = now + limits.publish_ms
-            node.step(BlobBytes(int(self.blobs.stats().get("bytes", 0))))
+            events.append(BlobBytes(int(self.blobs.stats().get("bytes", 0))))
         applied = replica.take_applied()
-        for a in applied:
-            node.step(a)
-        events = 0
-        while events < limits.events_batch_max:
+        events += applied
+        taken = 0
+        while taken < limits.events_batch_max:
             try:
                 token, req, fut = self.inbox.get_nowait()
             except queue.Empty:
                 break
-            events += 1
+            taken += 1
             if fut is None:
-                self._frame(req)
+                frame = self._frame(req)
+                if frame is not None:
+                    events.append(frame)
                 continue
             self._futures[token] = fut
             if isinstance(req, dict):
@@ -349,49 +354,44 @@ class JobsThread:
                     self._metrics_tokens.add(token)
                 elif req.get("op") == "submit" and self.timings is not None:
                     self._submit_at[token] = time.monotonic()
-            node.step(Ctl(token, req))
-        while events < limits.events_batch_max:
+            events.append(Ctl(token, req))
+        while taken < limits.events_batch_max:
             try:
                 ev = self.ends.get_nowait()
             except queue.Empty:
                 break
             if isinstance(ev, ItemEnded) and self.timings is not None:
                 self._time_end(ev)
-            node.step(ev)
-            events += 1
-        effects = node.take()
-        proposed = False
-        for eff in effects:
-            if isinstance(eff, Propose):
-                replica.propose(eff.entry)
-                proposed = True
-        # The gate: nothing below leaves this thread before the journal is durable.
-        if replica.journal.dirty:
-            try:
-                t0 = time.monotonic()
-                replica.journal_sync()
-                if self.timings is not None:
-                    self.timings.journal_fsync_s.observe(time.monotonic() - t0)
-            except OSError as exc:
-                fail_stop(log, "the journal could not be made durable", exc, path=self._data_dir(),
-                          **({"exit_fn": self._exit_fn} if self._exit_fn else {}))
-                raise
-            self.syncs += 1
-        # Items start first: the driver thread spawns while the answers go out.
-        for eff in effects:
-            if isinstance(eff, Run):
-                self._release(eff)
-        for eff in effects:
-            if not isinstance(eff, Run):
-                self._release(eff)
-        if not proposed:
+            events.append(ev)
+            taken += 1
+        ready = run_round(self.node, events)
+        advance(ready, persist=replica.propose, sync=self._sync, release=self._release)
+        if not ready.entries:
             # (After a proposal the next tick sends its entries, which carry the commit index.)
             replica.send_commit_notice()
         if self._awaiting_input:
             self._start_ready_inputs()
         if self._awaiting_fetch:
             self._confirm_fetches()
-        return proposed or bool(applied) or events >= limits.events_batch_max
+        return bool(ready.entries) or bool(applied) or taken >= limits.events_batch_max
+
+    def _sync(self) -> None:
+        """The gate: one fsync for everything logged since the last one (this round's entries,
+        or what Raft appended). Nothing that `advance` releases after it leaves this thread
+        before the journal is durable; if it cannot be made durable the member stops."""
+        replica = self.replica
+        if not replica.journal.dirty:
+            return
+        try:
+            t0 = time.monotonic()
+            replica.journal_sync()
+            if self.timings is not None:
+                self.timings.journal_fsync_s.observe(time.monotonic() - t0)
+        except OSError as exc:
+            fail_stop(log, "the journal could not be made durable", exc, path=self._data_dir(),
+                      **({"exit_fn": self._exit_fn} if self._exit_fn else {}))
+            raise
+        self.syncs += 1
 
     def _start_ready_inputs(self) -> None:
         now = time.monotonic()
@@ -471,14 +471,15 @@ class JobsThread:
                     m[f"item_logs_{k}"] = v
         return m
 
-    def _frame(self, ev: FrameIn) -> None:
+    def _frame(self, ev: FrameIn) -> FrameIn | None:
+        """A frame for the node, once whole (a frame sent in parts waits for its last part)."""
         body = ev.body
         if isinstance(body, dict) and "parts" in body:
             whole = self._assembler.add(ev.peer, body)
             if whole is None:
-                return
+                return None
             ev = FrameIn(ev.peer, ev.ftype, whole)
-        self.node.step(ev)
+        return ev
 
     def _release(self, eff: Any) -> None:
         if isinstance(eff, Reply):
@@ -527,8 +528,6 @@ class JobsThread:
                     self.mover.prefetch(d)
                 self._awaiting_fetch[(eff.owner, eff.digests)] = (
                     time.monotonic() + limits.blob_copy_wait_ms / 1000)
-        elif isinstance(eff, Propose):
-            pass
         elif isinstance(eff, Exit):
             log.info("meshd_stop_ordered", why=eff.why)
             if self.on_exit is not None:

@@ -94,7 +94,6 @@ from meshjobs.node import (
     Pin,
     Pool,
     Pressure,
-    Propose,
     Reply,
     Run,
     Send,
@@ -104,6 +103,7 @@ from meshjobs.node import (
     View,
 )
 from meshjobs.node.events import Exit, Notify
+from meshjobs.node.ready import AFTER_SYNC, advance
 from meshjobs.table import CANCELLED, FAILED, ITEM_STATE_NAMES, LEASED, PENDING, TIMEOUT, JobTable
 
 T0_MS = 1_700_000_000_000
@@ -253,6 +253,7 @@ class _Member:
     disk_known: bool = False
     exiting: bool = False  # its node said Exit (a stop order): it goes down after this step
     cut: set = field(default_factory=set)  # runs its node cut, whose end is still to come
+    unsynced: bool = False  # it logged entries this round and has not synced them yet
 
 
 @dataclass
@@ -458,21 +459,30 @@ class Sim:
             node.step(ev)
             if isinstance(ev, DiskFull):
                 m.disk_known = ev.on
-        for eff in node.take():
-            self._effect(m, eff)
+        advance(node.ready(), persist=lambda entry: self._persist(m, entry),
+                sync=lambda: self._sync(m), release=lambda eff: self._effect(m, eff))
         if m.exiting:
             self._crash(m, "stop_exits_")  # its meshd exits; started again later
 
+    def _persist(self, m: _Member, entry: dict) -> None:
+        if m.disk_known:
+            # A member whose disk is full takes no work: as leader it leases nothing to
+            # itself (it learned of its disk before this round).
+            for sub in entry.get("es", ()):
+                if sub.get("k") == "lease" and any(g[2] == m.name for g in sub["g"]):
+                    self.fail(f"{m.name} leased items to itself while its disk is full")
+        m.unsynced = True
+        self._propose(m, entry)
+
+    def _sync(self, m: _Member) -> None:
+        m.unsynced = False
+
     def _effect(self, m: _Member, eff: Any) -> None:
-        if isinstance(eff, Propose):
-            if m.disk_known:
-                # A member whose disk is full takes no work: as leader it leases nothing to
-                # itself (it learned of its disk before this round).
-                for sub in eff.entry.get("es", ()):
-                    if sub.get("k") == "lease" and any(g[2] == m.name for g in sub["g"]):
-                        self.fail(f"{m.name} leased items to itself while its disk is full")
-            self._propose(m, eff.entry)
-        elif isinstance(eff, Reply):
+        if m.unsynced and isinstance(eff, AFTER_SYNC) and not (
+                isinstance(eff, Reply) and eff.answer.status == 400):
+            self.fail(f"{m.name} let {type(eff).__name__} leave before the entries it logged "
+                      f"this round were synced")
+        if isinstance(eff, Reply):
             self._reply(m, eff.token, eff.answer)
         elif isinstance(eff, Send):
             self._send(m, eff)

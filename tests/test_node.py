@@ -36,6 +36,7 @@ from meshjobs.node import (
     Send,
     Tick,
     View,
+    advance,
     spec_digest,
 )
 from meshjobs.table import JobTable, backoff_ms
@@ -72,26 +73,31 @@ class Fleet1:
         self.node.step(Ctl(token, req))
 
     def take(self) -> list[Any]:
-        effects = self.node.take()
-        for eff in effects:
-            if isinstance(eff, Propose):
-                # A batch's entries are committed one by one here, so that a test can commit
-                # (or lose) a lease, a result or a change on its own.
-                subs = [eff.entry]
-                if eff.entry["k"] == "batch":
-                    self.batches.append(eff.entry)
-                    subs = eff.entry["es"]
-                    for sub in subs:
-                        self._tags[id(sub)] = eff.entry["p"]
-                self.pending += subs
-                self.proposed += subs
-            elif isinstance(eff, Reply):
-                self.replies.setdefault(eff.token, []).append(eff.answer)
-            elif isinstance(eff, Run):
-                self.runs.append(eff)
-            elif isinstance(eff, Cut):
-                self.cuts.append(eff)
-        return effects
+        """One round's second half, as the jobs thread and the simulator carry it out
+        (`advance`); returns the round's effects in the order they were released."""
+        ready = self.node.ready()
+        advance(ready, persist=self._persist, sync=lambda: None, release=self._release)
+        return ready.effects()
+
+    def _persist(self, entry: dict) -> None:
+        # A batch's entries are committed one by one here, so that a test can commit (or
+        # lose) a lease, a result or a change on its own.
+        subs = [entry]
+        if entry["k"] == "batch":
+            self.batches.append(entry)
+            subs = entry["es"]
+            for sub in subs:
+                self._tags[id(sub)] = entry["p"]
+        self.pending += subs
+        self.proposed += subs
+
+    def _release(self, eff: Any) -> None:
+        if isinstance(eff, Reply):
+            self.replies.setdefault(eff.token, []).append(eff.answer)
+        elif isinstance(eff, Run):
+            self.runs.append(eff)
+        elif isinstance(eff, Cut):
+            self.cuts.append(eff)
 
     def commit(self, entry: dict) -> int:
         tag = self._tags.pop(id(entry), None)

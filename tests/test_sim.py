@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from meshjobs import cron, limits
 from meshjobs.control import Answer
-from meshjobs.node import Ctl, JobNode, NodeConfig, Pool, Propose, Reply, Tick, View
+from meshjobs.node import Ctl, JobNode, NodeConfig, Pool, Propose, Ready, Reply, Tick, View
 from meshjobs.node.events import Exit
 from meshjobs.sim import SimConfig, SimFailure, run
 from meshjobs.table import CANCELLED, DONE, LEASED, JobTable
@@ -798,3 +798,17 @@ def test_planted_slots_ignored_is_caught() -> None:
             if "effective slots" in msg:
                 return
     raise AssertionError("no seed caught a member that ignores slots orders")
+
+
+class LeakyGateNode(JobNode):
+    """Planted: the node's Ready lets every effect leave at once, before the round's entries
+    are synced (a gate that answers a submit, or starts an item, from an unsynced log)."""
+
+    def ready(self) -> Ready:
+        r = super().ready()
+        return Ready(r.entries, r.at_once + r.after_sync, ())
+
+
+def test_sim_catches_a_gate_that_releases_before_the_sync() -> None:
+    caught(range(3), "a gate releasing before the sync", "before the entries it logged",
+           config=SimConfig(), node_cls=LeakyGateNode)

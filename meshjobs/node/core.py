@@ -62,6 +62,7 @@ from meshjobs.node.feed import Feeding
 from meshjobs.node.follow import Following
 from meshjobs.node.hooks import Orders
 from meshjobs.node.leader import LeaderDuties, Member
+from meshjobs.node.ready import Ready
 from meshjobs.table import DONE, FAILED, RID_REUSED, TIMEOUT, JobTable
 
 
@@ -239,6 +240,11 @@ class JobNode(LeaderDuties, Following, Feeding, Orders):
         self._flush_changes()
         out, self._out = self._out, []
         return out
+
+    def ready(self) -> Ready:
+        """`take`, sorted by the durability gate (node/ready.py): what to log, what may leave
+        at once, what must wait for the sync."""
+        return Ready.of(self.take())
 
     def _may_propose(self, changes: bool = False) -> bool:
         """Is there room for another entry in flight? (One applied, or lost for
