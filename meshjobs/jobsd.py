@@ -218,6 +218,9 @@ class JobsThread:
         # and the sender of jobs' finish notices (meshjobs.notify.Notifier).
         self.on_exit: Callable[[str], None] | None = None
         self.notifier: Any = None
+        # A wake-up of this thread is on its way (see `_wake`); cleared before each round takes
+        # its events, so an event queued after that sends a new one.
+        self._woken = False
 
     def _data_dir(self) -> str | None:
         """The folder of the journal (where a full disk is looked for), if there is one."""
@@ -237,7 +240,7 @@ class JobsThread:
         except queue.Full:
             fut.set_result(_BUSY)
             return fut
-        self.replica.notifier.notify()
+        self._wake()
         return fut
 
     def item_ended(self, end: Any) -> None:
@@ -249,7 +252,7 @@ class JobsThread:
     def event(self, ev: Any) -> None:
         """An event from a thread of this member (driver, blob threads): never dropped."""
         self.ends.put(ev)
-        self.replica.notifier.notify()
+        self._wake()
 
     def frame_in(self, peer: str, frame: Any) -> None:
         """A frame from the links thread. Blob frames go to the blob mover, live output frames
@@ -268,10 +271,21 @@ class JobsThread:
         except queue.Full:
             self.frames_dropped += 1
             return
-        self.replica.notifier.notify()
+        self._wake()
 
     def peer_changed(self, peer: str, up: bool, hello: dict) -> None:
         self.event(PeerLink(peer, up))
+
+    def _wake(self) -> None:
+        """Wake the thread for an event just queued, unless a wake-up is on its way already:
+        a round takes every event queued before it starts, so while one is due, more are only
+        more writes to the notifier's pipe (a system call each, and a switch of threads).
+        The event is queued before `_woken` is read here, and the round clears `_woken` before
+        it takes its events: an event is either taken by the round that is due or wakes another."""
+        if self._woken:
+            return
+        self._woken = True
+        self.replica.notifier.notify()
 
     def stop(self) -> None:
         self._stop.set()
@@ -318,6 +332,7 @@ class JobsThread:
 
     def _step_once(self) -> bool:
         node, replica = self.node, self.replica
+        self._woken = False  # events queued from here on wake the thread again (see `_wake`)
         view = replica.view()
         if view != self._last_view:
             self._last_view = view
