@@ -126,6 +126,9 @@ class WorkerReplica:
     def propose(self, entry: dict) -> None:
         raise AssertionError("a worker member never proposes")
 
+    def log_proposals(self) -> None:
+        pass  # never proposes
+
     def send_commit_notice(self) -> None:
         pass  # no Raft log, nothing to tell
 
@@ -380,6 +383,10 @@ class JobsThread:
             if isinstance(eff, Propose):
                 replica.propose(eff.entry)
                 proposed = True
+        if proposed:
+            # Into the log before the gate, so that this round's fsync covers them (not the
+            # next round's, after one more trip round the loop).
+            replica.log_proposals()
         # The gate: nothing below leaves this thread before the journal is durable.
         if replica.journal.dirty:
             try:
