@@ -21,9 +21,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import collections
 import concurrent.futures
 import contextlib
-import json
+import functools
 import math
 import resource
 import secrets
@@ -41,7 +42,7 @@ import structlog
 from aiohttp import web
 
 from blobstore import BlobCorrupt, BlobGone, StoreFull
-from meshjobs import auth, cron, fleetctl, httpconn, limits, metrics, placement, webui
+from meshjobs import auth, cron, fleetctl, httpconn, jsonbody, limits, metrics, placement, webui
 from meshjobs.auth import AuthError, Caller, Sessions
 from meshjobs.config import Auth
 from meshjobs.connbook import conns_limit
@@ -148,12 +149,63 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _loads(raw: bytes) -> Any:
-    return json.loads(raw, parse_constant=_no_constants)
+    return jsonbody.loads(raw)
+
+
+class _Expired(Exception):
+    """The control port did not answer a request in time."""
+
+
+def _expire(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_exception(_Expired())
+
+
+class Handoff:
+    """Answers of the jobs thread handed to the event loop: the jobs thread answers a whole
+    round's requests at once, and the loop is woken once for all of them (one write to its
+    self-pipe, one switch of threads), not once per answer.
+
+    `put` runs on the thread that answers (a future's done callback); `_drain` on the loop.
+    The order of the two steps on each side is what makes it safe without a lock: `put` queues
+    before it looks at `_due`, and `_drain` clears `_due` before it empties the queue, so an
+    answer queued while a drain is on its way is either taken by it or wakes the loop again.
+    """
+
+    def __init__(self) -> None:
+        self._ready: collections.deque[tuple[asyncio.Future[Any], concurrent.futures.Future[Any]]] = (
+            collections.deque())
+        self._due = False
+        self.wakeups = 0  # times the loop was woken for answers (for the tests' eyes)
+
+    def put(self, loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[Any],
+            done: concurrent.futures.Future[Any]) -> None:
+        self._ready.append((waiter, done))
+        if self._due:
+            return
+        self._due = True
+        try:
+            loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:
+            pass  # The loop closed while the answer was on its way; nobody waits for it.
+
+    def _drain(self) -> None:
+        self._due = False
+        self.wakeups += 1
+        ready = self._ready
+        while ready:
+            waiter, done = ready.popleft()
+            if waiter.done():
+                continue  # timed out, or its request was cancelled
+            if done.cancelled():
+                waiter.set_exception(HttpError(503, "member busy, try again"))
+                continue
+            exc = done.exception()
+            if exc is not None:
+                waiter.set_exception(exc)
+            else:
+                waiter.set_result(done.result())
 
 
 class HttpApi:
@@ -228,6 +280,10 @@ class HttpApi:
         self._not_logged = 0
         self.error: BaseException | None = None
         self._event_streams = EventStreams(self._ask, self._stopping.is_set)
+        # Answers of the jobs thread on their way to the event loop, many per wake-up.
+        self._handoff = Handoff()
+        # Host headers found good (check_host is a pure function of the header and the names).
+        self._hosts_ok: dict[str, None] = {}
 
     @property
     def scheme(self) -> str:
@@ -397,8 +453,11 @@ class HttpApi:
         method = request.method.upper()
         headers = request.headers
         try:
-            if route != "/healthz":
-                auth.check_host(headers.get("Host"), self._names)
+            host = headers.get("Host")
+            if route != "/healthz" and host not in self._hosts_ok:
+                auth.check_host(host, self._names)
+                if host is not None and len(self._hosts_ok) < limits.http_hosts_remembered_max:
+                    self._hosts_ok[host] = None
             auth.check_origin(headers, method, self.scheme, self._bound_port, self._names)
             sid, session = self._session_of(request)
             caller = auth.authorize(self._auth, method, route, headers.get("Authorization"),
@@ -529,34 +588,18 @@ class HttpApi:
         except ControlError as e:
             return Answer(e.status, {"error": e.message})
         waiter: asyncio.Future[Answer] = loop.create_future()
-
-        def transfer(done: concurrent.futures.Future[Answer]) -> None:
-            if waiter.done():
-                return
-            if done.cancelled():
-                waiter.set_exception(HttpError(503, "member busy, try again"))
-                return
-            exc = done.exception()
-            if exc is not None:
-                waiter.set_exception(exc)
-            else:
-                waiter.set_result(done.result())
-
-        def on_done(done: concurrent.futures.Future[Answer]) -> None:
-            try:
-                loop.call_soon_threadsafe(transfer, done)
-            except RuntimeError:
-                pass  # The loop closed while the answer was on its way; nobody waits for it.
-
-        fut.add_done_callback(on_done)
+        fut.add_done_callback(functools.partial(self._handoff.put, loop, waiter))
         timeout_s = (limits.ctl_commit_ms_max + CTL_SLACK_MS + extra_ms) / 1000
+        timer = loop.call_later(timeout_s, _expire, waiter)
         try:
-            answer = await asyncio.wait_for(waiter, timeout_s)
-        except TimeoutError:
+            answer = await waiter
+        except _Expired:
             self._log.warning("http_control_timeout", op=request.get("op"), timeout_s=timeout_s)
             raise HttpError(503, "member busy, try again") from None
         except ControlError as e:
             return Answer(e.status, {"error": e.message})
+        finally:
+            timer.cancel()
         return Answer(int(answer[0]), answer[1])
 
     async def _relay(self, request: dict, extra_ms: int = 0) -> web.Response:
@@ -587,6 +630,10 @@ class HttpApi:
         """The whole body, or 408 and a closed connection when it does not arrive within the
         body timeout: a client that sends a head and then trickles its body must not hold a
         connection (and its buffered bytes) for ever."""
+        if reader is None and request.content.is_eof():
+            # The whole body came with the head (or was read before): nothing to wait for, so
+            # no task and no timer for the timeout.
+            return await request.read()
         try:
             return await asyncio.wait_for((reader or _read_all)(request), self._body_s)
         except TimeoutError:

@@ -127,6 +127,9 @@ class WorkerReplica:
     def propose(self, entry: dict) -> None:
         raise AssertionError("a worker member never proposes")
 
+    def log_proposals(self) -> None:
+        pass  # never proposes
+
     def send_commit_notice(self) -> None:
         pass  # no Raft log, nothing to tell
 
@@ -219,6 +222,10 @@ class JobsThread:
         # and the sender of jobs' finish notices (meshjobs.notify.Notifier).
         self.on_exit: Callable[[str], None] | None = None
         self.notifier: Any = None
+        # A wake-up of this thread is on its way (see `_wake`); cleared before each round takes
+        # its events, so an event queued after that sends a new one.
+        self._woken = False
+        self._logging = False  # this round proposed: its entries go into the log before the sync
 
     def _data_dir(self) -> str | None:
         """The folder of the journal (where a full disk is looked for), if there is one."""
@@ -238,7 +245,7 @@ class JobsThread:
         except queue.Full:
             fut.set_result(_BUSY)
             return fut
-        self.replica.notifier.notify()
+        self._wake()
         return fut
 
     def item_ended(self, end: Any) -> None:
@@ -250,7 +257,7 @@ class JobsThread:
     def event(self, ev: Any) -> None:
         """An event from a thread of this member (driver, blob threads): never dropped."""
         self.ends.put(ev)
-        self.replica.notifier.notify()
+        self._wake()
 
     def frame_in(self, peer: str, frame: Any) -> None:
         """A frame from the links thread. Blob frames go to the blob mover, live output frames
@@ -269,10 +276,21 @@ class JobsThread:
         except queue.Full:
             self.frames_dropped += 1
             return
-        self.replica.notifier.notify()
+        self._wake()
 
     def peer_changed(self, peer: str, up: bool, hello: dict) -> None:
         self.event(PeerLink(peer, up))
+
+    def _wake(self) -> None:
+        """Wake the thread for an event just queued, unless a wake-up is on its way already:
+        a round takes every event queued before it starts, so while one is due, more are only
+        more writes to the notifier's pipe (a system call each, and a switch of threads).
+        The event is queued before `_woken` is read here, and the round clears `_woken` before
+        it takes its events: an event is either taken by the round that is due or wakes another."""
+        if self._woken:
+            return
+        self._woken = True
+        self.replica.notifier.notify()
 
     def stop(self) -> None:
         self._stop.set()
@@ -322,6 +340,7 @@ class JobsThread:
         what it asks in the gate's order (`advance`: log, sync, release)."""
         replica = self.replica
         events: list[Any] = []
+        self._woken = False  # events queued from here on wake the thread again (see `_wake`)
         view = replica.view()
         if view != self._last_view:
             self._last_view = view
@@ -365,7 +384,7 @@ class JobsThread:
             events.append(ev)
             taken += 1
         ready = run_round(self.node, events)
-        advance(ready, persist=replica.propose, sync=self._sync, release=self._release)
+        advance(ready, persist=self._persist, sync=self._sync, release=self._release)
         if not ready.entries:
             # (After a proposal the next tick sends its entries, which carry the commit index.)
             replica.send_commit_notice()
@@ -375,11 +394,20 @@ class JobsThread:
             self._confirm_fetches()
         return bool(ready.entries) or bool(applied) or taken >= limits.events_batch_max
 
+    def _persist(self, entry: dict) -> None:
+        self.replica.propose(entry)
+        self._logging = True
+
     def _sync(self) -> None:
         """The gate: one fsync for everything logged since the last one (this round's entries,
         or what Raft appended). Nothing that `advance` releases after it leaves this thread
         before the journal is durable; if it cannot be made durable the member stops."""
         replica = self.replica
+        if self._logging:
+            # Into the log before the fsync, so that this round's fsync covers the round's
+            # entries (not the next round's, after one more trip round the loop).
+            self._logging = False
+            replica.log_proposals()
         if not replica.journal.dirty:
             return
         try:

@@ -54,6 +54,13 @@ http_token_chars_max = 4096  # a bearer token or session id; a longer one is ref
 http_sessions_max = 1024  # browser sessions (POST /login) a member keeps; the oldest goes first
 http_session_s_max = 12 * 3600  # a browser session ends this long after its login
 http_login_body_bytes_max = 16 * 1024  # the body of POST /login (a form or JSON with a token)
+# Request bodies read by orjson rather than the standard library (meshjobs/jsonbody.py): only
+# those small enough, without a number of more digits, nor this many brackets (nesting depth).
+json_fast_bytes_max = 1 << 20
+json_fast_digits_max = 18
+json_fast_brackets_max = 512
+# Host headers found good, remembered so that the next request with one is not parsed again.
+http_hosts_remembered_max = 64
 http_refusal_logs_per_s_max = 5  # refused requests (401/403/415/421) logged per second; more are counted
 # The default connection limit: the soft fd limit (RLIMIT_NOFILE) less what the rest of meshd may
 # open (LMDB, journal, spool files, item and python-worker pipes, member links): a quarter of the

@@ -19,7 +19,7 @@ import pytest
 import meshjobs
 
 PURE = ("table", "node", "control", "auth", "connbook", "frames", "raftseam", "webui", "bulk",
-        "placement", "fleetctl", "reruns", "cron", "watchplan")
+        "placement", "fleetctl", "reruns", "cron", "watchplan", "jsonbody")
 FORBIDDEN = frozenset({
     "os", "socket", "threading", "time", "random", "lmdb", "pysyncobj", "subprocess",
     # Other ways to reach the world, the clock or entropy from a module that must not.
