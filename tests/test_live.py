@@ -96,9 +96,16 @@ def test_versions_grow_and_agree_on_every_member(fleet3, tmp_path) -> None:
     assert status == 200, rec
     assert rec["version"] > first[0] and rec["items_done"] == 1 and rec["state"] == "running"
     open_gate(gate, 1)
-    done = wait_until(lambda: (v := versions()) and len(set(v)) == 1
-                      and all(m.request("GET", f"/jobs/{job_id}")[1]["state"] == "done"
-                              for m in fleet3) and v, what="the job done everywhere")
+
+    def done_versions() -> list[int] | None:
+        # Each member's version and state from one answer: read apart, a version read before
+        # the job's last change could be paired with a state read after it.
+        recs = [m.request("GET", f"/jobs/{job_id}")[1] for m in fleet3]
+        if all(r["state"] == "done" for r in recs) and len({r["version"] for r in recs}) == 1:
+            return [r["version"] for r in recs]
+        return None
+
+    done = wait_until(done_versions, what="the job done everywhere, at one version")
     assert done[0] > rec["version"]
     for name, s in streams.items():
         ev, _ = s.until(lambda e: e["data"]["id"] == job_id and e["data"]["state"] == "done")
