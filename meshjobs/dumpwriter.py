@@ -180,9 +180,20 @@ class ForkedDumps(Serializer):
         self._Serializer__transmissions = {}
         return SERIALIZER_STATE.SUCCESS, self._id
 
+    def setTransmissionData(self, data: Any) -> bool:
+        """A dump sent by the leader (pysyncobj writes it beside ours and renames it into place;
+        True once it is whole and the member loads it): a dump of our own still being written
+        is older, and renamed over it, it would not match the journal that pysyncobj rebuilds
+        from the leader's. It is abandoned first."""
+        done = bool(super().setTransmissionData(data))
+        if done and self.writing:
+            self.close()
+            log.info("dump.abandoned", why="a newer dump came from the leader")
+        return done
+
     def close(self) -> None:
-        """Stop a dump being written (the member stops): kill and reap the child, drop its
-        file. The journal was not trimmed for it."""
+        """Stop a dump being written (the member stops, or a newer dump came): kill and reap
+        the child, drop its file. The journal was not trimmed for it."""
         pid = self._pid
         if pid > 0:
             with contextlib.suppress(OSError):

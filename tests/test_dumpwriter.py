@@ -196,3 +196,20 @@ def test_member_serves_while_a_dump_is_written(meshd_factory) -> None:
     for job_id, state in ((big["id"], "held"), (rec["id"], "done")):
         status, job = m.request("GET", f"/jobs/{job_id}")
         assert status == 200 and job["state"] == state
+
+
+def test_dump_from_the_leader_wins_over_ours(tmp_path: Path) -> None:
+    """A dump received from the leader while our child writes one: ours is abandoned (never
+    renamed over the leader's, never reported as written), the leader's stays in place."""
+    path = tmp_path / "raft.dump"
+    health = DumpHealth()
+    w = _writer(path, {"a": 1}, Failpoints("dump.fsync=sleep:30000"), health)
+    w.serialize((None, LAST, PREV, CLUSTER), 9)
+    wait_until(lambda: (tmp_path / "raft.dump.tmp").exists(), 30, "the child's tmp file")
+    assert w.setTransmissionData((b"the leader's dump", True, False)) is False
+    assert w.writing
+    assert w.setTransmissionData((b"", False, True)) is True
+    assert not w.writing and not (tmp_path / "raft.dump.tmp").exists()
+    assert path.read_bytes() == b"the leader's dump"
+    assert w.checkSerializing() == (SERIALIZER_STATE.NOT_SERIALIZING, None)
+    assert (health.written, health.failures) == (0, 0)
