@@ -135,6 +135,8 @@ class ForkedDumps(Serializer):
         code = 1
         try:
             gc.disable()  # a collection would only copy pages of the member's heap
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)  # the member's handlers are not the child's
             os.close(r)
             if _PRCTL is not None:
                 _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
