@@ -9,10 +9,10 @@ between two ticks, so it is a committed state), and the jobs thread learns of it
 `checkSerializing`, which pysyncobj calls at every tick.
 
 Rules:
-- Rule 1: the journal is trimmed only after a dump that is whole and durable: the child exits 0
-  only after the fsync of `raft.dump.tmp`; the member renames it over `raft.dump` only then and
-  reports SUCCESS, and the journal fsyncs the dump and the folder before it drops an entry
-  (journal.py, rule 5). Any other end of the child (an error, a signal, a nonzero exit, a lost
+- Rule 1: the journal is trimmed only after a dump that is whole and durable: the child renames
+  `raft.dump.tmp` over `raft.dump` only after its fsync, and exits 0 only after that; only then
+  does the member report SUCCESS, and the journal fsyncs the dump and the folder before it drops
+  an entry (journal.py, rule 5). Any other end of the child (an error, a signal, a nonzero exit, a lost
   child) is a failed dump: the tmp file is deleted, `DumpHealth` counts it and sets the backoff,
   and the journal keeps every entry (dumpfile.py, rule 3).
 - Rule 2: the child runs no code of the member but the dump: no logging, no locks, no `atexit`
@@ -143,6 +143,9 @@ class ForkedDumps(Serializer):
             if os.getppid() != parent:
                 raise DumpWriteFailed("the member died before its dump writer started")
             write_dump(self._tmp, self._get_state(), last, prev, cluster, planned)
+            # Renamed here, not by the member: the rename frees the old dump's blocks, which
+            # takes tens of milliseconds for a dump of a million items.
+            os.replace(self._tmp, self._path)
             code = 0
         except BaseException as e:  # noqa: BLE001 - the child reports every failure, then exits
             with contextlib.suppress(BaseException):
@@ -172,11 +175,6 @@ class ForkedDumps(Serializer):
             ended = f"exit code {code}" if code >= 0 else f"signal {-code}"
             self._failed(DumpWriteFailed(why or f"the dump writer ended with {ended}"))
             return SERIALIZER_STATE.FAILED, self._id
-        try:
-            os.replace(self._tmp, self._path)
-        except OSError as e:
-            self._failed(e)
-            return SERIALIZER_STATE.FAILED, self._id
         self._health.ok()
         # What pysyncobj's own writer does on success: transmissions start over from the file.
         self._Serializer__transmissions = {}
@@ -187,11 +185,12 @@ class ForkedDumps(Serializer):
         True once it is whole and the member loads it): a dump of our own still being written
         is older, and renamed over it, it would not match the journal that pysyncobj rebuilds
         from the leader's. It is abandoned first."""
-        done = bool(super().setTransmissionData(data))
-        if done and self.writing:
+        last = isinstance(data, tuple) and len(data) == 3 and bool(data[2])
+        if last and self.writing:
+            # Before pysyncobj renames the leader's dump into place: ours cannot follow it.
             self.close()
             log.info("dump.abandoned", why="a newer dump came from the leader")
-        return done
+        return bool(super().setTransmissionData(data))
 
     def close(self) -> None:
         """Stop a dump being written (the member stops, or a newer dump came): kill and reap

@@ -45,7 +45,7 @@ def _outcome(w: ForkedDumps) -> tuple[int, int | None]:
 
 def test_child_writes_the_state_of_the_fork(tmp_path: Path) -> None:
     """The dump holds the state at `serialize` (the child's copy), not what the member changed
-    while the child wrote; it is renamed into place only when the child is done."""
+    while the child wrote; it is renamed into place only after its fsync."""
     path = tmp_path / "raft.dump"
     state = {"a": 1}
     health = DumpHealth()
