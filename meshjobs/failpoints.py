@@ -72,6 +72,27 @@ class Failpoints:
         if count >= due and count <= self._until.get(name, count):
             raise OSError(errno.EIO, f"injected failure at {name}")
 
+    def plan(self, name: str) -> Failpoints:
+        """Count one pass through point `name` now, and return a Failpoints whose `hit(name)`
+        does what this pass does (nothing, sleep, or raise), to be done later: a forked dump
+        writer takes its pass from the member, which keeps the count (the child's own copy of
+        the counters would start from the member's every time)."""
+        planned = Failpoints()
+        due = self._due.get(name)
+        if due is None:
+            pause_s = self._sleep_s.get(name)
+            if pause_s is not None:
+                with self._lock:
+                    self._hits[name] = self._hits.get(name, 0) + 1
+                planned._sleep_s[name] = pause_s
+            return planned
+        with self._lock:
+            count = self._hits.get(name, 0) + 1
+            self._hits[name] = count
+        if count >= due and count <= self._until.get(name, count):
+            planned._due[name] = 1
+        return planned
+
     def hits(self, name: str) -> int:
         """How many times a configured point has been passed (0 for an unconfigured one)."""
         with self._lock:

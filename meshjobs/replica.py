@@ -8,7 +8,8 @@ this module makes up for it:
 - Its transport sends AppendEntries acknowledgements and votes before anything is durable:
   `GatedTransport.send` syncs the journal first (one fsync covers a whole tick's worth of sends).
 - Its dump is pickle, written without fsync: the dump pair in `dumpfile.py` writes msgpack with a
-  checksum and fsyncs it.
+  checksum and fsyncs it; and with a serializer of ours it writes on the ticking thread: a forked
+  child writes new dumps instead (`dumpwriter.py`).
 - Without a password anything that reaches the Raft port is unpickled: the fleet secret (32 random
   bytes) is always the password.
 - It binds the Raft port on every interface unless told otherwise: `bindAddress` is the
@@ -48,6 +49,7 @@ from pysyncobj.transport import TCPTransport
 from meshjobs import limits, raftseam
 from meshjobs.diskspace import EXIT_BUG, EXIT_DISK, describe, fix_hint, is_disk_error
 from meshjobs.dumpfile import DumpCorrupt, DumpHealth, check_dump, make_dump_pair
+from meshjobs.dumpwriter import ForkedDumps
 from meshjobs.failpoints import Failpoints
 from meshjobs.journal import DurableJournal
 from meshjobs.node import Applied, View
@@ -216,6 +218,13 @@ class Replica(SyncObj):
             raise AssertionError("pysyncobj did not build its journal through our factory")
         self.journal: DurableJournal = self._journal
         self.notifier = Notifier(self._poller)
+        # New dumps are written by a forked child (dumpwriter.py): the jobs thread goes on.
+        self.dump_writer: ForkedDumps | None = None
+        if hasattr(os, "fork"):
+            self.dump_writer = ForkedDumps(
+                dump_path, conf.logCompactionBatchSize, table.to_state, deserializer, self.dumps,
+                failpoints)
+            self._SyncObj__serializer = self.dump_writer
 
     # pysyncobj's leader tells followers the new commit index (an AppendEntries to each) in the
     # tick that applies the entries, before the jobs thread has seen them: the answers waiting
@@ -577,6 +586,8 @@ class Replica(SyncObj):
         return dict(getattr(transport, "dropped", {}))
 
     def close(self) -> None:
+        if self.dump_writer is not None:
+            self.dump_writer.close()
         self._destroy()
 
 

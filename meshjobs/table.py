@@ -45,6 +45,7 @@ from typing import Any
 import blake3
 
 from meshjobs import cron, limits, placement, reruns
+from meshjobs.compact import ItemQueue, entry_items
 from meshjobs.control import ControlError, parse_submit
 from meshjobs.fleetctl import CtlRefused, FleetCtl
 
@@ -170,7 +171,7 @@ class Job:
         self.started_ms = array("Q", bytes(8 * n))
         self.ended_ms = array("Q", bytes(8 * n))
         self.not_before: dict[int, int] = {}
-        self.queue: deque[int] = deque(range(n))
+        self.queue = ItemQueue(n)
         self.n_pending = n
         self.n_leased = 0
         self.n_done = 0
@@ -476,16 +477,18 @@ class JobTable:
         job_id = e.get("id")
         spec = e.get("spec")
         digest = e.get("dg")
-        stdin = e.get("items")
         if not isinstance(job_id, str) or not job_id or len(job_id) > limits.job_id_chars_max:
             raise Refused(400, "malformed job id", "malformed")
         if not isinstance(spec, dict) or not _spec_ok(spec):
             raise Refused(400, "malformed job spec", "malformed")
-        if not isinstance(digest, bytes) or not isinstance(stdin, list) or not stdin:
+        if not isinstance(digest, bytes) or ("items" in e and (
+                not isinstance(e["items"], list) or not e["items"])) or (
+                "items" not in e and "ip" not in e):
             raise Refused(400, "malformed submit", "malformed")
-        if len(stdin) > limits.items_max or not all(
-            d is None or (isinstance(d, bytes) and len(d) == 32) for d in stdin
-        ):
+        # Items come one payload each (`items`, older members) or compact (`ip` with `n` or
+        # `ix`, meshjobs/compact.py); either way one object per distinct payload.
+        stdin = entry_items(e)
+        if stdin is None:
             raise Refused(400, "malformed item list", "malformed")
         if job_id in self.forgotten:
             raise Refused(409, f"job id {job_id} was used by a job that is now forgotten; "
@@ -514,10 +517,6 @@ class JobTable:
                                    "for jobs the fleet has; submit the parent first, or drop it",
                               "bad_after")
         self.seq += 1
-        # Items of an array often share one payload: one bytes object for each distinct digest,
-        # not one per item as decoding made them.
-        shared: dict[bytes, bytes] = {}
-        stdin = [None if d is None else shared.setdefault(d, d) for d in stdin]
         job = self.jobs[job_id] = Job(job_id, self.seq, spec, digest, stdin, t)
         job.version = index
         if pins is not None:
@@ -1128,7 +1127,7 @@ class JobTable:
             j.started_ms = array("Q", started)
             j.ended_ms = array("Q", ended)
             j.not_before = {int(k): v for k, v in nb}
-            j.queue = deque(queue)
+            j.queue = ItemQueue.of(queue)
             j.started = ever
             if len(row) > 23 and row[23]:
                 j.errors = {int(i): t._texts.setdefault(e, e) for i, e in row[23]}

@@ -129,9 +129,11 @@ def test_log_compacted_by_size(meshd):
     everything is still there after a restart."""
     from meshjobs import limits
 
-    n = limits.log_compaction_bytes_min // 30  # an array entry of this many items is larger
+    # An array entry of this many items, each its own payload, is larger (an entry names each
+    # distinct payload once: the same few payloads would make it small).
+    n = limits.log_compaction_bytes_min // 30
     status, rec = meshd.request("POST", "/jobs", {"argv": ["true"], "hold": True,
-                                                  "items": [str(k % 7) for k in range(n)]})
+                                                  "items": [str(k) for k in range(n)]})
     assert status == 201, rec
     # A compaction keeps the last applied entry: two more entries let the big one go.
     for _ in range(2):
@@ -155,7 +157,7 @@ def _big_entry(m) -> dict:
 
     n = limits.log_compaction_bytes_min // 30
     status, rec = m.request("POST", "/jobs", {"argv": ["true"], "hold": True,
-                                              "items": [str(k % 7) for k in range(n)]})
+                                              "items": [str(k) for k in range(n)]})
     assert status == 201, rec
     for _ in range(2):
         status, _small = m.request("POST", "/jobs", {"argv": ["true"], "hold": True})

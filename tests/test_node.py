@@ -14,6 +14,7 @@ import msgpack
 import pytest
 
 from meshjobs import limits
+from meshjobs.compact import entry_items
 from meshjobs.control import Answer
 from meshjobs.node import (
     Applied,
@@ -174,7 +175,7 @@ def test_submit_answered_only_after_applied() -> None:
     [batch] = f.batches
     assert [e["k"] for e in batch["es"]] == ["submit", "lease"]
     assert [g[:2] for g in batch["es"][1]["g"]] == [["j1", 0], ["j1", 1]]
-    assert entry["t"] == f.now and entry["items"] == [None, None] and "id" not in entry["spec"]
+    assert entry["t"] == f.now and entry_items(entry) == [None, None] and "id" not in entry["spec"]
     f.tick(10)
     f.take()
     assert 1 not in f.replies

@@ -19,7 +19,7 @@ import pytest
 import meshjobs
 
 PURE = ("table", "node", "control", "auth", "connbook", "frames", "raftseam", "webui", "bulk",
-        "placement", "fleetctl", "reruns", "cron", "watchplan", "jsonbody")
+        "placement", "fleetctl", "reruns", "cron", "watchplan", "jsonbody", "compact")
 FORBIDDEN = frozenset({
     "os", "socket", "threading", "time", "random", "lmdb", "pysyncobj", "subprocess",
     # Other ways to reach the world, the clock or entropy from a module that must not.
@@ -28,6 +28,7 @@ FORBIDDEN = frozenset({
 })
 # The pure modules may lean on each other and on the limits, and on nothing else of meshjobs.
 PURE_SIBLINGS = frozenset({"meshjobs", "meshjobs.limits", "meshjobs.table", "meshjobs.control",
+                           "meshjobs.compact",
                            "meshjobs.frames", "meshjobs.bulk", "meshjobs.placement",
                            "meshjobs.cron",
                            "meshjobs.node", "meshjobs.node.events", "meshjobs.node.core",

@@ -22,6 +22,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from meshjobs import cron, limits
+from meshjobs.compact import entry_item_count
 from meshjobs.control import Answer
 from meshjobs.node import Ctl, JobNode, NodeConfig, Pool, Propose, Ready, Reply, Tick, View
 from meshjobs.node.events import Exit
@@ -187,7 +188,7 @@ class EagerNode(JobNode):
                     continue
                 change = self._changes.get(e["rid"])
                 for token in change.tokens if change else []:
-                    self._answer(token, Answer(201, {"id": e["id"], "items_total": len(e["items"])}))
+                    self._answer(token, Answer(201, {"id": e["id"], "items_total": entry_item_count(e)}))
         extra, self._out = self._out, []
         return out + extra
 

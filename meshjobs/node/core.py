@@ -32,6 +32,7 @@ from typing import Any
 import blake3
 
 from meshjobs import bulk, cron, limits, reruns
+from meshjobs.compact import entry_payloads, pack_items
 from meshjobs.control import CHANGE_OPS, OUTPUT_INDEX, Answer, ControlError, parse_request
 from meshjobs.node.events import (
     EMPTY_DIGEST,
@@ -104,7 +105,7 @@ def _rows(e: Any) -> int:
     if e.get("k") == "batch" and isinstance(es, list):
         return 1 + sum(_rows(sub) for sub in es)
     n = 1
-    for f in ("g", "r", "l", "items", "ids"):
+    for f in ("g", "r", "l", "items", "ids", "ip"):
         v = e.get(f)
         if isinstance(v, list):
             n += len(v)
@@ -606,7 +607,9 @@ class JobNode(LeaderDuties, Following, Feeding, Orders):
                 return None
             entry["on"] = on
             items = items * len(on)
-        entry.update({"id": job_id, "spec": spec, "dg": digest, "items": items})
+        # One payload and a count, or the distinct payloads and an index each (compact.py),
+        # not one payload per item: the entry, the log and every apply stay small.
+        entry.update({"id": job_id, "spec": spec, "dg": digest, **pack_items(items)})
         return job_id
 
     def _fanout_members(self, token: int, pool: str, n_items: int) -> list[str] | None:
@@ -720,7 +723,7 @@ class JobNode(LeaderDuties, Following, Feeding, Orders):
             return
         self._notify_ends(kind, e, out, ev.index)
         if kind == "submit" and out.get("new"):
-            digests = tuple(sorted({d.hex() for d in e["items"] if d is not None}))
+            digests = tuple(sorted({d.hex() for d in entry_payloads(e) if d is not None}))
             if digests:
                 self._out.append(Pin(e["id"], digests))
         elif kind == "lease":

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshjobs import cron, limits, reruns
+from meshjobs.compact import entry_item_count
 from meshjobs.node.events import EMPTY_DIGEST, CopyBlobs, FetchBlobs, Send
 from meshjobs.table import FINAL
 
@@ -245,7 +246,7 @@ class LeaderDuties:
                 continue  # a dependent most likely waits: the table says once it is applied
             if spec.get("member") is not None:
                 continue  # placed: leased once committed, where its selector allows
-            n = len(e["items"])
+            n = entry_item_count(e)
             if spec.get("max_leases") is not None:
                 n = min(n, spec["max_leases"])
             out += [(e["id"], i) for i in range(min(n, count - len(out)))]
