@@ -123,7 +123,8 @@ class SealedTransport(Transport):
         self._bind_over = threading.Event()
         self._destroyed = False
         self.dropped: dict[str, int] = {}
-        self.sent_frames = 0
+        self.sent_frames = 0  # Raft messages sealed and queued (all voters)
+        self.sent_entries = 0  # log entries in them
         for node in otherNodes:
             self.addNode(node)
         syncObj.addOnTickCallback(self._on_tick)
@@ -178,6 +179,7 @@ class SealedTransport(Transport):
         frame = conn.session.seal(FrameType.F_RAFT, body)
         self._write(conn, frame)
         self.sent_frames += 1
+        self.sent_entries += len(body.get("entries", ()))
         return not conn.closed
 
     def destroy(self) -> None:

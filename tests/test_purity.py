@@ -18,7 +18,7 @@ import pytest
 
 import meshjobs
 
-PURE = ("table", "node", "control", "auth", "connbook", "frames", "raftseam", "webui", "bulk",
+PURE = ("table", "node", "control", "auth", "connbook", "frames", "raftseam", "raftwire", "webui", "bulk",
         "placement", "fleetctl", "reruns", "cron", "watchplan")
 FORBIDDEN = frozenset({
     "os", "socket", "threading", "time", "random", "lmdb", "pysyncobj", "subprocess",
