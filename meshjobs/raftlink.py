@@ -24,7 +24,9 @@ Rules:
   fleet secret and the handshake's fresh keys. An idle connection carries an F_PING every
   `raft_ping_s`; one that brings nothing for `raft_idle_s_max` is closed (a peer that stopped).
 - The durability gate: `send` makes the journal durable before a message leaves (one fsync
-  covers a whole tick's worth of sends; `journal.sync` returns at once when nothing is new).
+  covers a whole tick's worth of sends; `journal.sync` returns at once when nothing is new),
+  except a leader's AppendEntries (etcd's rule: they acknowledge nothing; the leader's own fsync
+  overlaps its followers', and the replica counts the leader in a commit only after it).
 - Bytes waiting to be written to one connection are bounded (`raft_send_queue_bytes_max`): a
   peer that does not read is cut off (Raft resends once it is back).
 - Garbage from outside (any `FrameError`, a hello from a stranger, an F_RAFT frame that is not a
@@ -171,7 +173,11 @@ class SealedTransport(Transport):
 
     def send(self, node: Any, message: Any) -> bool:
         # The gate: what leaves may acknowledge log entries or a vote; they are durable first.
-        self._so.journal_sync()
+        # etcd's rule: a leader's own AppendEntries acknowledge nothing and may leave before its
+        # fsync (the followers' fsyncs overlap the leader's); the leader counts itself in a
+        # commit only once its own entries are durable (`Replica._onTick`).
+        if message.get("type") != "append_entries":
+            self._so.journal_sync()
         conn = self._conns.get(node)
         if conn is None or conn.closed:
             return False

@@ -410,6 +410,14 @@ class Replica(SyncObj):
 
     def _onTick(self, timeToWait: float = 0.0) -> None:
         self._pre_vote_step()
+        # etcd's rule, the other half: a leader's AppendEntries leave before its own fsync
+        # (raftlink.SealedTransport.send), and pysyncobj counts the leader in every commit it
+        # works out (early in its tick). A leader's entries are appended after that in a tick
+        # (proposals) or between ticks (the no-op of an election won by votes), so making them
+        # durable here covers every entry it counts. (A fleet of one elects itself and commits
+        # within one tick, as before: its answers wait for the jobs thread's sync.)
+        if self._isLeader() and self.journal.dirty:
+            self.journal_sync()
         SyncObj._onTick(self, timeToWait)
         self._check_quorum_step()
 

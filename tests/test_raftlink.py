@@ -119,3 +119,45 @@ def test_failover_over_sealed_frames(three):
     last_before = new._SyncObj__getCurrentLogIndex()
     tick_until(rest, lambda: all(r.raftLastApplied > last_before for r in rest),
                "a new entry applied on both")
+
+
+def test_leader_counts_itself_only_after_its_fsync(three):
+    """etcd's rule: the leader's AppendEntries may leave while its journal is not durable yet
+    (its fsync overlaps the followers'), but no entry is committed that is durable on fewer
+    than a majority: the leader's own journal counts only up to what it has synced."""
+    leader = settled_leader(three)
+    followers = [r for r in three if r is not leader]
+    synced = [leader._SyncObj__getCurrentLogIndex()]
+    sync = leader.journal.sync
+
+    def recorded_sync():
+        at = leader._SyncObj__getCurrentLogIndex()
+        sync()
+        synced[0] = at
+
+    leader.journal.sync = recorded_sync
+    early = []
+    t = transport(leader)
+    write = t._write
+
+    def checked(conn, data):
+        if data[4] == frames.FrameType.F_RAFT:
+            early.append(leader.journal.dirty)
+        write(conn, data)
+
+    t._write = checked
+    match = leader._SyncObj__raftMatchIndex
+    # One follower only answers meanwhile: every commit needs the leader's own copy durable.
+    for i in range(30):
+        leader.propose({"op": "raftlink-test", "n": i})
+        for r in (leader, followers[0]):
+            r.tick(0.0)
+            commit = leader.raftCommitIndex
+            durable_on = (commit <= synced[0]) + sum(match.get(f._SyncObj__selfNode, 0) >= commit
+                                                     for f in followers)
+            assert durable_on >= 2, f"entry {commit} committed, durable on {durable_on} of 3"
+    last = leader._SyncObj__getCurrentLogIndex()
+    tick_until(three, lambda: all(r.raftLastApplied >= last for r in three),
+               "the entries applied on every member")
+    assert any(early), "the leader's appends never overlapped its fsync"
+    assert leader.raftCommitIndex >= last
