@@ -49,6 +49,7 @@ import time
 from typing import Any
 
 import structlog
+from pysyncobj.dns_resolver import globalDnsResolver
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.transport import Transport, TransportNotReadyError
 
@@ -248,8 +249,14 @@ class SealedTransport(Transport):
     def _dial(self, node: Any) -> None:
         self._last_dial[node] = _mono()
         host, _, port = node.address.rpartition(":")
+        # pysyncobj's resolver caches names (and failures): no lookup blocks every retry.
+        ip = globalDnsResolver().resolve(host.strip("[]"))
+        if ip is None:
+            log.warning("raft.resolve_failed", peer=node.address)
+            return
         try:
-            infos = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
+            infos = socket.getaddrinfo(ip, int(port), type=socket.SOCK_STREAM,
+                                       flags=socket.AI_NUMERICHOST)
         except OSError as exc:
             log.warning("raft.resolve_failed", peer=node.address, error=str(exc))
             return

@@ -200,12 +200,11 @@ def _append_in(body: dict[Any, Any]) -> dict[str, Any]:
 
 
 def _apply_command_in(body: dict[Any, Any]) -> dict[str, Any]:
-    if not set(body) <= {"type", "command", "request_id"} or "command" in body and not (
-            isinstance(body["command"], list) and len(body["command"]) == 3):
+    command = body.get("command")
+    if (not set(body) <= {"type", "command", "request_id"} or not isinstance(command, list)
+            or len(command) != 3):
         raise _bad("apply_command is {command: [kind, method, raw], request_id?}")
-    if "command" not in body:
-        raise _bad("apply_command without a command")
-    msg: dict[str, Any] = {"type": "apply_command", "command": _command_in(*body["command"])}
+    msg: dict[str, Any] = {"type": "apply_command", "command": _command_in(*command)}
     if "request_id" in body:
         if not _int(body["request_id"]):
             raise _bad("apply_command.request_id is not a count")
