@@ -15,11 +15,13 @@ Log entries. pysyncobj's log holds a command as bytes: a type byte and, for a re
 (regular, method id and raw are the method's id and its bytes argument) or kind 1 (pysyncobj's
 no-op, method id 0, raw empty): no pickle leaves the machine. The receiver rebuilds pysyncobj's
 command bytes from these checked fields itself, so the pickle it later loads to apply an entry is
-one it wrote; the sender unpacks pickles of its own log only (its commands were pickled by its
-own pysyncobj, or rebuilt here from a checked message).
+one it wrote. The sender reads the two fields out of its log's pickles as plain data only (no
+class or function is looked up, so nothing runs): most were pickled by its own pysyncobj or
+rebuilt here, but the entry after a snapshot came in a peer's dump.
 
-Rule 1: pure. No IO, clock, threads or randomness; `pickle` is used to build (decode) and read
-        back (encode) the local log's command format only, never on bytes from outside.
+Rule 1: pure. No IO, clock, threads or randomness. `pickle` builds the local log's command
+        format (decode); `encode` reads a command back with an unpickler that finds no class or
+        function, so nothing in it can run: a log may hold an entry that came in a peer's dump.
 Rule 2: anything wrong in a message from outside raises `frames.FrameError("message", why)`,
         the one error class of the wire; the caller counts it and closes the connection.
         `encode` given something our side never sends raises AssertionError (a bug of ours).
@@ -29,6 +31,7 @@ Rule 3: sizes are bounded by the frame (`raft_message_bytes_max`, checked before
 
 from __future__ import annotations
 
+import io
 import pickle
 from typing import Any
 
@@ -79,13 +82,25 @@ def _command_out(command: bytes) -> tuple[int, int, bytes]:
         return _NO_OP, 0, b""
     if kind != _REGULAR:
         raise AssertionError(f"a log command of type {kind}: meshjobs sends regular and no-op only")
-    # Our own log (rule 1): pickled by our pysyncobj or rebuilt by `_command_in`.
-    cmd = pickle.loads(command[1:])
+    # Read with no globals (rule 1): only ints, bytes and tuples can come out, nothing runs.
+    # The entry after a dump came in the dump a peer sent, so it is not ours to unpickle.
+    try:
+        cmd = _DataOnly(io.BytesIO(command[1:])).load()
+    except Exception as e:
+        raise AssertionError(f"a regular command that is not plain data: {e}") from None
     if (not isinstance(cmd, tuple) or len(cmd) != 2 or type(cmd[0]) is not int
             or not isinstance(cmd[1], tuple) or len(cmd[1]) != 1
             or not isinstance(cmd[1][0], bytes)):
         raise AssertionError("a regular command is (method id, (bytes,)): see Replica.apply_entry")
     return _REGULAR, cmd[0], cmd[1][0]
+
+
+class _DataOnly(pickle.Unpickler):
+    """An unpickler that finds no class or function: a pickle that names one (the only way a
+    pickle runs code) fails to load."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
 
 
 def _command_in(kind: Any, method: Any, raw: Any) -> bytes:

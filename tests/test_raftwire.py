@@ -129,3 +129,15 @@ def test_encoding_what_we_never_send_is_our_bug(message):
     """Rule 2: `encode` of a message our side never sends raises AssertionError."""
     with pytest.raises(AssertionError):
         raftwire.encode(message)
+
+
+def test_encode_reads_a_logged_pickle_as_plain_data(capsys):
+    """Rule 1: a command in the log that is not pysyncobj's exact (method id, (bytes,)) pickle
+    (say the entry after a dump a peer sent) is refused: no class or function is looked up."""
+    message = {**MESSAGES[0], "entries": [(bytes([0]) + pickle.dumps(Boom()), 10, 4)]}
+    with pytest.raises(AssertionError):
+        raftwire.encode(message)
+    assert "unpickled!" not in capsys.readouterr().out
+    big = regular(b"z" * 70_000, method=70_000)  # BININT, BINBYTES, two frames
+    body = raftwire.encode({**MESSAGES[0], "entries": [(big, 10, 4)]})
+    assert body["entries"] == [[10, 4, 0, 70_000, b"z" * 70_000]]
