@@ -184,6 +184,10 @@ join_s_max = 60  # a worker member keeps trying to reach the member it joins thr
 # One sealed frame on the Raft port (raftlink.py): a batch of entries up to about twice the
 # largest entry (pysyncobj adds entries to a message until it holds a batch's worth), in msgpack.
 raft_message_bytes_max = 3 * entry_bytes_max
+# Bytes of entries a leader puts in one AppendEntries (pysyncobj's `appendEntriesBatchSizeBytes`:
+# it adds entries until they reach it, so a message holds up to about twice this). Above the
+# largest entry with pysyncobj's few bytes around it, so no entry is ever split.
+raft_batch_bytes = entry_bytes_max + 4096
 # Entries in one AppendEntries message from a peer (ours hold as many as fit a batch's bytes).
 raft_message_entries_max = 1_000_000
 # Bytes waiting to be written to one voter's Raft connection; a voter that does not read them

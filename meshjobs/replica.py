@@ -7,8 +7,10 @@ this module makes up for it:
   `DurableJournal`, and the jobs thread calls `sync()` before any answer that depends on the log.
 - Its transport sends AppendEntries acknowledgements and votes before anything is durable, and
   pickles, compresses and Fernet-encrypts every message: `raftlink.SealedTransport` replaces it.
-  Its `send` syncs the journal first (one fsync covers a whole tick's worth of sends), and it
-  carries each message as a msgpack frame (`raftwire.py`) sealed like the member links'.
+  Its `send` syncs the journal first (one fsync covers a whole tick's worth of sends), except a
+  leader's own AppendEntries (etcd's rule: `_onTick` makes the leader's entries durable before
+  pysyncobj counts the leader in a commit), and it carries each message as a msgpack frame
+  (`raftwire.py`) sealed like the member links'.
 - Its dump is pickle, written without fsync: the dump pair in `dumpfile.py` writes msgpack with a
   checksum and fsyncs it.
 - Its transport unpickles what reaches the Raft port (without a password, from anyone): ours
@@ -141,7 +143,7 @@ class Replica(SyncObj):
             # `entry_bytes_max` (pysyncobj's command adds a few bytes of its own around ours),
             # so a batch size above it means no entry is ever split. It is also how many bytes
             # of entries one AppendEntries carries (at least one entry, however large).
-            appendEntriesBatchSizeBytes=limits.entry_bytes_max + 4096,
+            appendEntriesBatchSizeBytes=limits.raft_batch_bytes,
             dynamicMembershipChange=False,
             # Only one side of a pair dials (pysyncobj: the greater address), by default again
             # only 5 s after a failed try: two followers whose link was not up yet (one had
