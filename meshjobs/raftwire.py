@@ -95,11 +95,29 @@ def _command_out(command: bytes) -> tuple[int, int, bytes]:
     return _REGULAR, cmd[0], cmd[1][0]
 
 
+def _latin1(text: Any, encoding: Any) -> bytes:
+    if not isinstance(text, str) or encoding != "latin1":
+        raise pickle.UnpicklingError("_codecs.encode of something other than latin1 text")
+    return text.encode("latin1")
+
+
+def _empty_bytes(*args: Any) -> bytes:
+    if args:
+        raise pickle.UnpicklingError("bytes() with arguments")
+    return b""
+
+
 class _DataOnly(pickle.Unpickler):
-    """An unpickler that finds no class or function: a pickle that names one (the only way a
-    pickle runs code) fails to load."""
+    """An unpickler that finds no class or function but two: a pickle that names any other
+    (the only way a pickle runs code) fails to load. pysyncobj pickles with protocol 2, which
+    writes bytes as a call of `_codecs.encode(text, "latin1")`, and empty bytes as `bytes()`:
+    those calls, and only with those arguments, get stand-ins that do just that."""
 
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("_codecs", "encode"):
+            return _latin1
+        if (module, name) in (("__builtin__", "bytes"), ("builtins", "bytes")):
+            return _empty_bytes
         raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
 
 

@@ -7,14 +7,20 @@ import pickle
 
 import msgpack
 import pytest
+from pysyncobj import pickle as pysyncobj_pickle
 
 from meshjobs import limits, raftwire
 from meshjobs.frames import FrameError
 
 
 def regular(raw: bytes, method: int = 3) -> bytes:
-    """A log command as pysyncobj writes a call of `Replica.apply_entry(raw)`."""
+    """A log command as raftwire rebuilds a call of `Replica.apply_entry(raw)`."""
     return bytes([0]) + pickle.dumps((method, (raw,)))
+
+
+def pysyncobj_regular(raw: bytes, method: int = 3) -> bytes:
+    """The same command as pysyncobj's leader logs it (its pickle: protocol 2)."""
+    return bytes([0]) + pysyncobj_pickle.dumps((method, (raw,)))
 
 
 NO_OP = b"\x01"
@@ -141,3 +147,23 @@ def test_encode_reads_a_logged_pickle_as_plain_data(capsys):
     big = regular(b"z" * 70_000, method=70_000)  # BININT, BINBYTES, two frames
     body = raftwire.encode({**MESSAGES[0], "entries": [(big, 10, 4)]})
     assert body["entries"] == [[10, 4, 0, 70_000, b"z" * 70_000]]
+
+
+@pytest.mark.parametrize("raw", [b"", b"\x81\xa2op\xa1x", bytes(range(256)) * 300])
+def test_a_command_pysyncobj_pickled_goes_on_the_wire(raw):
+    """The leader's own proposals are pickled by pysyncobj (protocol 2, bytes as
+    `_codecs.encode(text, "latin1")`): read as plain data, they leave as their fields."""
+    message = {**MESSAGES[0], "entries": [(pysyncobj_regular(raw, 5), 10, 4)]}
+    got = raftwire.decode(wire(raftwire.encode(message)))
+    assert got["entries"] == [(regular(raw, 5), 10, 4)]
+    assert pysyncobj_pickle.loads(got["entries"][0][0][1:]) == (5, (raw,))
+
+
+def test_the_functions_a_logged_pickle_may_name_do_only_what_pysyncobj_needs():
+    """Rule 1: `_codecs.encode` only encodes latin1 text; `bytes` only makes empty bytes."""
+    bad = bytes([0]) + pickle.dumps((3, (b"x",)), protocol=2).replace(b"latin1", b"zlib_c")
+    with pytest.raises(AssertionError):
+        raftwire.encode({**MESSAGES[0], "entries": [(bad, 10, 4)]})
+    huge = bytes([0]) + pickle.dumps((3, (b"",)), protocol=2).replace(b")R", b"J\xff\xff\xff\x7f\x85R")
+    with pytest.raises(AssertionError):  # bytes(2**31 - 1): refused, not allocated
+        raftwire.encode({**MESSAGES[0], "entries": [(huge, 10, 4)]})
