@@ -100,6 +100,7 @@ class FrameType(enum.IntEnum):
     F_VOTERS = 13  # acceptor -> a joining worker that said hello to "*": the fleet's voters
     F_LOG_GET = 14  # member -> member: asks for bytes of a running item's output (`LogAsk`)
     F_LOG_PUT = 15  # member -> member: the answer, bytes of that output (`LogPiece`)
+    F_RAFT = 16  # voter -> voter, on the Raft port only: one Raft message (`raftwire`)
 
 
 HANDSHAKE_TYPES = frozenset({FrameType.F_HELLO, FrameType.F_CHALLENGE, FrameType.F_PROOF})

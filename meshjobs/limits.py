@@ -188,9 +188,20 @@ blob_mover_queue_max = 1024  # frames and copy requests queued to the mover; als
 blob_mover_queue_bytes_max = 64 << 20  # chunk bytes queued to the mover
 blob_copy_wait_ms = 600_000  # a copy not acknowledged by then is forgotten (the node asks again)
 join_s_max = 60  # a worker member keeps trying to reach the member it joins through this long
-# One message on the Raft port: a batch of entries up to about twice the largest entry, pickled,
-# compressed and then encrypted (Fernet's base64 adds a third).
+# One sealed frame on the Raft port (raftlink.py): a batch of entries up to about twice the
+# largest entry (pysyncobj adds entries to a message until it holds a batch's worth), in msgpack.
 raft_message_bytes_max = 3 * entry_bytes_max
+# Bytes of entries a leader puts in one AppendEntries (pysyncobj's `appendEntriesBatchSizeBytes`:
+# it adds entries until they reach it, so a message holds up to about twice this). Above the
+# largest entry with pysyncobj's few bytes around it, so no entry is ever split.
+raft_batch_bytes = entry_bytes_max + 4096
+# Entries in one AppendEntries message from a peer (ours hold as many as fit a batch's bytes).
+raft_message_entries_max = 1_000_000
+# Bytes waiting to be written to one voter's Raft connection; a voter that does not read them
+# is cut off (Raft sends again once it is back). Two whole messages fit.
+raft_send_queue_bytes_max = 2 * raft_message_bytes_max
+raft_ping_s = 1.0  # an idle Raft connection carries a ping this often
+raft_idle_s_max = 3.5  # a Raft connection that brings nothing for this long is closed
 raft_connect_retry_s = 0.25  # a voter dials a voter it is not connected to this often
 fleet_ask_ms = 2_000  # the fleet view asked of the leader; unanswered by then, a member gives its own
 ctl_resend_ms = 500  # a forwarded change not answered by then is sent to the leader again

@@ -5,13 +5,18 @@ this module makes up for it:
 
 - Its journal never fsyncs and has no checksums: `createJournal` is replaced by
   `DurableJournal`, and the jobs thread calls `sync()` before any answer that depends on the log.
-- Its transport sends AppendEntries acknowledgements and votes before anything is durable:
-  `GatedTransport.send` syncs the journal first (one fsync covers a whole tick's worth of sends).
+- Its transport sends AppendEntries acknowledgements and votes before anything is durable, and
+  pickles, compresses and Fernet-encrypts every message: `raftlink.SealedTransport` replaces it.
+  Its `send` syncs the journal first (one fsync covers a whole tick's worth of sends), except a
+  leader's own AppendEntries (etcd's rule: `_onTick` makes the leader's entries durable before
+  pysyncobj counts the leader in a commit), and it carries each message as a msgpack frame
+  (`raftwire.py`) sealed like the member links'.
 - Its dump is pickle, written without fsync: the dump pair in `dumpfile.py` writes msgpack with a
   checksum and fsyncs it; and with a serializer of ours it writes on the ticking thread: a forked
   child writes new dumps instead (`dumpwriter.py`).
-- Without a password anything that reaches the Raft port is unpickled: the fleet secret (32 random
-  bytes) is always the password.
+- Its transport unpickles what reaches the Raft port (without a password, from anyone): ours
+  unpickles nothing from outside; a connection proves the fleet secret (the links' handshake)
+  before any Raft message is read, and every frame is MAC'd and replay-protected.
 - It binds the Raft port on every interface unless told otherwise: `bindAddress` is the
   configured address itself, so the port listens only where the config and the log say.
 - A replicated method that raises wedges every member: `apply_entry` hands the table a decoded
@@ -21,8 +26,10 @@ this module makes up for it:
   has no pre-vote: every Raft message passes `_SyncObj__onMessageReceived` here first, and the
   rules of `raftseam.py` (log matching, pre-vote, leader stickiness, check-quorum) decide what
   pysyncobj gets; its election is hooked in `_onTick`.
-- Batching adds ~100 ms per change: `appendEntriesUseBatch=False`; leadership is advisory for
-  `leaderFallbackTimeout`: it is short, and the node decides only through committed entries.
+- Batching adds ~100 ms per change: `appendEntriesUseBatch=False`, but then it sends one
+  AppendEntries per proposal: the proposals of one tick go out together, in one message per
+  follower (`_checkCommandsToApply`). Leadership is advisory for `leaderFallbackTimeout`: it is
+  short, and the node decides only through committed entries.
 
 The replica is driven by the jobs thread alone: `tick()` runs pysyncobj's tick, which applies
 committed entries to the table on that same thread, so the table has a single writer and the jobs
@@ -32,7 +39,6 @@ thread needs no lock to read it.
 from __future__ import annotations
 
 import os
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -43,8 +49,6 @@ import pysyncobj.syncobj as _pso
 import structlog
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.pipe_notifier import PipeNotifier
-from pysyncobj.tcp_connection import CONNECTION_STATE
-from pysyncobj.transport import TCPTransport
 
 from meshjobs import limits, raftseam
 from meshjobs.diskspace import EXIT_BUG, EXIT_DISK, describe, fix_hint, is_disk_error
@@ -53,6 +57,7 @@ from meshjobs.dumpwriter import ForkedDumps
 from meshjobs.failpoints import Failpoints
 from meshjobs.journal import DurableJournal
 from meshjobs.node import Applied, View
+from meshjobs.raftlink import SealedTransport
 from meshjobs.table import JobTable
 
 _log = structlog.get_logger(__name__)
@@ -67,49 +72,6 @@ RAFT_COUNTERS = (
 )
 
 _construct_lock = threading.Lock()
-
-
-class GatedTransport(TCPTransport):
-    """pysyncobj's TCP transport, but nothing leaves before the journal is durable, and what
-    comes in on the Raft port is bounded and counted."""
-
-    dropped: dict[str, int]
-
-    def send(self, node: Any, message: Any) -> Any:
-        self._syncObj.journal_sync()
-        return super().send(node, message)
-
-    def _onNewIncomingConnection(self, conn: Any) -> None:
-        super()._onNewIncomingConnection(conn)
-        _guard_connection(conn, self)
-
-    def count(self, reason: str) -> None:
-        if not hasattr(self, "dropped"):
-            self.dropped = {}
-        self.dropped[reason] = self.dropped.get(reason, 0) + 1
-
-
-def _guard_connection(conn: Any, transport: GatedTransport) -> None:
-    """pysyncobj reads a message's length before authenticating it, with no maximum, and drops
-    a connection that sends garbage without a word. Wrap its parser (an instance attribute takes
-    the place of the name-mangled method) to refuse a length over the limit before buffering
-    the rest, and to count every connection dropped for garbage."""
-    parse = conn._TcpConnection__processParseMessage
-
-    def guarded() -> Any:
-        buf = conn._TcpConnection__readBuffer
-        if len(buf) >= 4:
-            n = struct.unpack("i", buf[:4])[0]
-            if not 0 <= n <= limits.raft_message_bytes_max:
-                transport.count("oversized")
-                conn.disconnect()
-                return None
-        message = parse()
-        if message is None and conn.state == CONNECTION_STATE.DISCONNECTED:
-            transport.count("garbage")
-        return message
-
-    conn._TcpConnection__processParseMessage = guarded
 
 
 class Notifier:
@@ -152,6 +114,7 @@ class Replica(SyncObj):
         self._pre_vote_won: int | None = None  # the term a won pre-vote lets us stand for
         self._delete_allowed: int | None = None  # the one index pysyncobj may cut the log from
         self.dumps = DumpHealth()
+        self.fleet_secret = secret  # the Raft port's handshake key (raftlink.SealedTransport)
 
         def on_corrupt(exc: DumpCorrupt) -> None:
             # pysyncobj swallows errors of a dump load; the jobs thread checks this after every
@@ -169,7 +132,6 @@ class Replica(SyncObj):
             fullDumpFile=dump_path,
             serializer=serializer,
             deserializer=deserializer,
-            password=secret,
             raftMinTimeout=election_s[0],
             appendEntriesPeriod=election_s[0] / 4,
             raftMaxTimeout=election_s[1],
@@ -180,8 +142,10 @@ class Replica(SyncObj):
             # pysyncobj 0.3.17 splits an entry larger than this into a "transmission" and gets
             # the split wrong (it marks the last part by the command's length, not the pickled
             # entry's): the follower unpickles half an entry and stops. Entries are bounded by
-            # `entry_bytes_max`, so a batch size above it means no entry is ever split.
-            appendEntriesBatchSizeBytes=limits.entry_bytes_max + 1,
+            # `entry_bytes_max` (pysyncobj's command adds a few bytes of its own around ours),
+            # so a batch size above it means no entry is ever split. It is also how many bytes
+            # of entries one AppendEntries carries (at least one entry, however large).
+            appendEntriesBatchSizeBytes=limits.raft_batch_bytes,
             dynamicMembershipChange=False,
             # Only one side of a pair dials (pysyncobj: the greater address), by default again
             # only 5 s after a failed try: two followers whose link was not up yet (one had
@@ -211,7 +175,7 @@ class Replica(SyncObj):
             saved = _pso.createJournal
             _pso.createJournal = make_journal
             try:
-                super().__init__(self_addr, partner_addrs, conf, transportClass=GatedTransport)
+                super().__init__(self_addr, partner_addrs, conf, transportClass=SealedTransport)
             finally:
                 _pso.createJournal = saved
         if self._journal is None:
@@ -240,8 +204,30 @@ class Replica(SyncObj):
         return False
 
     def _SyncObj__sendAppendEntries(self) -> None:
+        if self._holding_appends:
+            self._appends_held = True
+            return
         self._notice_due = False
         SyncObj._SyncObj__sendAppendEntries(self)  # type: ignore[attr-defined]
+
+    # With `appendEntriesUseBatch=False` pysyncobj sends an AppendEntries to every follower after
+    # each proposal it takes from its queue. It takes them all in one tick: they go out once
+    # afterwards instead, several entries per message. (Each follower's next index moves on
+    # when the message is sent, not when it is acknowledged: the next tick's entries follow
+    # without waiting for this message's answer.)
+    _holding_appends = False
+    _appends_held = False
+
+    def _checkCommandsToApply(self) -> None:
+        self._holding_appends = True
+        try:
+            SyncObj._checkCommandsToApply(self)
+        finally:
+            self._holding_appends = False
+        if self._appends_held:
+            self._appends_held = False
+            if self._isLeader():
+                self._SyncObj__sendAppendEntries()
 
     # --- the Raft seam (raftseam.py): log matching, pre-vote, stickiness, check-quorum ----------
 
@@ -435,6 +421,14 @@ class Replica(SyncObj):
 
     def _onTick(self, timeToWait: float = 0.0) -> None:
         self._pre_vote_step()
+        # etcd's rule, the other half: a leader's AppendEntries leave before its own fsync
+        # (raftlink.SealedTransport.send), and pysyncobj counts the leader in every commit it
+        # works out (early in its tick). A leader's entries are appended after that in a tick
+        # (proposals) or between ticks (the no-op of an election won by votes), so making them
+        # durable here covers every entry it counts. (A fleet of one elects itself and commits
+        # within one tick, as before: its answers wait for the jobs thread's sync.)
+        if self._isLeader() and self.journal.dirty:
+            self.journal_sync()
         SyncObj._onTick(self, timeToWait)
         self._check_quorum_step()
 

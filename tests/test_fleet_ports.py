@@ -79,11 +79,13 @@ def test_hostile_bytes_on_member_ports(three):
         # a replay, which gets a challenge it cannot answer.
         recorded = _handshake(peer, secret, body)
         _send(peer, b"".join(recorded), wait_s=1.0)
-        # --- the Raft port (pysyncobj) ---
+        # --- the Raft port (sealed frames, raftlink.py) ---
         _send(raft, os.urandom(4096))
-        _send(raft, struct.pack("i", 1 << 30) + b"x" * 1024)  # oversized length
-        _send(raft, struct.pack("i", 64) + os.urandom(64))  # the right size, not decryptable
-        _send(raft, struct.pack("i", -5) + b"zz")  # a negative length
+        _send(raft, struct.pack("i", 64) + os.urandom(64))  # pysyncobj's own framing: garbage now
+        for length in (1 << 30, 4097):  # lengths over the limit, before any body
+            _send(raft, struct.pack(">4sBBI", MAGIC, int(FrameType.F_HELLO), 0, length))
+        raft_body = {"raft": f"127.0.0.1:{raft + 1}", "to": f"127.0.0.1:{raft}"}
+        _send(raft, _hello(os.urandom(32), raft_body)[1])  # wrong key
     time.sleep(1.0)
     for m in three:
         mt = wait_for(lambda m=m: metrics(m), what="metrics")
@@ -92,7 +94,8 @@ def test_hostile_bytes_on_member_ports(three):
         assert mt.get('meshjobs_links_dropped_total{reason="mac"}', 0) >= 1, m.name
         assert mt.get('meshjobs_links_dropped_total{reason="proof"}', 0) >= 1, m.name
         assert mt.get('meshjobs_raft_dropped_total{reason="oversized"}', 0) >= 2, m.name
-        assert mt.get('meshjobs_raft_dropped_total{reason="garbage"}', 0) >= 1, m.name
+        assert mt.get('meshjobs_raft_dropped_total{reason="garbage"}', 0) >= 2, m.name
+        assert mt.get('meshjobs_raft_dropped_total{reason="mac"}', 0) >= 1, m.name
         status, h = m.request("GET", "/healthz")
         assert status == 200 and h["ok"]
     leader = leader_of(three)

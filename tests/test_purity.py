@@ -18,8 +18,8 @@ import pytest
 
 import meshjobs
 
-PURE = ("table", "node", "control", "auth", "connbook", "frames", "raftseam", "webui", "bulk",
-        "placement", "fleetctl", "reruns", "cron", "watchplan", "jsonbody", "compact")
+PURE = ("table", "node", "control", "auth", "connbook", "frames", "raftseam", "raftwire", "webui",
+        "bulk", "placement", "fleetctl", "reruns", "cron", "watchplan", "jsonbody", "compact")
 FORBIDDEN = frozenset({
     "os", "socket", "threading", "time", "random", "lmdb", "pysyncobj", "subprocess",
     # Other ways to reach the world, the clock or entropy from a module that must not.
