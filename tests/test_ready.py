@@ -89,12 +89,13 @@ def test_an_unknown_effect_is_a_bug() -> None:
         Ready.of([object()])
 
 
-def test_runs_go_first_after_the_sync_and_the_rest_keep_their_order() -> None:
+def test_cuts_then_runs_go_first_after_the_sync_and_the_rest_keep_their_order() -> None:
     send = Send("m2", "F_LEASE", {})
-    ready = Ready.of([OK, send, Propose({"k": "a"}), RUN, MALFORMED, Propose({"k": "b"})])
+    cut = Cut("j0", 0, 1)
+    ready = Ready.of([OK, send, Propose({"k": "a"}), RUN, MALFORMED, cut, Propose({"k": "b"})])
     assert ready.entries == ({"k": "a"}, {"k": "b"})
     assert ready.at_once == (MALFORMED,)
-    assert ready.after_sync == (RUN, OK, send)
+    assert ready.after_sync == (cut, RUN, OK, send)
     assert ready.effects()[:2] == [Propose({"k": "a"}), Propose({"k": "b"})]
     assert not Ready() and Ready.of([RUN])
 

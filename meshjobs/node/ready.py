@@ -10,8 +10,9 @@ simulator, the node tests):
 2. `release` the effects of `at_once`;
 3. `sync`: one fsync that covers everything logged so far (the edge decides whether anything
    was written since the last one; pysyncobj may have logged a leader's entries too);
-4. `release` the effects of `after_sync`, items to run first (so that a member's processes
-   start while its answers and frames go out).
+4. `release` the effects of `after_sync`: items to cut first, then items to run (so that a
+   member's processes start while its answers and frames go out, and an item cut to make room
+   is on its way out before the item that takes its slot starts), then the rest in order.
 
 The gate is a type, not a habit: an effect is `at_once` only when its class says it
 acknowledges nothing (`AT_ONCE`), or when it answers a request refused as malformed before
@@ -65,10 +66,11 @@ class Ready:
 
     @classmethod
     def of(cls, effects: Iterable[Any]) -> Ready:
-        """Sort a round's effects by the gate. Items to run come first in `after_sync`; the
-        rest keep the order the node made them in."""
+        """Sort a round's effects by the gate. Items to cut, then items to run, come first in
+        `after_sync`; the rest keep the order the node made them in."""
         entries: list[dict] = []
         at_once: list[Any] = []
+        cuts: list[Any] = []
         runs: list[Any] = []
         rest: list[Any] = []
         for eff in effects:
@@ -77,13 +79,15 @@ class Ready:
             elif isinstance(eff, AT_ONCE) or (
                     isinstance(eff, Reply) and eff.answer.status == _REFUSED_AS_MALFORMED):
                 at_once.append(eff)
+            elif isinstance(eff, Cut):
+                cuts.append(eff)
             elif isinstance(eff, Run):
                 runs.append(eff)
             elif isinstance(eff, AFTER_SYNC):
                 rest.append(eff)
             else:
                 raise AssertionError(f"the gate does not know the effect {eff!r}")
-        return cls(tuple(entries), tuple(at_once), tuple(runs + rest))
+        return cls(tuple(entries), tuple(at_once), tuple(cuts + runs + rest))
 
     def __bool__(self) -> bool:
         return bool(self.entries or self.at_once or self.after_sync)
