@@ -72,7 +72,7 @@ import structlog
 
 from blobstore.digest import EMPTY_DIGEST
 from blobstore.errors import BlobError
-from meshjobs import limits, outpaths, runas
+from meshjobs import limits, outpaths, runas, spawn
 from meshjobs.capture import Capture
 from meshjobs.itemenv import DEFAULT_PASS, base_env
 from meshjobs.pypool import PyEnd, PyPool
@@ -516,23 +516,15 @@ class Driver:
         """Start the item's program on the stdin, stdout and stderr `fds`, in a new session;
         its pid, and its Popen when it was started that way.
 
-        os.posix_spawn (vfork and exec, no Python in the child) when it can do everything the
-        item needs; subprocess.Popen when the item has a working directory or another user
-        (Python 3.11's posix_spawn can do neither), and whenever posix_spawn fails: Popen then
-        fails too, and says exactly why, as it always did."""
-        if item.cwd is None and not ids and min(fds) > 2:
+        posix_spawn (meshjobs.spawn: vfork and exec, no Python in the child) unless the item
+        runs as another user; subprocess.Popen then, and whenever posix_spawn fails: Popen
+        then fails too, and says exactly why, as it always did."""
+        if not ids and min(fds) > 2 and spawn.available():
             path = item.argv[0] if "/" in item.argv[0] else _which(item.argv[0], env)
             if path is not None:
                 try:
-                    # Popen's restore_signals: what Python ignores, the item gets by default.
-                    # Every descriptor of meshd's is close-on-exec (PEP 446), so the item gets
-                    # only these three, as with Popen's close_fds.
-                    pid = os.posix_spawn(path, item.argv, env, file_actions=[
-                        (os.POSIX_SPAWN_DUP2, fds[0], 0),
-                        (os.POSIX_SPAWN_DUP2, fds[1], 1),
-                        (os.POSIX_SPAWN_DUP2, fds[2], 2),
-                    ], setsid=True, setsigdef=_DEFAULT_SIGNALS)
-                    return pid, None
+                    return spawn.spawn(path, item.argv, env, (fds[0], fds[1], fds[2]),
+                                       item.cwd), None
                 except (OSError, ValueError, TypeError):
                     pass
         proc = subprocess.Popen(item.argv, stdin=fds[0], stdout=fds[1], stderr=fds[2],
@@ -981,11 +973,6 @@ def _killpg(pgid: int, sig: int) -> None:
         pass  # The whole group is gone already.
     except PermissionError:
         pass  # Only members that changed their user remain; the rest got the signal.
-
-
-# Popen's restore_signals: Python ignores these, an item gets them with their default action.
-_DEFAULT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ")
-                         if hasattr(signal, name))
 
 
 def _which(name: str, env: dict[str, str]) -> str | None:
