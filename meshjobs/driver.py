@@ -171,7 +171,7 @@ class _Run:
     def __init__(self, item: RunItem, out: Capture, err: Capture, started_ms: int) -> None:
         self.item = item
         self.pid = 0
-        self.proc: subprocess.Popen[bytes] | None = None  # None: spawned with os.posix_spawn
+        self.proc: subprocess.Popen[bytes] | None = None  # None: spawned by meshjobs.spawn
         self.pidfd = -1
         self.stdin_path: str | None = None  # the stdin spool file (a large payload only)
         self.out = out
