@@ -236,9 +236,6 @@ class Driver:
         self._spools: dict[RunKey, tuple[Capture, Capture, bool]] = {}
         self._stopping = False
         self._closed = False  # the wake-up pipe is closed; nobody may write to it
-        # A byte is in the wake-up pipe and the driver thread has not yet taken the commands:
-        # the next command needs no write of its own (one per batch of starts, not per item).
-        self._wake_pending = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -320,9 +317,8 @@ class Driver:
             self._wake_locked()
 
     def _wake_locked(self) -> None:
-        if self._closed or self._wake_pending:
+        if self._closed:
             return
-        self._wake_pending = True
         try:
             os.write(self._wake_w, b"\0")
         except BlockingIOError:
@@ -412,10 +408,6 @@ class Driver:
             self._log.debug("orphans_reaped", n=n)
 
     def _drain_wake(self) -> None:
-        # Cleared before the commands are taken (under the lock, after this): a command queued
-        # from now on writes a byte again, or is among those taken.
-        with self._lock:
-            self._wake_pending = False
         try:
             while os.read(self._wake_r, 4096):
                 pass
