@@ -367,3 +367,17 @@ def test_a_relative_program_runs_from_the_items_folder(h: Harness, blobs: LmdbBl
     end = h.end()
     assert (end.state, end.stdout) == ("failed", None)
     assert end.error is not None and "working directory" in end.error and "gone" in end.error
+
+
+def test_every_start_runs_however_it_meets_the_drivers_wakeups(h: Harness) -> None:
+    """Starts queued while the driver drains its wake-up pipe, then nothing running: each
+    burst of starts runs and is reported (the driver is never left asleep with starts queued,
+    however they met its wake-ups)."""
+    index = 0
+    for _ in range(150):
+        burst = []
+        for _ in range(3):
+            h.driver.start(RunItem("j", index, 1, ["/bin/true"], {}, None, None, None))
+            burst.append(index)
+            index += 1
+        assert sorted(h.end().index for _ in burst) == burst
