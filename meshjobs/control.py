@@ -531,13 +531,12 @@ def parse_cursor(value: object) -> int:
     return int(value)
 
 
+_HEX = frozenset("0123456789abcdef")
+
+
 def is_digest(value: object) -> bool:
     """A blob digest in interfaces: 64 lowercase hex characters (blake3-256)."""
-    return (
-        isinstance(value, str)
-        and len(value) == 64
-        and all(c in "0123456789abcdef" for c in value)
-    )
+    return isinstance(value, str) and len(value) == 64 and _HEX.issuperset(value)
 
 
 def parse_bulk(action: object, body: object) -> dict:

@@ -16,8 +16,13 @@ Rules:
    whole group is killed before the leader is reaped (a zombie leader keeps its pid, so the group
    id cannot be reused under us): nothing an item started outlives it, unless it left the group
    on purpose (setsid), which only a cgroup could stop.
-3. Output goes to spool files and from there into the blob store; the driver never holds an
-   item's output in memory. Stdin is spooled from its blob before the process starts.
+3. Stdout and stderr are pipes the driver thread reads (meshjobs.capture): a stream stays in
+   memory up to limits.item_output_memory_bytes_max bytes, past that all of it goes to a spool
+   file, and from there into the blob store. A stdin payload up to
+   limits.item_stdin_pipe_bytes_max bytes is fed through a pipe; a larger one is spooled from
+   its blob to a file before the process starts. The item ends when its leader exits: its
+   group is killed, what the pipes still hold is read (a bounded number of reads: a process
+   that left the group may write on), and the pipes are closed.
 4. Every item accepted by `start` is reported through `on_end` exactly once, unless `stop` comes
    first; after `stop` nothing more is reported.
 5. Spool files live only between a start and its report; leftovers of a previous run are removed
@@ -48,7 +53,6 @@ Rules:
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import dataclasses
 import os
@@ -68,7 +72,8 @@ import structlog
 
 from blobstore.digest import EMPTY_DIGEST
 from blobstore.errors import BlobError
-from meshjobs import limits, outpaths, runas
+from meshjobs import limits, outpaths, runas, spawn
+from meshjobs.capture import Capture
 from meshjobs.itemenv import DEFAULT_PASS, base_env
 from meshjobs.pypool import PyEnd, PyPool
 
@@ -144,26 +149,36 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class _Pipe:
+    """Our end of one of a run's pipes, registered with the selector while it is open."""
+
+    __slots__ = ("run", "fd", "capture", "data")
+
+    def __init__(self, run: _Run, fd: int, capture: Capture | None,
+                 data: memoryview | None = None) -> None:
+        self.run = run
+        self.fd = fd  # -1 once closed
+        self.capture = capture  # stdout or stderr: where what is read goes
+        self.data = data  # stdin: what is left to write
+
+
 class _Run:
     """One running process; touched by the driver thread only."""
 
-    __slots__ = ("item", "proc", "pidfd", "paths", "started_ms", "deadline", "kill_at", "reason")
+    __slots__ = ("item", "pid", "proc", "pidfd", "stdin_path", "out", "err", "pipes",
+                 "started_ms", "deadline", "kill_at", "reason")
 
-    def __init__(
-        self,
-        item: RunItem,
-        proc: subprocess.Popen[bytes],
-        pidfd: int,
-        paths: tuple[str, str, str],
-        started_ms: int,
-        deadline: float | None,
-    ) -> None:
+    def __init__(self, item: RunItem, out: Capture, err: Capture, started_ms: int) -> None:
         self.item = item
-        self.proc = proc
-        self.pidfd = pidfd
-        self.paths = paths  # stdin, stdout, stderr spool files
+        self.pid = 0
+        self.proc: subprocess.Popen[bytes] | None = None  # None: spawned by meshjobs.spawn
+        self.pidfd = -1
+        self.stdin_path: str | None = None  # the stdin spool file (a large payload only)
+        self.out = out
+        self.err = err
+        self.pipes: list[_Pipe] = []  # open ones: stdout, stderr, and stdin while it is fed
         self.started_ms = started_ms
-        self.deadline = deadline  # time.monotonic() when the runtime limit passes
+        self.deadline: float | None = None  # time.monotonic() when the runtime limit passes
         self.kill_at: float | None = None  # time.monotonic() when a cut's grace ends
         self.reason: str | None = None  # "timeout" or "cut" once the driver ended it
 
@@ -216,9 +231,9 @@ class Driver:
         self._starts: deque[RunItem] = deque()
         self._cuts: set[RunKey] = set()
         self._accepted: set[RunKey] = set()  # started and not yet reported ended
-        # The stdout and stderr spool files of each running process, and whether it has
-        # ended (its files are then complete), for live output (meshjobs.itemlogs).
-        self._spools: dict[RunKey, tuple[str, str, bool]] = {}
+        # The stdout and stderr of each running process, and whether it has ended (they are
+        # then complete), for live output (meshjobs.itemlogs).
+        self._spools: dict[RunKey, tuple[Capture, Capture, bool]] = {}
         self._stopping = False
         self._closed = False  # the wake-up pipe is closed; nobody may write to it
         self._wake_r, self._wake_w = os.pipe()
@@ -275,13 +290,20 @@ class Driver:
         with self._lock:
             return set(self._accepted)
 
-    def spool(self, key: RunKey) -> tuple[str, str, bool] | None:
-        """The stdout and stderr spool files of a run (live output), and whether the run has
-        ended; None when it has no process yet, had none (a python item), or its end was
-        reported. The files may be gone by the time they are opened (stored in the blob
-        store): a reader then looks for the output in the item's blob."""
+    def read_output(self, key: RunKey, stream: str, offset: int, size: int
+                    ) -> tuple[bytes, int, bool] | None:
+        """Live output (any thread): up to `size` bytes of a run's "stdout" or "stderr" from
+        `offset`, how many bytes that stream holds now, and whether the run has ended (the
+        stream is then complete); None when it has no process yet, had none (a python item),
+        or its end was reported. Raises FileNotFoundError when its spool file is gone (stored
+        in the blob store meanwhile): a reader then looks for the output in the item's blob."""
         with self._lock:
-            return self._spools.get(key)
+            got = self._spools.get(key)
+        if got is None:
+            return None
+        ended = got[2]  # taken before the read: once ended, the stream is complete
+        data, total = (got[0] if stream == "stdout" else got[1]).read(offset, size)
+        return data, total, ended
 
     def accepted(self, key: RunKey) -> bool:
         """Whether a run is accepted and its end not yet reported (waiting or running)."""
@@ -320,6 +342,8 @@ class Driver:
                 for key, mask in self._sel.select(self._next_timeout()):
                     if key.data is None:
                         self._drain_wake()
+                    elif isinstance(key.data, _Pipe):
+                        self._on_pipe(key.data)
                     elif isinstance(key.data, _Run):
                         self._reap(key.data)
                     else:
@@ -375,7 +399,7 @@ class Driver:
         return max(0.0, soonest - time.monotonic())
 
     def _reap_orphans(self) -> None:
-        own = {run.proc.pid for run in self._runs.values()}
+        own = {run.pid for run in self._runs.values()}
         if self._pool is not None:
             own |= self._pool.pids()
         n = reap_orphans(own)
@@ -402,17 +426,11 @@ class Driver:
             self._report_unstarted(item, "failed", started_ms, "empty argv: fix the job's argv")
             return
         paths = self._spool_paths()
-        error = self._spool_stdin(item, paths[0])
-        if error is not None:
-            self._remove(paths)
-            self._report_unstarted(item, "failed", started_ms, error)
-            return
         ident: runas.Identity | None = None
         if item.user is not None:
             try:
                 ident = self._identity(item.user)
             except runas.RunAsError as e:
-                self._remove(paths)
                 self._report_unstarted(item, "failed", started_ms, e.message)
                 return
         base = dict(self._full_env if item.inherit_env else self._base_env)
@@ -434,57 +452,189 @@ class Driver:
         if ident is not None and self._may_switch:
             # extra_groups always: without it the item would keep meshd's supplementary groups.
             ids = {"user": ident.uid, "group": ident.gid, "extra_groups": list(ident.groups)}
-        # The child holds its own copies of the spool files; ours are closed once it runs.
-        with contextlib.ExitStack() as files:
-            try:
-                stdin_f = None
-                if item.stdin is not None:
-                    stdin_f = files.enter_context(open(paths[0], "rb"))
-                out_f = files.enter_context(open(paths[1], "wb"))
-                err_f = files.enter_context(open(paths[2], "wb"))
-            except OSError as e:
-                files.close()
-                self._remove(paths)
-                error = f"could not open spool files on member ({e.strerror or e}): check its disk"
+        run = _Run(item, Capture(paths[1]), Capture(paths[2]), started_ms)
+        # The child's ends of its stdin, stdout and stderr; ours are closed once it runs.
+        theirs: list[int] = []
+        try:
+            error = self._open_stdin(run, paths[0], theirs)
+            if error is not None:
+                self._close_run_fds(run)
+                self._remove_stdin(run)
                 self._report_unstarted(item, "failed", started_ms, error)
                 return
-            try:
-                proc = subprocess.Popen(
-                    item.argv,
-                    stdin=stdin_f if stdin_f is not None else subprocess.DEVNULL,
-                    stdout=out_f,
-                    stderr=err_f,
-                    cwd=item.cwd,
-                    env=env,
-                    start_new_session=True,
-                    close_fds=True,
-                    **ids,
-                )
-            except (OSError, ValueError, TypeError) as e:
-                files.close()
-                self._remove(paths)
-                self._report_unstarted(item, "failed", started_ms,
-                                       _start_error(item, argv0, e, self._member))
-                return
+            for capture in (run.out, run.err):
+                r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+                theirs.append(w)
+                run.pipes.append(_Pipe(run, r, capture))
+            # The child's ends block, as files did: only our ends are non-blocking.
+            os.set_blocking(theirs[1], True)
+            os.set_blocking(theirs[2], True)
+        except OSError as e:
+            for fd in theirs:
+                os.close(fd)
+            self._close_run_fds(run)
+            self._remove_stdin(run)
+            error = f"could not open pipes or spool files on member ({e.strerror or e}): " \
+                    "check its disk and its open file limit"
+            self._report_unstarted(item, "failed", started_ms, error)
+            return
         try:
-            pidfd = os.pidfd_open(proc.pid)
+            run.pid, run.proc = self._launch(item, env, theirs, ids)
+        except (OSError, ValueError, TypeError) as e:
+            self._close_run_fds(run)
+            self._remove_stdin(run)
+            self._report_unstarted(item, "failed", started_ms,
+                                   _start_error(item, argv0, e, self._member))
+            return
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        try:
+            run.pidfd = os.pidfd_open(run.pid)
         except OSError:
             # Out of descriptors: the member cannot supervise anything more, so it stops here
             # rather than leave a process it cannot watch.
-            _killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            self._remove(paths)
+            _killpg(run.pid, signal.SIGKILL)
+            self._wait(run)
+            self._close_run_fds(run)
+            self._remove_stdin(run)
             raise
-        deadline = None
         if item.runtime_s is not None:
-            deadline = time.monotonic() + item.runtime_s
-        run = _Run(item, proc, pidfd, paths, started_ms, deadline)
+            run.deadline = time.monotonic() + item.runtime_s
         self._runs[item.key] = run
         with self._lock:
-            self._spools[item.key] = (paths[1], paths[2], False)
-        self._sel.register(pidfd, selectors.EVENT_READ, run)
+            self._spools[item.key] = (run.out, run.err, False)
+        self._sel.register(run.pidfd, selectors.EVENT_READ, run)
+        for pipe in run.pipes:
+            events = selectors.EVENT_READ if pipe.capture is not None else selectors.EVENT_WRITE
+            self._sel.register(pipe.fd, events, pipe)
         self._log.debug("item_started", job=item.job_id, index=item.index, epoch=item.epoch,
-                        pid=proc.pid)
+                        pid=run.pid)
+
+    def _launch(self, item: RunItem, env: dict[str, str], fds: list[int],
+                ids: dict[str, Any]) -> tuple[int, subprocess.Popen[bytes] | None]:
+        """Start the item's program on the stdin, stdout and stderr `fds`, in a new session;
+        its pid, and its Popen when it was started that way.
+
+        posix_spawn (meshjobs.spawn: vfork and exec, no Python in the child) unless the item
+        runs as another user; subprocess.Popen then, and whenever posix_spawn fails: Popen
+        then fails too, and says exactly why, as it always did."""
+        if not ids and min(fds) > 2 and spawn.available():
+            path = item.argv[0] if "/" in item.argv[0] else _which(item.argv[0], env)
+            if path is not None:
+                try:
+                    return spawn.spawn(path, item.argv, env, (fds[0], fds[1], fds[2]),
+                                       item.cwd), None
+                except (OSError, ValueError, TypeError):
+                    pass
+        proc = subprocess.Popen(item.argv, stdin=fds[0], stdout=fds[1], stderr=fds[2],
+                                cwd=item.cwd, env=env, start_new_session=True, close_fds=True,
+                                **ids)
+        return proc.pid, proc
+
+    def _remove_stdin(self, run: _Run) -> None:
+        if run.stdin_path is not None:
+            self._remove((run.stdin_path,))
+
+    def _open_stdin(self, run: _Run, path: str, theirs: list[int]) -> str | None:
+        """Give the child its stdin (appended to `theirs`): nothing (/dev/null), a pipe fed
+        with a small payload, or a large payload's spool file. Why it could not, or None."""
+        item = run.item
+        if item.stdin is None:
+            theirs.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+            return None
+        data = b""
+        if item.stdin != EMPTY_DIGEST:
+            missing = f"stdin blob {item.stdin} is not on this member: submit its stdin again"
+            try:
+                size = self._blobs.size(item.stdin)
+                if size is None:
+                    return missing
+                if size > limits.item_stdin_pipe_bytes_max:
+                    run.stdin_path = path
+                    error = self._spool_stdin(item, path)
+                    if error is None:
+                        theirs.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+                    return error
+                got = self._blobs.get(item.stdin)
+            except KeyError:
+                return missing
+            except BlobError as e:
+                return f"stdin blob {item.stdin} is unreadable on this member ({e}): " \
+                       "submit it again"
+            if got is None:
+                return missing
+            data = got
+        r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        os.set_blocking(r, True)
+        theirs.append(r)
+        view = memoryview(data)
+        if view:
+            # What fits in the pipe now; the rest as the item reads (the driver's selector).
+            view = view[os.write(w, view):]
+        if view:
+            run.pipes.append(_Pipe(run, w, None, view))
+        else:
+            os.close(w)
+        return None
+
+    def _on_pipe(self, pipe: _Pipe) -> None:
+        """One of a run's pipes is ready: read its output, or feed its stdin."""
+        if pipe.fd < 0:
+            return  # closed earlier in this round of events
+        if pipe.capture is None:
+            assert pipe.data is not None
+            try:
+                pipe.data = pipe.data[os.write(pipe.fd, pipe.data):]
+            except BlockingIOError:
+                return
+            except OSError:  # the item closed its stdin (EPIPE): what is left is not wanted
+                pipe.data = pipe.data[:0]
+            if not pipe.data:
+                self._close_pipe(pipe)
+            return
+        try:
+            more = pipe.capture.take(pipe.fd)
+        except BlockingIOError:
+            return
+        if not more:
+            self._close_pipe(pipe)
+
+    def _close_pipe(self, pipe: _Pipe) -> None:
+        self._sel.unregister(pipe.fd)
+        os.close(pipe.fd)
+        pipe.fd = -1
+        pipe.run.pipes.remove(pipe)
+
+    def _drain(self, run: _Run) -> None:
+        """The run's group is dead: take what its output pipes still hold and close them all.
+        Bounded: a process that left the group (setsid) may hold a pipe open and write on."""
+        for pipe in list(run.pipes):
+            if pipe.capture is not None:
+                for _ in range(limits.item_drain_reads_max):
+                    try:
+                        if not pipe.capture.take(pipe.fd):
+                            break
+                    except BlockingIOError:
+                        break
+            self._close_pipe(pipe)
+
+    def _close_run_fds(self, run: _Run) -> None:
+        """Close a run's pipes that were never registered (it did not start)."""
+        for pipe in run.pipes:
+            os.close(pipe.fd)
+            pipe.fd = -1
+        run.pipes.clear()
+        run.out.close()
+        run.err.close()
+
+    @staticmethod
+    def _wait(run: _Run) -> int:
+        """Reap the run's leader; its return code as Popen gives it."""
+        if run.proc is not None:
+            return run.proc.wait()
+        _pid, status = os.waitpid(run.pid, 0)
+        return os.waitstatus_to_exitcode(status)
 
     def check_user(self, user: str) -> str | None:
         """Why this member cannot run items as `user`, or None when it can (any thread: it
@@ -532,7 +682,7 @@ class Driver:
         run.reason = "cut"
         run.deadline = None
         run.kill_at = time.monotonic() + limits.cut_grace_ms / 1000
-        _killpg(run.proc.pid, signal.SIGTERM)
+        _killpg(run.pid, signal.SIGTERM)
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
@@ -540,19 +690,21 @@ class Driver:
             if run.deadline is not None and now >= run.deadline:
                 run.deadline = None
                 run.reason = "timeout"
-                _killpg(run.proc.pid, signal.SIGKILL)
+                _killpg(run.pid, signal.SIGKILL)
             if run.kill_at is not None and now >= run.kill_at:
                 run.kill_at = None
-                _killpg(run.proc.pid, signal.SIGKILL)
+                _killpg(run.pid, signal.SIGKILL)
 
     def _reap(self, run: _Run) -> None:
         """The leader exited: kill what it left in its group, reap it, report the end."""
         self._sel.unregister(run.pidfd)
         os.close(run.pidfd)
         # The leader is a zombie until wait(), so its pid (the group id) is still ours.
-        _killpg(run.proc.pid, signal.SIGKILL)
-        returncode = run.proc.wait()
+        _killpg(run.pid, signal.SIGKILL)
+        returncode = self._wait(run)
         ended_ms = self._clock_ms()
+        # The group is dead: what it wrote is in the pipes (or was read already).
+        self._drain(run)
         del self._runs[run.item.key]
         self._finish(run, returncode, ended_ms)
 
@@ -564,7 +716,7 @@ class Driver:
         item = run.item
         with self._lock:
             if item.key in self._spools:
-                self._spools[item.key] = (run.paths[1], run.paths[2], True)
+                self._spools[item.key] = (run.out, run.err, True)
         rc: int | None = returncode
         sig: int | None = None
         if returncode < 0:
@@ -574,29 +726,34 @@ class Driver:
         else:
             state = "done" if returncode == 0 else "failed"
         self._log.debug("item_ended", job=item.job_id, index=item.index, epoch=item.epoch,
-                        pid=run.proc.pid, rc=rc, signal=sig, state=state)
-        why = None if state == "cut" else self._write_paths(item, (run.paths[1], run.paths[2]))
+                        pid=run.pid, rc=rc, signal=sig, state=state)
+        self._remove_stdin(run)
+        sources = (run.out.source(), run.err.source())
+        why = None if state == "cut" else self._write_paths(item, sources)
+        dropped = [c.error for c in (run.out, run.err) if c.error is not None]
+        if dropped:
+            why = "; ".join(([why] if why else []) + dropped)[:limits.item_error_chars_max]
         if self._writers is None:
-            stdout = self._blobs.put_file(run.paths[1])
-            stderr = self._blobs.put_file(run.paths[2])
+            stdout, stderr = (self._blobs.put(src) if isinstance(src, bytes)
+                              else self._blobs.put_file(src) for src in sources)
             self._pin_outputs(item.job_id, stdout, stderr)
-            self._remove(run.paths)
+            self._remove(tuple(src for src in sources if isinstance(src, str)))
             self._report(ItemEnd(item.job_id, item.index, item.epoch, state, rc, sig, stdout,
                                  stderr, run.started_ms, ended_ms, why))
             return
         # The writers make both outputs durable (one fsync for many items) and remove their
         # spool files; the end is reported once both are durable, from a writer thread. An empty
         # output is the empty blob, stored and pinned for good when the member starts.
-        self._remove(run.paths[:1])
-        futs = []
-        for path in run.paths[1:3]:
-            if os.path.getsize(path) == 0:
-                self._remove((path,))
+        futs: list[Future] = []
+        for src in sources:
+            if not src:
                 done: Future = Future()
                 done.set_result(EMPTY_DIGEST)
                 futs.append(done)
+            elif isinstance(src, bytes):
+                futs.append(self._writers.put(src, owner=item.job_id))
             else:
-                futs.append(self._writers.put_file(path, owner=item.job_id, remove=True))
+                futs.append(self._writers.put_file(src, owner=item.job_id, remove=True))
         self._when_stored(item, futs, lambda stdout, stderr: ItemEnd(
             item.job_id, item.index, item.epoch, state, rc, sig, stdout, stderr,
             run.started_ms, ended_ms, why))
@@ -767,12 +924,17 @@ class Driver:
         if self._pool is not None:
             self._pool.stop()
         for run in self._runs.values():
-            _killpg(run.proc.pid, signal.SIGKILL)
+            _killpg(run.pid, signal.SIGKILL)
         for run in self._runs.values():
-            run.proc.wait()
+            self._wait(run)
             self._sel.unregister(run.pidfd)
             os.close(run.pidfd)
-            self._remove(run.paths)
+            for pipe in list(run.pipes):
+                self._close_pipe(pipe)
+            run.out.close()
+            run.err.close()
+            self._remove_stdin(run)
+            self._remove((run.out.path, run.err.path))
         self._runs.clear()
         self._sel.close()
         with self._lock:
@@ -811,6 +973,18 @@ def _killpg(pgid: int, sig: int) -> None:
         pass  # The whole group is gone already.
     except PermissionError:
         pass  # Only members that changed their user remain; the rest got the signal.
+
+
+def _which(name: str, env: dict[str, str]) -> str | None:
+    """The program `name` (no slash in it) as Popen would find it on the item's PATH; None
+    when it is not there, or when Popen should decide (a relative folder on the PATH)."""
+    for folder in os.get_exec_path(env):
+        if not folder.startswith("/"):
+            return None
+        path = os.path.join(folder, name)
+        if os.access(path, os.X_OK) and not os.path.isdir(path):
+            return path
+    return None
 
 
 def _cwd_error(cwd: str, member: str, why: str) -> str:

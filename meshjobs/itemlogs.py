@@ -1,9 +1,10 @@
 """Live item output: the bytes a running item has written so far, read here or asked of the
 member that runs it.
 
-The driver spools each running command item's stdout and stderr to files (meshjobs/driver.py)
-and stores them as blobs when it ends. While it runs, `GET /jobs/{id}/items/{n}/stdout` is
-served from the spool file: read here when the item runs on this member (`read_local`), or
+The driver captures each running command item's stdout and stderr (in memory while small, then
+in spool files: meshjobs/capture.py) and stores them as blobs when it ends. While it runs,
+`GET /jobs/{id}/items/{n}/stdout` is served from what it captured so far
+(`Driver.read_output`): read here when the item runs on this member (`read_local`), or
 asked of the member that runs it over the member links with an F_LOG_GET, whose F_LOG_PUT
 answer carries at most `log_frame_bytes_max` bytes (`ask`). Once the item has ended and its
 output is stored, HTTP serves the blob instead (meshjobs/http.py).
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import threading
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
@@ -60,7 +60,7 @@ def _resolve(fut: Future, value: LogPiece | None) -> None:
 
 class ItemLogs:
     """Reads running items' output here and asks other members for theirs. See the module's
-    rules. `driver` is this member's driver (its `spool` and `accepted`); `links` is None on a
+    rules. `driver` is this member's driver (its `read_output` and `accepted`); `links` is None on a
     fleet of one."""
 
     def __init__(self, member: str, driver: Any, links: Any = None, log: Any = None) -> None:
@@ -86,29 +86,18 @@ class ItemLogs:
         spool file (a python item, or a command not spawned yet); "unknown" when this member
         has no such run now (ended and stored, or another epoch)."""
         key = (ask.job, ask.index, ask.epoch)
-        spool = self._driver.spool(key)
-        if spool is None:
-            error = "unavailable" if self._driver.accepted(key) else "unknown"
-            return LogPiece(ask.q, b"", False, error)
-        path = spool[0] if ask.stream == "stdout" else spool[1]
-        ended = spool[2]  # read before the file: once ended, the file is complete
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            got = self._driver.read_output(key, ask.stream, ask.offset, ask.size)
         except FileNotFoundError:
             return LogPiece(ask.q, b"", False, "unknown")  # stored and removed meanwhile
         except OSError as e:
             self._log.warning("item_spool_unreadable", job=ask.job, index=ask.index,
                               error=str(e))
             return LogPiece(ask.q, b"", False, "unavailable")
-        try:
-            data = os.pread(fd, ask.size, ask.offset)
-            size = os.fstat(fd).st_size
-        except OSError as e:
-            self._log.warning("item_spool_unreadable", job=ask.job, index=ask.index,
-                              error=str(e))
-            return LogPiece(ask.q, b"", False, "unavailable")
-        finally:
-            os.close(fd)
+        if got is None:
+            error = "unavailable" if self._driver.accepted(key) else "unknown"
+            return LogPiece(ask.q, b"", False, error)
+        data, size, ended = got
         return LogPiece(ask.q, data, ended and ask.offset + len(data) >= size)
 
     # --- asking another member -----------------------------------------------------------------

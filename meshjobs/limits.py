@@ -109,6 +109,11 @@ orphan_reap_ms = 1_000  # a member that is PID 1 or a subreaper reaps orphans' z
 item_error_chars_max = 1_024  # why an item failed without running, kept with its result (longer: cut)
 # Lease times of runs remembered for the lease->start histogram (one per run not yet ended)
 run_stamps_max = driver_queue_max
+# Command items' pipes (meshjobs/driver.py, meshjobs/capture.py)
+item_stdin_pipe_bytes_max = 64 * 1024  # a stdin payload up to this goes through a pipe; larger: a spool file
+item_output_memory_bytes_max = 64 * 1024  # output of one stream kept in memory; past it, in a spool file
+item_pipe_read_bytes = 256 * 1024  # one read (or splice) from an item's stdout or stderr pipe
+item_drain_reads_max = 64  # reads of each output pipe once the item's group is killed (escapees write on)
 
 # Blob store limits live in blobstore/limits.py: that package stands alone.
 

@@ -1,7 +1,7 @@
 """Item logs over real links on 127.0.0.1: a member asks another for a running item's output
 (F_LOG_GET) and gets it (F_LOG_PUT); garbage from a peer is dropped and counted; the queues are
 bounded. The spool files are real files; the runs are described by a small table standing in
-for the driver (its `spool` and `accepted`), which the fleet tests in test_item_logs.py cover
+for the driver (its `read_output` and `accepted`), which the fleet tests in test_item_logs.py cover
 for real."""
 
 from __future__ import annotations
@@ -31,8 +31,14 @@ class Runs:
         self.spools: dict[tuple[str, int, int], tuple[str, str, bool]] = {}
         self.waiting: set[tuple[str, int, int]] = set()
 
-    def spool(self, key: tuple[str, int, int]) -> tuple[str, str, bool] | None:
-        return self.spools.get(key)
+    def read_output(self, key: tuple[str, int, int], stream: str, offset: int,
+                    size: int) -> tuple[bytes, int, bool] | None:
+        got = self.spools.get(key)
+        if got is None:
+            return None
+        with open(got[0] if stream == "stdout" else got[1], "rb") as f:
+            f.seek(offset)
+            return f.read(size), os.fstat(f.fileno()).st_size, got[2]
 
     def accepted(self, key: tuple[str, int, int]) -> bool:
         return key in self.spools or key in self.waiting
