@@ -685,3 +685,39 @@ class EventStream:
         with contextlib.suppress(OSError):
             self.conn.sock.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
         self.conn.close()
+
+
+def send_and_read(port: int, data: bytes, wait_s: float = 10.0) -> bytes:
+    """Send `data` to 127.0.0.1:`port`, then keep the connection open until the member closes
+    it (or `wait_s` passes), so that the member reads and judges it rather than seeing the
+    close first; what the member wrote back."""
+    got = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(data)
+        s.settimeout(wait_s)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                chunk = s.recv(65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            got += chunk
+    return got
+
+
+def submit_big_entry(m: Any) -> dict:
+    """Submit a held array job whose entry is over log_compaction_bytes_min (each item its own
+    payload: repeated payloads make a small entry), and two small jobs after it (a compaction
+    keeps the last applied entry); the big job's record."""
+    from meshjobs import limits
+
+    n = limits.log_compaction_bytes_min // 30
+    status, rec = m.request("POST", "/jobs", {"argv": ["true"], "hold": True,
+                                              "items": [str(k) for k in range(n)]})
+    assert status == 201, rec
+    for _ in range(2):
+        status, _small = m.request("POST", "/jobs", {"argv": ["true"], "hold": True})
+        assert status == 201
+    return rec

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pysyncobj.config import SERIALIZER_STATE
@@ -18,7 +17,7 @@ from pysyncobj.node import TCPNode
 from meshjobs.dumpfile import DumpHealth, make_dump_pair, read_dump
 from meshjobs.dumpwriter import ForkedDumps
 from meshjobs.failpoints import Failpoints
-from tests.fleet import wait_until
+from tests.fleet import submit_big_entry, wait_until
 
 LAST = (b"\x01last", 42, 3)
 PREV = (b"\x01prev", 41, 3)
@@ -161,25 +160,12 @@ def test_child_dies_with_the_member(tmp_path: Path) -> None:
     assert not (tmp_path / "raft.dump").exists()
 
 
-def _big_entry(m: Any) -> dict:
-    from meshjobs import limits
-
-    n = limits.log_compaction_bytes_min // 30
-    status, rec = m.request("POST", "/jobs", {"argv": ["true"], "hold": True,
-                                              "items": [str(k) for k in range(n)]})
-    assert status == 201, rec
-    for _ in range(2):
-        status, _small = m.request("POST", "/jobs", {"argv": ["true"], "hold": True})
-        assert status == 201
-    return rec
-
-
 def test_member_serves_while_a_dump_is_written(meshd_factory) -> None:
     """The jobs thread does not wait for a dump: while a (very slow) dump is being written, the
     member takes a job and runs it to the end; stopped meanwhile, it stops cleanly, leaves no
     tmp file and comes back with every job (the journal was not trimmed for the dump)."""
     m = meshd_factory(env={"MESHJOBS_FAILPOINTS": "dump.fsync=sleep:120000"})
-    big = _big_entry(m)
+    big = submit_big_entry(m)
     tmp = os.path.join(m.data, "raft.dump.tmp")
     wait_until(lambda: os.path.exists(tmp), 60, "a dump being written")
     status, rec = m.request("POST", "/jobs", {"argv": ["sh", "-c", "echo during"]}, timeout_s=20)

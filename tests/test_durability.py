@@ -8,6 +8,8 @@ import urllib.error
 
 import pytest
 
+from tests.fleet import submit_big_entry
+
 pytestmark = pytest.mark.fleet
 
 
@@ -150,21 +152,6 @@ def test_log_compacted_by_size(meshd):
     assert status == 200 and job["items_total"] == n and job["state"] == "held"
 
 
-def _big_entry(m) -> dict:
-    """Submit a held array job whose entry is over log_compaction_bytes_min, and two small jobs
-    after it (a compaction keeps the last applied entry)."""
-    from meshjobs import limits
-
-    n = limits.log_compaction_bytes_min // 30
-    status, rec = m.request("POST", "/jobs", {"argv": ["true"], "hold": True,
-                                              "items": [str(k) for k in range(n)]})
-    assert status == 201, rec
-    for _ in range(2):
-        status, _small = m.request("POST", "/jobs", {"argv": ["true"], "hold": True})
-        assert status == 201
-    return rec
-
-
 def _wait_metric(m, name: str, at_least: float, timeout_s: float = 60.0) -> float:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -182,7 +169,7 @@ def test_failed_dump_fsync_is_retried_and_compaction_resumes(meshd_factory):
     from meshjobs import limits
 
     m = meshd_factory(env={"MESHJOBS_FAILPOINTS": "dump.fsync=1..3"})
-    big = _big_entry(m)
+    big = submit_big_entry(m)
     # The three failures happen (each retried after its backoff) ...
     _wait_metric(m, "dump_failures", 3)
     # ... the member still takes and runs work meanwhile and after ...
@@ -210,7 +197,7 @@ def test_failed_dump_never_stops_the_member_and_the_journal_keeps_everything(mes
     """While every dump fails, the member goes on serving from its journal; after a restart
     (with the disk healthy) every acknowledged job is there."""
     m = meshd_factory(env={"MESHJOBS_FAILPOINTS": "dump.fsync=1"})
-    big = _big_entry(m)
+    big = submit_big_entry(m)
     _wait_metric(m, "dump_failures", 2)
     ids = _fill(m, 5)
     assert m.proc.poll() is None

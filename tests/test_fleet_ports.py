@@ -12,29 +12,10 @@ import time
 import pytest
 
 from meshjobs.frames import HEADER, MAGIC, FrameType, Hello, Role, Session
-from tests.fleet import fleet_running, leader_of, make_fleet
+from tests.fleet import fleet_running, leader_of, make_fleet, send_and_read
 from tests.test_fleet import metrics, submit, wait_for
 
 pytestmark = pytest.mark.fleet
-
-
-def _send(port: int, data: bytes, wait_s: float = 10.0) -> bytes:
-    """Send `data`, then keep the connection open until the member closes it (or `wait_s`
-    passes), so that the member reads and judges it rather than seeing the close first."""
-    got = b""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        s.sendall(data)
-        s.settimeout(wait_s)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            try:
-                chunk = s.recv(65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            got += chunk
-    return got
 
 
 def _hello(secret: bytes, body: dict) -> tuple[Session, bytes]:
@@ -68,24 +49,24 @@ def test_hostile_bytes_on_member_ports(three):
         secret = m.secret
         peer, raft = m.peer_port, m.raft_port
         # --- the member-links port ---
-        _send(peer, os.urandom(4096))  # garbage
+        send_and_read(peer, os.urandom(4096))  # garbage
         body = {"name": "intruder", "boot": "b", "peer": "127.0.0.1:1", "to": m.name}
         _, good = _hello(secret, body)
-        _send(peer, good[: len(good) // 2], wait_s=0.5)  # truncated, then closed
-        _send(peer, struct.pack(">4sBBI", MAGIC, int(FrameType.F_HELLO), 0,
+        send_and_read(peer, good[: len(good) // 2], wait_s=0.5)  # truncated, then closed
+        send_and_read(peer, struct.pack(">4sBBI", MAGIC, int(FrameType.F_HELLO), 0,
                                 1 << 30))  # a length over the limit, before any body
-        _send(peer, _hello(os.urandom(32), {**body, "name": "x"})[1])  # wrong key
+        send_and_read(peer, _hello(os.urandom(32), {**body, "name": "x"})[1])  # wrong key
         # A whole handshake (a member of the fleet could make it), then the same bytes again:
         # a replay, which gets a challenge it cannot answer.
         recorded = _handshake(peer, secret, body)
-        _send(peer, b"".join(recorded), wait_s=1.0)
+        send_and_read(peer, b"".join(recorded), wait_s=1.0)
         # --- the Raft port (sealed frames, raftlink.py) ---
-        _send(raft, os.urandom(4096))
-        _send(raft, struct.pack("i", 64) + os.urandom(64))  # pysyncobj's own framing: garbage now
+        send_and_read(raft, os.urandom(4096))
+        send_and_read(raft, struct.pack("i", 64) + os.urandom(64))  # pysyncobj's own framing: garbage now
         for length in (1 << 30, 4097):  # lengths over the limit, before any body
-            _send(raft, struct.pack(">4sBBI", MAGIC, int(FrameType.F_HELLO), 0, length))
+            send_and_read(raft, struct.pack(">4sBBI", MAGIC, int(FrameType.F_HELLO), 0, length))
         raft_body = {"raft": f"127.0.0.1:{raft + 1}", "to": f"127.0.0.1:{raft}"}
-        _send(raft, _hello(os.urandom(32), raft_body)[1])  # wrong key
+        send_and_read(raft, _hello(os.urandom(32), raft_body)[1])  # wrong key
     time.sleep(1.0)
     for m in three:
         mt = wait_for(lambda m=m: metrics(m), what="metrics")

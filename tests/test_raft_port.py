@@ -15,7 +15,7 @@ import zlib
 import pytest
 
 from meshjobs.frames import HEADER, MAGIC, FrameType, Hello, Role, Session
-from tests.fleet import fleet_running, leader_of, make_fleet
+from tests.fleet import fleet_running, leader_of, make_fleet, send_and_read
 from tests.test_fleet import metrics, submit, wait_for
 
 pytestmark = pytest.mark.fleet
@@ -24,24 +24,6 @@ pytestmark = pytest.mark.fleet
 @pytest.fixture
 def three(tmp_path):
     yield from fleet_running(make_fleet(str(tmp_path), voters=3))
-
-
-def _send(port: int, data: bytes, wait_s: float = 10.0) -> bytes:
-    """Send `data`, then read until the member closes the connection (or `wait_s` passes)."""
-    got = b""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        s.sendall(data)
-        s.settimeout(wait_s)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            try:
-                chunk = s.recv(65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            got += chunk
-    return got
 
 
 class _Marker:
@@ -97,16 +79,16 @@ def test_hostile_input_on_the_raft_port(three, tmp_path):
     for m in three:
         port, secret = m.raft_port, m.secret
         other = next(o for o in three if o is not m)
-        _send(port, os.urandom(4096))  # garbage
-        _send(port, HEADER.pack(MAGIC, int(FrameType.F_HELLO), 0, 1 << 30))  # oversized
+        send_and_read(port, os.urandom(4096))  # garbage
+        send_and_read(port, HEADER.pack(MAGIC, int(FrameType.F_HELLO), 0, 1 << 30))  # oversized
         # pysyncobj's old framing: a length, then a compressed pickle (no password).
-        _send(port, struct.pack("i", len(zlib.compress(evil))) + zlib.compress(evil))
-        _send(port, struct.pack("i", len(evil)) + evil)
+        send_and_read(port, struct.pack("i", len(zlib.compress(evil))) + zlib.compress(evil))
+        send_and_read(port, struct.pack("i", len(evil)) + evil)
         wrong = Session(os.urandom(32), Role.DIALLER)
-        _send(port, wrong.hello({"raft": _raft_addr(other), "to": _raft_addr(m), "wall_ms": 0},
+        send_and_read(port, wrong.hello({"raft": _raft_addr(other), "to": _raft_addr(m), "wall_ms": 0},
                                 os.urandom(32), os.urandom(32)))  # wrong secret
         stranger = Session(secret, Role.DIALLER)
-        _send(port, stranger.hello({"raft": "127.0.0.1:1", "to": _raft_addr(m), "wall_ms": 0},
+        send_and_read(port, stranger.hello({"raft": "127.0.0.1:1", "to": _raft_addr(m), "wall_ms": 0},
                                    os.urandom(32), os.urandom(32)))  # not a voter
         # A voter's handshake (anyone holding the secret can make one), then one sealed
         # message twice: a replay within the connection.
@@ -117,7 +99,7 @@ def test_hostile_input_on_the_raft_port(three, tmp_path):
         s, recorded = _open_session(port, secret, _raft_addr(other), _raft_addr(m), twice)
         assert _closed(s), m.name
         s.close()
-        _send(port, b"".join(recorded), wait_s=2.0)  # the handshake replayed on a new connection
+        send_and_read(port, b"".join(recorded), wait_s=2.0)  # the handshake replayed on a new connection
         # A pickle inside a good sealed frame: as an entry the old way, and as the whole body;
         # and a frame type of the member links on the Raft port.
         for then in (
