@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,52 +189,69 @@ class JobNode(LeaderDuties, Following, Feeding, Orders):
         self._ring_rows = 0
         self.counts: dict[str, int] = {}
         self._init_orders()
+        self._handlers = self._handler_table()
 
     # --- stepping ---------------------------------------------------------------------------
 
     def step(self, ev: Any) -> None:
-        if isinstance(ev, Tick):
-            if ev.now_ms > self.now_ms:
-                self.now_ms = ev.now_ms
-        elif isinstance(ev, Ctl):
-            self._ctl(ev.token, ev.req)
-        elif isinstance(ev, Applied):
-            self._applied(ev)
-        elif isinstance(ev, View):
-            if ev.is_leader and not self.view.is_leader:
-                self._leader_since_ms = self.now_ms
-                self.members.clear()  # soft state of an earlier reign is stale
-                self._lost, self._scan = set(), []
-            if ev.term != self.view.term or not ev.is_leader:
-                self._props.clear()  # what an earlier reign proposed holds nothing back
-            if ev.leader is not None:
-                self._leader_seen_ms = self.now_ms
-            if ev.leader != self.view.leader:
-                for ch in self._forwarded.values():
-                    ch.sent_ms = -limits.proposal_retry_ms  # to the new leader at once
-            self.view = ev
-        elif isinstance(ev, ItemEnded):
-            self._ended(ev)
-        elif isinstance(ev, FrameIn):
-            self._frame(ev.peer, ev.ftype, ev.body)
-        elif isinstance(ev, PeerLink):
-            self._links[ev.peer] = ev.up
-            if not ev.up:
-                for copies in self._awaiting_copies.values():
-                    copies.asked.pop(ev.peer, None)  # asked again as soon as it is back
-        elif isinstance(ev, BlobsCopied):
-            self._copied(ev.member, ev.digests)
-        elif isinstance(ev, Pressure):
-            self._pressure = ev.on
-            self._count("pressure_on" if ev.on else "pressure_off")
-        elif isinstance(ev, DiskFull):
-            if ev.on != self._disk_full:
-                self._count("disk_full_on" if ev.on else "disk_full_off")
-            self._disk_full, self._disk_free = ev.on, ev.free_bytes
-        elif isinstance(ev, BlobBytes):
-            self._blob_bytes = ev.n
-        else:
-            raise AssertionError(f"unknown event {ev!r}")
+        """Take one event: the handler of its type. An event of a type the node has no handler
+        for is a bug of ours (events.EVENTS lists them all): it crashes."""
+        handler = self._handlers.get(type(ev))
+        if handler is None:
+            raise AssertionError(f"the node has no handler for the event {ev!r}")
+        handler(ev)
+
+    def _handler_table(self) -> dict[type, Callable[[Any], None]]:
+        """Event type -> handler: one per type of events.EVENTS (a test checks it)."""
+        return {
+            Tick: self._on_tick,
+            Ctl: lambda ev: self._ctl(ev.token, ev.req),
+            Applied: self._applied,
+            View: self._on_view,
+            ItemEnded: self._ended,
+            FrameIn: lambda ev: self._frame(ev.peer, ev.ftype, ev.body),
+            PeerLink: self._on_link,
+            BlobsCopied: lambda ev: self._copied(ev.member, ev.digests),
+            Pressure: self._on_pressure,
+            DiskFull: self._on_disk_full,
+            BlobBytes: self._on_blob_bytes,
+        }
+
+    def _on_tick(self, ev: Tick) -> None:
+        if ev.now_ms > self.now_ms:
+            self.now_ms = ev.now_ms
+
+    def _on_view(self, ev: View) -> None:
+        if ev.is_leader and not self.view.is_leader:
+            self._leader_since_ms = self.now_ms
+            self.members.clear()  # soft state of an earlier reign is stale
+            self._lost, self._scan = set(), []
+        if ev.term != self.view.term or not ev.is_leader:
+            self._props.clear()  # what an earlier reign proposed holds nothing back
+        if ev.leader is not None:
+            self._leader_seen_ms = self.now_ms
+        if ev.leader != self.view.leader:
+            for ch in self._forwarded.values():
+                ch.sent_ms = -limits.proposal_retry_ms  # to the new leader at once
+        self.view = ev
+
+    def _on_link(self, ev: PeerLink) -> None:
+        self._links[ev.peer] = ev.up
+        if not ev.up:
+            for copies in self._awaiting_copies.values():
+                copies.asked.pop(ev.peer, None)  # asked again as soon as it is back
+
+    def _on_pressure(self, ev: Pressure) -> None:
+        self._pressure = ev.on
+        self._count("pressure_on" if ev.on else "pressure_off")
+
+    def _on_disk_full(self, ev: DiskFull) -> None:
+        if ev.on != self._disk_full:
+            self._count("disk_full_on" if ev.on else "disk_full_off")
+        self._disk_full, self._disk_free = ev.on, ev.free_bytes
+
+    def _on_blob_bytes(self, ev: BlobBytes) -> None:
+        self._blob_bytes = ev.n
 
     def take(self) -> list[Any]:
         """Reconcile, then hand over every effect made since the last call."""

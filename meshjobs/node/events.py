@@ -223,6 +223,12 @@ class NodeConfig:
     blob_copies: int = limits.blob_copies
 
 
+# Every event the node takes (`JobNode.step` has one handler per type) and every effect it makes
+# (node/ready.py sorts each by the durability gate). A type in neither is a bug of ours.
+EVENTS: tuple[type, ...] = (Tick, Ctl, Applied, View, Pressure, DiskFull, BlobBytes, ItemEnded,
+                            FrameIn, PeerLink, BlobsCopied)
+
+
 # The digest of the empty payload: every member holds it, pinned for good by this owner (see
 # daemon.py), which no reconciliation of pins ever removes.
 EMPTY_DIGEST = blake3.blake3(b"").hexdigest()
@@ -252,3 +258,7 @@ class Notify:
     url: str
     key: str
     record: dict
+
+
+EFFECTS: tuple[type, ...] = (Propose, Reply, Run, Cut, Pin, Unpin, UnpinAllBut, Send, CopyBlobs,
+                             FetchBlobs, Exit, Notify)
