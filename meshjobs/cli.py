@@ -38,10 +38,10 @@ import blake3
 import click
 
 from meshjobs import limits, placement
-from meshjobs.control import JOB_STATES
+from meshjobs.control import JOB_FINAL_STATES, JOB_STATES
 
 DEFAULT_AT = "http://127.0.0.1:7700"
-TERMINAL = ("done", "failed", "cancelled", "dep_failed")
+TERMINAL = JOB_FINAL_STATES
 WAIT_POLL_S = 30
 # A change may wait ctl_commit_ms_max for its commit; the client waits a little longer.
 TIMEOUT_S = limits.ctl_commit_ms_max / 1000 + 5

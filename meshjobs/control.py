@@ -47,10 +47,13 @@ USER_NAME_RE = re.compile(rf"^[A-Za-z0-9._][A-Za-z0-9._-]{{0,{limits.user_chars_
 USER_IDS_RE = re.compile(r"^([0-9]+)(?::([0-9]+))?$")
 
 JOB_STATES = ("waiting", "queued", "held", "running", "done", "failed", "cancelled", "dep_failed")
+# The states a job ends in: it changes no more (until it is run again by hand or by a rule).
+JOB_FINAL_STATES = ("done", "failed", "cancelled", "dep_failed")
 # What a dependent waits for of each parent (`--after ID:COND`): that it ends done ("ok"), that
 # it ends at all ("end"), or that it ends without succeeding ("fail": failed, a timeout among
 # them, cancelled or dep_failed).
 DEP_CONDITIONS = ("ok", "end", "fail")
+# Item states by name, in the order of their codes in the job table (table.py stores the code).
 ITEM_STATES = ("pending", "leased", "done", "failed", "timeout", "cancelled")
 
 SUBMIT_KEYS = frozenset(

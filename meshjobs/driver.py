@@ -65,7 +65,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
@@ -75,6 +74,7 @@ from blobstore.errors import BlobError
 from meshjobs import limits, outpaths, runas, spawn
 from meshjobs.capture import Capture
 from meshjobs.itemenv import DEFAULT_PASS, base_env
+from meshjobs.node.events import ItemEnded, Run
 from meshjobs.pypool import PyEnd, PyPool
 
 RunKey = tuple[str, int, int]  # (job_id, index, epoch)
@@ -99,50 +99,14 @@ class BlobStore(Protocol):
     def size(self, digest: str) -> int | None: ...
 
 
-@dataclass(frozen=True)
-class RunItem:
-    """A command from the jobs thread: run this item under this lease epoch."""
-
-    job_id: str
-    index: int
-    epoch: int
-    argv: list[str]
-    env: dict[str, str]
-    cwd: str | None
-    stdin: str | None  # a blob digest, or None for an empty stdin
-    runtime_s: float | None
-    kind: str = "command"  # the pool's kind: "command" runs argv, "python" calls argv[0]
-    user: str | None = None  # run as this user (control.parse_user's form); None: as meshd
-    inherit_env: bool = False  # start from meshd's whole environment, not the `env_pass` one
-    stdout_path: str | None = None  # also write stdout here (meshjobs.outpaths)
-    stderr_path: str | None = None  # and stderr here
-
-    @property
-    def key(self) -> RunKey:
-        return (self.job_id, self.index, self.epoch)
-
-
-@dataclass(frozen=True)
-class ItemEnd:
-    """An event back to the jobs thread: how one run ended.
-
-    state is "done" (rc 0), "failed" (rc != 0, killed by a signal, or could not start),
-    "timeout" (its runtime limit passed) or "cut" (revoked by `Driver.cut`). stdout and stderr
-    are digests of the captured output (the empty payload has one too); they are None only
-    when no process ran, and then error says why.
-    """
-
-    job_id: str
-    index: int
-    epoch: int
-    state: str
-    rc: int | None
-    signal: int | None
-    stdout: str | None
-    stderr: str | None
-    started_ms: int
-    ended_ms: int
-    error: str | None
+# What the driver runs is the node's `Run` effect itself, and what it reports is the node's
+# `ItemEnded` event (meshjobs/node/events.py): one type per concept, no copy at the edge.
+# `ItemEnd`'s state is "done" (rc 0), "failed" (rc != 0, killed by a signal, or could not
+# start), "timeout" (its runtime limit passed) or "cut" (revoked by `Driver.cut`); stdout and
+# stderr are digests of the captured output (the empty payload has one too), None only when no
+# process ran, and then error says why.
+RunItem = Run
+ItemEnd = ItemEnded
 
 
 def _wall_ms() -> int:

@@ -36,7 +36,6 @@ import structlog
 from meshjobs import limits
 from meshjobs.control import Answer
 from meshjobs.diskspace import is_disk_error
-from meshjobs.driver import RunItem
 from meshjobs.node import (
     BlobBytes,
     BlobsCopied,
@@ -202,7 +201,7 @@ class JobsThread:
         self._assembler = _Assembler()
         # Items whose stdin blob is on another member: started once it is fetched, or at the
         # deadline (the driver then fails the item, saying the input is missing).
-        self._awaiting_input: dict[tuple[str, int, int], tuple[RunItem, float]] = {}
+        self._awaiting_input: dict[tuple[str, int, int], tuple[Run, float]] = {}
         # Blobs the node asked to have here (copies lost with a member): pinned for their owner
         # and confirmed to the node once all are here, or dropped at the deadline.
         self._awaiting_fetch: dict[tuple[str, tuple[str, ...]], float] = {}
@@ -248,11 +247,10 @@ class JobsThread:
         self._wake()
         return fut
 
-    def item_ended(self, end: Any) -> None:
+    def item_ended(self, end: ItemEnded) -> None:
         """The driver's report of an item's end. Blocks while the queue is full: an end is never
         dropped (a lost end would hold its lease until the member restarts)."""
-        self.event(ItemEnded(end.job_id, end.index, end.epoch, end.state, end.rc, end.signal,
-                             end.stdout, end.stderr, end.started_ms, end.ended_ms, end.error))
+        self.event(end)  # the driver reports the node's own ItemEnded event
 
     def event(self, ev: Any) -> None:
         """An event from a thread of this member (driver, blob threads): never dropped."""
@@ -525,9 +523,7 @@ class JobsThread:
         elif isinstance(eff, Send):
             self._send(eff)
         elif isinstance(eff, Run):
-            item = RunItem(eff.job_id, eff.index, eff.epoch, eff.argv, eff.env, eff.cwd,
-                           eff.stdin, eff.runtime_s, eff.kind, eff.user, eff.inherit_env,
-                           eff.stdout_path, eff.stderr_path)
+            item = eff  # the driver runs the node's Run effect as it is
             if self.timings is not None:
                 if len(self._run_at) >= limits.run_stamps_max:
                     del self._run_at[next(iter(self._run_at))]  # the oldest: its end was lost

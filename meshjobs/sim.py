@@ -77,7 +77,7 @@ import blake3
 import msgpack
 
 from meshjobs import cron, limits, placement
-from meshjobs.control import Answer
+from meshjobs.control import JOB_FINAL_STATES, Answer
 from meshjobs.node import (
     Applied,
     BlobsCopied,
@@ -110,7 +110,7 @@ T0_MS = 1_700_000_000_000
 VOTERS = ("v1", "v2", "v3")
 WORKERS = ("w1", "w2")
 MEMBERS = VOTERS + WORKERS
-FINAL_STATES = ("done", "failed", "cancelled", "dep_failed")
+FINAL_STATES = JOB_FINAL_STATES
 
 
 def _fp(*parts: object) -> str:

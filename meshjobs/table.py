@@ -46,12 +46,12 @@ import blake3
 
 from meshjobs import cron, limits, placement, reruns
 from meshjobs.compact import ItemQueue, entry_items
-from meshjobs.control import ControlError, parse_submit
+from meshjobs.control import ITEM_STATES, JOB_FINAL_STATES, ControlError, parse_submit
 from meshjobs.fleetctl import CtlRefused, FleetCtl
 
 # Item states, stored as one byte each.
 PENDING, LEASED, DONE, FAILED, TIMEOUT, CANCELLED = range(6)
-ITEM_STATE_NAMES = ("pending", "leased", "done", "failed", "timeout", "cancelled")
+ITEM_STATE_NAMES = ITEM_STATES  # their names (control.py), in code order
 ITEM_STATE_CODES = {name: code for code, name in enumerate(ITEM_STATE_NAMES)}
 FINAL = frozenset({DONE, FAILED, TIMEOUT, CANCELLED})
 
@@ -68,11 +68,10 @@ TRANSITIONS: dict[str, frozenset[tuple[int, int]]] = {
 
 RC_NONE = -(2**31)  # "no exit code" in the rc array
 _EMPTY = blake3.blake3(b"").digest()  # the digest of the empty payload
-JOB_FINAL_STATES = frozenset({"done", "failed", "cancelled", "dep_failed"})
 # The parent's final states that satisfy each condition of `after` (control.DEP_CONDITIONS).
 DEP_SATISFIED = {
     "ok": frozenset({"done"}),
-    "end": JOB_FINAL_STATES,
+    "end": frozenset(JOB_FINAL_STATES),
     "fail": frozenset({"failed", "cancelled", "dep_failed"}),
 }
 RID_REUSED = ("this Idempotency-Key was used before for a different request (another method, "

@@ -16,9 +16,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from meshjobs import limits
-from meshjobs.control import JOB_STATES
+from meshjobs.control import JOB_FINAL_STATES, JOB_STATES
 
-TERMINAL_STATES = ("done", "failed", "cancelled", "dep_failed")
+TERMINAL_STATES = JOB_FINAL_STATES
 FAILED_ITEM_STATES = ("failed", "timeout")
 
 e = html.escape

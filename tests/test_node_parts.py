@@ -71,3 +71,25 @@ def test_a_subclass_of_an_event_is_not_taken_for_it() -> None:
     node = _node()
     with pytest.raises(AssertionError, match="no handler"):
         node.step(LateTick(10))
+
+
+def test_driver_runs_the_node_run_and_reports_the_node_end() -> None:
+    """One type per concept: the driver takes the node's `Run` effect and reports the node's
+    `ItemEnded` event, so that the jobs thread hands both on without copying them."""
+    from meshjobs import driver
+
+    assert driver.RunItem is events.Run and driver.ItemEnd is events.ItemEnded
+    run = events.Run("j", 2, 3, ["true"], {}, None, None, None)
+    assert run.key == ("j", 2, 3)
+
+
+def test_state_names_are_defined_once() -> None:
+    """One definition of the item state names and of a job's final states (control.py), which
+    the table, the simulator and the clients use."""
+    from meshjobs import cli, control, sim, table, webui
+    from meshjobs.watchplan import END_STATES
+
+    assert table.ITEM_STATE_NAMES is control.ITEM_STATES
+    for final in (cli.TERMINAL, webui.TERMINAL_STATES, END_STATES, sim.FINAL_STATES):
+        assert final is control.JOB_FINAL_STATES
+    assert table.DEP_SATISFIED["end"] == frozenset(control.JOB_FINAL_STATES)

@@ -144,6 +144,11 @@ class Run:
     stdout_path: str | None = None  # also write the item's stdout here (the job's --stdout)
     stderr_path: str | None = None  # and its stderr here (--stderr)
 
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """The run's (job id, index, epoch): what the driver and the jobs thread key it by."""
+        return (self.job_id, self.index, self.epoch)
+
 
 @dataclass(frozen=True)
 class Cut:

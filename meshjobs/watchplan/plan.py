@@ -14,10 +14,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from meshjobs import limits
-from meshjobs.control import ControlError, parse_submit
+from meshjobs.control import JOB_FINAL_STATES, ControlError, parse_submit
 from meshjobs.watchplan.config import Unfilled, Watch, fill, join
 
-END_STATES = ("done", "failed", "cancelled", "dep_failed")
+END_STATES = JOB_FINAL_STATES
 FAILURES = ("failed", "dep_failed")
 UNSAFE_ID_RE = re.compile(r"[^A-Za-z0-9._-]+")
 TMP_SUFFIX = ".part"  # a state file is written under its name plus this, then renamed
