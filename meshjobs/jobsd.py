@@ -56,6 +56,7 @@ from meshjobs.node import (
     UnpinAllBut,
     View,
     advance,
+    dispatch,
     run_round,
 )
 from meshjobs.node.events import Exit, Notify
@@ -225,6 +226,7 @@ class JobsThread:
         # its events, so an event queued after that sends a new one.
         self._woken = False
         self._logging = False  # this round proposed: its entries go into the log before the sync
+        self._effects = self._effect_table()
 
     def _data_dir(self) -> str | None:
         """The folder of the journal (where a full disk is looked for), if there is one."""
@@ -508,59 +510,76 @@ class JobsThread:
         return ev
 
     def _release(self, eff: Any) -> None:
-        if isinstance(eff, Reply):
-            fut = self._futures.pop(eff.token, None)
-            answer = eff.answer
-            taken_at = self._submit_at.pop(eff.token, None)
-            if taken_at is not None and 200 <= answer.status < 300:
-                self.timings.submit_commit_s.observe(time.monotonic() - taken_at)
-            if eff.token in self._metrics_tokens:
-                self._metrics_tokens.discard(eff.token)
-                if answer.status == 200 and isinstance(answer.body, dict):
-                    answer = Answer(200, {**answer.body, **self.edge_metrics()})
-            if fut is not None:
-                fut.set_result(answer)
-        elif isinstance(eff, Send):
-            self._send(eff)
-        elif isinstance(eff, Run):
-            item = eff  # the driver runs the node's Run effect as it is
-            if self.timings is not None:
-                if len(self._run_at) >= limits.run_stamps_max:
-                    del self._run_at[next(iter(self._run_at))]  # the oldest: its end was lost
-                self._run_at[item.key] = time.time()
-            if eff.stdin is not None and self.mover is not None and not self.blobs.has(eff.stdin):
-                self.mover.prefetch(eff.stdin)
-                self._awaiting_input[item.key] = (item, time.monotonic() + limits.blob_fetch_s_max)
-            else:
-                self.driver.start(item)
-        elif isinstance(eff, Cut):
-            if self._awaiting_input.pop((eff.job_id, eff.index, eff.epoch), None) is None:
-                self.driver.cut(eff.job_id, eff.index, eff.epoch)
-        elif isinstance(eff, Pin):
-            self.blobs.pin_many(eff.digests, eff.owner)
-        elif isinstance(eff, Unpin):
-            self.blobs.unpin_owner(eff.owner)
-        elif isinstance(eff, UnpinAllBut):
-            for owner in self.blobs.owners() - eff.keep:
-                self.blobs.unpin_owner(owner)
-        elif isinstance(eff, CopyBlobs):
-            if self.mover is not None:
-                self.mover.copy(eff.to, eff.owner, eff.digests)
-        elif isinstance(eff, FetchBlobs):
-            if self.mover is not None:
-                for d in eff.digests:
-                    self.mover.prefetch(d)
-                self._awaiting_fetch[(eff.owner, eff.digests)] = (
-                    time.monotonic() + limits.blob_copy_wait_ms / 1000)
-        elif isinstance(eff, Exit):
-            log.info("meshd_stop_ordered", why=eff.why)
-            if self.on_exit is not None:
-                self.on_exit(eff.why)
-        elif isinstance(eff, Notify):
-            if self.notifier is not None:
-                self.notifier.offer(eff.url, eff.key, eff.record)
+        dispatch(eff, self._effects)
+
+    def _effect_table(self) -> dict[type, Callable[[Any], None]]:
+        """What this edge does with each effect the node may release (node/ready.py)."""
+        return {
+            Reply: self._answer,
+            Send: self._send,
+            Run: self._start,
+            Cut: self._cut,
+            Pin: lambda eff: self.blobs.pin_many(eff.digests, eff.owner),
+            Unpin: lambda eff: self.blobs.unpin_owner(eff.owner),
+            UnpinAllBut: self._unpin_all_but,
+            CopyBlobs: self._copy,
+            FetchBlobs: self._fetch,
+            Exit: self._exit,
+            Notify: self._notify,
+        }
+
+    def _answer(self, eff: Reply) -> None:
+        fut = self._futures.pop(eff.token, None)
+        answer = eff.answer
+        taken_at = self._submit_at.pop(eff.token, None)
+        if taken_at is not None and 200 <= answer.status < 300:
+            self.timings.submit_commit_s.observe(time.monotonic() - taken_at)
+        if eff.token in self._metrics_tokens:
+            self._metrics_tokens.discard(eff.token)
+            if answer.status == 200 and isinstance(answer.body, dict):
+                answer = Answer(200, {**answer.body, **self.edge_metrics()})
+        if fut is not None:
+            fut.set_result(answer)
+
+    def _start(self, eff: Run) -> None:
+        item = eff  # the driver runs the node's Run effect as it is
+        if self.timings is not None:
+            if len(self._run_at) >= limits.run_stamps_max:
+                del self._run_at[next(iter(self._run_at))]  # the oldest: its end was lost
+            self._run_at[item.key] = time.time()
+        if eff.stdin is not None and self.mover is not None and not self.blobs.has(eff.stdin):
+            self.mover.prefetch(eff.stdin)
+            self._awaiting_input[item.key] = (item, time.monotonic() + limits.blob_fetch_s_max)
         else:
-            raise AssertionError(f"unknown effect {eff!r}")
+            self.driver.start(item)
+
+    def _cut(self, eff: Cut) -> None:
+        if self._awaiting_input.pop((eff.job_id, eff.index, eff.epoch), None) is None:
+            self.driver.cut(eff.job_id, eff.index, eff.epoch)
+
+    def _unpin_all_but(self, eff: UnpinAllBut) -> None:
+        for owner in self.blobs.owners() - eff.keep:
+            self.blobs.unpin_owner(owner)
+
+    def _copy(self, eff: CopyBlobs) -> None:
+        if self.mover is not None:
+            self.mover.copy(eff.to, eff.owner, eff.digests)
+
+    def _fetch(self, eff: FetchBlobs) -> None:
+        if self.mover is not None:
+            for d in eff.digests:
+                self.mover.prefetch(d)
+            self._awaiting_fetch[(eff.owner, eff.digests)] = (
+                time.monotonic() + limits.blob_copy_wait_ms / 1000)
+
+    def _exit(self, eff: Exit) -> None:
+        log.info("meshd_stop_ordered", why=eff.why)
+        if self.on_exit is not None:
+            self.on_exit(eff.why)
+
+    def _notify(self, eff: Notify) -> None:
+        if self.notifier is not None:
+            self.notifier.offer(eff.url, eff.key, eff.record)
 
     def _send(self, eff: Send) -> None:
         if self.links is None:

@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,7 +104,7 @@ from meshjobs.node import (
     View,
 )
 from meshjobs.node.events import Exit, Notify
-from meshjobs.node.ready import AFTER_SYNC, advance
+from meshjobs.node.ready import AFTER_SYNC, advance, dispatch
 from meshjobs.table import CANCELLED, FAILED, ITEM_STATE_NAMES, LEASED, PENDING, TIMEOUT, JobTable
 
 T0_MS = 1_700_000_000_000
@@ -291,6 +292,7 @@ class Sim:
         self.rng = random.Random(seed)
         self.table_cls = table_cls
         self.node_cls = node_cls
+        self._effects = self._effect_table()
         self.now = T0_MS
         self.step_no = 0
         self.faulty = True
@@ -482,51 +484,60 @@ class Sim:
                 isinstance(eff, Reply) and eff.answer.status == 400):
             self.fail(f"{m.name} let {type(eff).__name__} leave before the entries it logged "
                       f"this round were synced")
-        if isinstance(eff, Reply):
-            self._reply(m, eff.token, eff.answer)
-        elif isinstance(eff, Send):
-            self._send(m, eff)
-        elif isinstance(eff, Run):
-            self._run(m, eff)
-        elif isinstance(eff, Cut):
-            key = (eff.job_id, eff.index, eff.epoch)
-            if m.running.pop(key, None) is None:
-                self.count("cuts_idle")
-                return
-            self.count("cuts")
-            m.cut.add(key)
-            end = ItemEnded(eff.job_id, eff.index, eff.epoch, "cut", None, 15, None, None,
-                            self.now, self.now)
-            m.running[key] = self._at(self.now + self.rng.randint(1, 50), "end",
-                                      (m.name, m.inc, end))
-        elif isinstance(eff, CopyBlobs):
-            self.count("copies_asked")
-            missing = [d for d in eff.digests if d not in self.blobs[m.name]]
-            if missing:
-                self.fail(f"{m.name} asked to copy blobs it does not hold: {missing[:2]}")
-            if self._reachable(m.name, eff.to) and not (self.faulty and
-                                                        self.rng.random() < self.cfg.frame_drop):
-                self._at(self.now + self.rng.randint(5, 400), "copied",
-                         (m.name, m.inc, eff.to, self.members[eff.to].inc, eff.digests))
-        elif isinstance(eff, FetchBlobs):
-            self.count("fetches_asked")
-            if any(self._reachable(m.name, n) and set(eff.digests) <= self.blobs[n]
-                   for n in MEMBERS) and not (self.faulty and self.rng.random() < self.cfg.frame_drop):
-                self._at(self.now + self.rng.randint(5, 400), "fetched",
-                         (m.name, m.inc, eff.digests))
-        elif isinstance(eff, Pin | Unpin | UnpinAllBut):
-            self.count("pins")
-        elif isinstance(eff, Notify):
-            self.count("notices")
-        elif isinstance(eff, Exit):
-            if not self.cfg.stops:
-                self.fail(f"{m.name} exits, though the simulator orders no member to stop")
-            if (m.name, m.boot) not in self.stop_boots:
-                self.fail(f"{m.name} exits ({eff.why}), but no committed stop names its boot "
-                          f"{m.boot}")
-            m.exiting = True
-        else:
-            self.fail(f"{m.name} made an unknown effect {eff!r}")
+        dispatch(eff, self._effects, m)
+
+    def _effect_table(self) -> dict[type, Callable[[Any, _Member], None]]:
+        """What the simulated edge does with each effect a member's node releases."""
+        return {
+            Reply: lambda eff, m: self._reply(m, eff.token, eff.answer),
+            Send: lambda eff, m: self._send(m, eff),
+            Run: lambda eff, m: self._run(m, eff),
+            Cut: self._cut,
+            CopyBlobs: self._copy,
+            FetchBlobs: self._fetch,
+            Pin: lambda eff, m: self.count("pins"),
+            Unpin: lambda eff, m: self.count("pins"),
+            UnpinAllBut: lambda eff, m: self.count("pins"),
+            Notify: lambda eff, m: self.count("notices"),
+            Exit: self._exit,
+        }
+
+    def _cut(self, eff: Cut, m: _Member) -> None:
+        key = (eff.job_id, eff.index, eff.epoch)
+        if m.running.pop(key, None) is None:
+            self.count("cuts_idle")
+            return
+        self.count("cuts")
+        m.cut.add(key)
+        end = ItemEnded(eff.job_id, eff.index, eff.epoch, "cut", None, 15, None, None,
+                        self.now, self.now)
+        m.running[key] = self._at(self.now + self.rng.randint(1, 50), "end",
+                                  (m.name, m.inc, end))
+
+    def _copy(self, eff: CopyBlobs, m: _Member) -> None:
+        self.count("copies_asked")
+        missing = [d for d in eff.digests if d not in self.blobs[m.name]]
+        if missing:
+            self.fail(f"{m.name} asked to copy blobs it does not hold: {missing[:2]}")
+        if self._reachable(m.name, eff.to) and not (self.faulty and
+                                                    self.rng.random() < self.cfg.frame_drop):
+            self._at(self.now + self.rng.randint(5, 400), "copied",
+                     (m.name, m.inc, eff.to, self.members[eff.to].inc, eff.digests))
+
+    def _fetch(self, eff: FetchBlobs, m: _Member) -> None:
+        self.count("fetches_asked")
+        if any(self._reachable(m.name, n) and set(eff.digests) <= self.blobs[n]
+               for n in MEMBERS) and not (self.faulty and self.rng.random() < self.cfg.frame_drop):
+            self._at(self.now + self.rng.randint(5, 400), "fetched",
+                     (m.name, m.inc, eff.digests))
+
+    def _exit(self, eff: Exit, m: _Member) -> None:
+        if not self.cfg.stops:
+            self.fail(f"{m.name} exits, though the simulator orders no member to stop")
+        if (m.name, m.boot) not in self.stop_boots:
+            self.fail(f"{m.name} exits ({eff.why}), but no committed stop names its boot "
+                      f"{m.boot}")
+        m.exiting = True
 
     # --- Raft, modelled -----------------------------------------------------------------------
 

@@ -38,8 +38,11 @@ from meshjobs.node import (
     Tick,
     View,
     advance,
+    dispatch,
+    ignore,
     spec_digest,
 )
+from meshjobs.node.events import EFFECTS
 from meshjobs.table import JobTable, backoff_ms
 
 LEADER = View(term=1, leader="m1", is_leader=True, ready=True)
@@ -93,12 +96,10 @@ class Fleet1:
         self.proposed += subs
 
     def _release(self, eff: Any) -> None:
-        if isinstance(eff, Reply):
-            self.replies.setdefault(eff.token, []).append(eff.answer)
-        elif isinstance(eff, Run):
-            self.runs.append(eff)
-        elif isinstance(eff, Cut):
-            self.cuts.append(eff)
+        # The node's effects this harness records; it has nothing to do with the others.
+        dispatch(eff, {**dict.fromkeys(EFFECTS, ignore),
+                       Reply: lambda e: self.replies.setdefault(e.token, []).append(e.answer),
+                       Run: self.runs.append, Cut: self.cuts.append})
 
     def commit(self, entry: dict) -> int:
         tag = self._tags.pop(id(entry), None)

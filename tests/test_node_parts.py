@@ -93,3 +93,65 @@ def test_state_names_are_defined_once() -> None:
     for final in (cli.TERMINAL, webui.TERMINAL_STATES, END_STATES, sim.FINAL_STATES):
         assert final is control.JOB_FINAL_STATES
     assert table.DEP_SATISFIED["end"] == frozenset(control.JOB_FINAL_STATES)
+
+
+def _edge_effects() -> set[type]:
+    """The effects an edge may be given: every effect but Propose (its entry is logged)."""
+    return set(events.EFFECTS) - {events.Propose}
+
+
+def test_each_edge_has_one_handler_per_effect_type() -> None:
+    """Rule: the jobs thread and the simulator carry out effects through one dispatch table
+    each, which has a handler for every effect the node releases (and nothing else)."""
+    from meshjobs.jobsd import JobsThread
+    from meshjobs.sim import Sim
+
+    jobs = JobsThread(_node(), None, None, None)
+    assert set(jobs._effects) == _edge_effects()
+    assert set(Sim(1)._effects) == _edge_effects()
+
+
+def test_dispatch_calls_the_handler_of_the_type_and_crashes_on_an_unknown_one() -> None:
+    """Rule: `dispatch` calls the handler of the effect's exact type, with the edge's
+    arguments; an effect the table does not name is a bug of ours and crashes."""
+    from meshjobs.node import Cut, Reply, dispatch, ignore
+
+    seen: list = []
+    handlers = {Cut: lambda eff, who: seen.append((eff, who)), Reply: ignore}
+    cut = Cut("j", 0, 1)
+    dispatch(cut, handlers, "m1")
+    assert seen == [(cut, "m1")]
+    with pytest.raises(AssertionError, match="no handler for the effect"):
+        dispatch(events.Exit("bye"), handlers, "m1")
+    from meshjobs.jobsd import JobsThread
+
+    jobs = JobsThread(_node(), None, None, None)
+    del jobs._effects[events.Exit]  # an effect the jobs thread would not know
+    with pytest.raises(AssertionError, match="no handler for the effect"):
+        jobs._release(events.Exit("bye"))
+
+
+def test_report_limits_come_from_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule: the node's bounds on a member's F_JOB_HAVE report are named in limits.py: a report
+    past any of them is garbage (None), one within them is taken."""
+    from meshjobs import limits
+    from meshjobs.node.leader import parse_have
+
+    monkeypatch.setattr(limits, "have_pools_max", 2)
+    monkeypatch.setattr(limits, "boot_chars_max", 4)
+    monkeypatch.setattr(limits, "pool_slots_max", 9)
+    ok = {"boot": "b123", "role": "worker", "pos": 0, "pools": {"a": 9, "b": 1}}
+    assert parse_have(ok) is not None
+    for bad in ({"pools": {"a": 1, "b": 1, "c": 1}}, {"boot": "b1234"}, {"pools": {"a": 10}}):
+        assert parse_have({**ok, **bad}) is None, bad
+
+
+def test_run_time_average_weight_comes_from_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule: the weight of the newest result in a pool's average run time is a named limit."""
+    from meshjobs import limits
+
+    monkeypatch.setattr(limits, "run_ms_average_weight_fraction", 0.5)
+    node = _node()
+    node._note_run("p", 1_000, 1_100)
+    node._note_run("p", 1_000, 1_300)
+    assert node._run_ms["p"] == 200.0

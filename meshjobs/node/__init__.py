@@ -28,10 +28,11 @@ from meshjobs.node.events import (
     spec_digest,
 )
 from meshjobs.node.leader import Member
-from meshjobs.node.ready import Ready, advance, run_round
+from meshjobs.node.ready import Ready, advance, dispatch, ignore, run_round
 
 __all__ = [
     "Applied", "BlobBytes", "BlobsCopied", "CopyBlobs", "Ctl", "Cut", "DiskFull", "FetchBlobs", "FrameIn", "ItemEnded", "JobNode",
     "Member", "NodeConfig", "PeerLink", "Pin", "Pool", "Pressure", "Propose", "Ready", "Reply",
-    "Run", "Send", "Tick", "Unpin", "UnpinAllBut", "View", "advance", "run_round", "spec_digest",
+    "Run", "Send", "Tick", "Unpin", "UnpinAllBut", "View", "advance", "dispatch", "ignore", "run_round",
+    "spec_digest",
 ]

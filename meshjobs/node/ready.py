@@ -26,7 +26,7 @@ Rule: pure. No IO, clock or threads; `advance` only calls what it is given.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +110,21 @@ def advance(ready: Ready, persist: Callable[[dict], None], sync: Callable[[], No
     sync()
     for eff in ready.after_sync:
         release(eff)
+
+
+def dispatch(eff: Any, handlers: Mapping[type, Callable[..., None]], *args: Any) -> None:
+    """Carry out one effect at an edge: the edge's handler for the effect's type, called with
+    the effect (and `args`). Each edge (the jobs thread, the simulator, the node tests) has one
+    table, type -> handler, with every effect type it may be given (`ignore` for those it has
+    nothing to do with); an effect it has no handler for is a bug of ours: it crashes."""
+    handler = handlers.get(type(eff))
+    if handler is None:
+        raise AssertionError(f"this edge has no handler for the effect {eff!r}")
+    handler(eff, *args)
+
+
+def ignore(eff: Any, *args: Any) -> None:
+    """The handler of an effect an edge has nothing to do with (it is named, not forgotten)."""
 
 
 def run_round(node: Any, events: Iterable[Any]) -> Ready:
