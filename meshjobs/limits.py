@@ -266,6 +266,10 @@ notify_sent_max = 4_096  # (job, version) notices a leader remembers sending (no
 notify_body_bytes_max = 256 * 1024  # a notice's JSON body; a longer record drops argv and env
 notify_answer_bytes_max = 4_096  # of a receiver's answer to a notice, read (and thrown away)
 boot_chars_max = 64  # a member's boot id in a stop order (as in its F_JOB_HAVE reports)
+have_pools_max = 256  # pools one member's F_JOB_HAVE report names; a longer report is garbage
+# The weight of the newest committed result in the leader's moving average of a pool's run
+# times (what it leases ahead by, node/leader.py).
+run_ms_average_weight_fraction = 0.2
 # --- Re-running finished jobs (rerun, --restart, --resubmit, --stdout/--stderr PATH) ----------
 restart_max = 10_000  # automatic re-runs after success a job may ask for (--restart N; or "forever")
 resubmit_max = 100  # whole-job re-runs after it ends (--resubmit N)

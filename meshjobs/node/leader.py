@@ -18,9 +18,6 @@ from meshjobs.compact import entry_item_count
 from meshjobs.node.events import EMPTY_DIGEST, CopyBlobs, FetchBlobs, Send
 from meshjobs.table import FINAL
 
-# Weight of the newest result in a pool's moving average of run times.
-RUN_MS_WEIGHT = 0.2
-
 
 @dataclass
 class Member:
@@ -46,10 +43,11 @@ def parse_have(body: Any) -> dict | None:
     if not isinstance(body, dict):
         return None
     boot, role, pos, pools = body.get("boot"), body.get("role"), body.get("pos"), body.get("pools")
-    if not (isinstance(boot, str) and 0 < len(boot) <= 64 and role in ("voter", "worker")
+    if not (isinstance(boot, str) and 0 < len(boot) <= limits.boot_chars_max
+            and role in ("voter", "worker")
             and type(pos) is int and pos >= 0 and isinstance(pools, dict)
-            and len(pools) <= 256
-            and all(isinstance(k, str) and type(v) is int and 0 <= v <= 100_000
+            and len(pools) <= limits.have_pools_max
+            and all(isinstance(k, str) and type(v) is int and 0 <= v <= limits.pool_slots_max
                     for k, v in pools.items())):
         return None
     running = body.get("running", 0)
@@ -158,7 +156,7 @@ class LeaderDuties:
             return
         ms = float(ended_ms - started_ms)
         old = self._run_ms.get(pool)
-        self._run_ms[pool] = ms if old is None else old + RUN_MS_WEIGHT * (ms - old)
+        self._run_ms[pool] = ms if old is None else old + limits.run_ms_average_weight_fraction * (ms - old)
 
     # --- proposals ---------------------------------------------------------------------------------
 
