@@ -60,7 +60,7 @@ from meshjobs.node.events import (
     View,
     spec_digest,
 )
-from meshjobs.node.feed import Feeding
+from meshjobs.node.feed import Feed
 from meshjobs.node.follow import Following
 from meshjobs.node.hooks import Orders
 from meshjobs.node.leader import LeaderDuties, Member
@@ -119,7 +119,7 @@ def _output_paths(job: Any, i: int) -> tuple[str | None, str | None]:
                  for p in (job.stdout_path, job.stderr_path))
 
 
-class JobNode(LeaderDuties, Following, Feeding, Orders):
+class JobNode(LeaderDuties, Following, Orders):
     """One member's job node. Feed it with `step`, collect its effects with `take`."""
 
     def __init__(self, table: JobTable, config: NodeConfig, rng: random.Random) -> None:
@@ -143,13 +143,8 @@ class JobNode(LeaderDuties, Following, Feeding, Orders):
         # job id -> (token, items, deadline, since) of each read waiting for the job to end
         # (since None) or to change after version `since`.
         self._waiters: dict[str, list[tuple[int, bool, int, int | None]]] = {}
-        # The feed of committed changes (`changes` op, GET /events): (version, job id) of recent
-        # changes in log order, complete after version `_feed_floor`; `_feed_last` is the
-        # index of the last entry seen, to tell a gap (a snapshot installed) from a sequence.
-        self._feed: deque[tuple[int, str]] = deque()
-        self._feed_floor = table.applied_index
-        self._feed_last = table.applied_index
-        self._change_waiters: list[tuple[int, dict, int]] = []  # (token, request, deadline)
+        # The feed of committed changes (`changes` op, GET /events).
+        self.feed = Feed(table, self._count, self._reply)
         self._inflight: dict[tuple[str, int], tuple[int, str, str]] = {}  # grant -> (ms, pool, member)
         self._running: dict[tuple[str, int, int], bool] = {}  # run -> ended
         self._results: dict[tuple[str, int, int], list] = {}
@@ -304,7 +299,7 @@ class JobNode(LeaderDuties, Following, Feeding, Orders):
         ds = [c.deadline_ms for c in self._changes.values()]
         ds += [c.deadline_ms for c in self._forwarded.values()]
         ds += [w[2] for ws in self._waiters.values() for w in ws]
-        ds += [w[2] for w in self._change_waiters]
+        ds += self.feed.deadlines()
         ds += [p[3] for p in self._parked]
         ds += [c.deadline_ms for c in self._awaiting_copies.values() if c.then is not None]
         if self._ctl_entries and self._props:
@@ -368,7 +363,7 @@ class JobNode(LeaderDuties, Following, Feeding, Orders):
         if op == "get":
             self._get(token, req)
         elif op == "changes":
-            self._changes_op(token, req)
+            self.feed.op(token, req, self.now_ms)
         elif (op == "list" or (op == "bulk" and (req["action"] == "status" or req["dry_run"]))) \
                 and self._behind():
             self._reply(token, 503, {"error": self._behind_error("which jobs there are")})
@@ -711,14 +706,12 @@ class JobNode(LeaderDuties, Following, Feeding, Orders):
                    or self._ring_rows > limits.state_ring_rows_max):
                 self._ring_rows -= self._ring.popleft()[3]
         if ev.prev is not None:
-            if ev.prev != self._feed_last:
-                self._feed_gap(ev.prev)
-            self._feed_last = ev.index
+            self.feed.follows(ev.prev, ev.index)
         if not isinstance(e, dict):
             return
         kind = e.get("k")
         if out.get("ok") and kind != "batch":
-            self._feed_note(ev.index, kind, e, out)
+            self.feed.note(ev.index, kind, e, out)
         if kind == "batch":
             self._props.pop(e.get("p"), None)  # type: ignore[arg-type]
             outcomes = out.get("outcomes")
@@ -940,7 +933,7 @@ class JobNode(LeaderDuties, Following, Feeding, Orders):
         self._follow_own_leases()
 
     def _answer_waiters(self) -> None:
-        self._answer_change_waiters()
+        self.feed.answer_waiters(self.now_ms)
         if not self._waiters:
             return
         now = self.now_ms

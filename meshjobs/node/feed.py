@@ -26,6 +26,7 @@ Rule 3: an answer never skips a change: its version is the table's applied index
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from meshjobs import limits
@@ -69,88 +70,102 @@ def _named_jobs(kind: Any, e: dict, out: dict) -> list[str]:
     return list(ids)
 
 
-class Feeding:
-    """Mixed into JobNode: the ring of recent changes and the `changes` op."""
+class Feed:
+    """A part of the node: the ring of recent changes and the `changes` op. It owns the ring
+    and the clients that wait on it; it is given the table, and the node's counter and answer."""
 
-    table: JobTable
-    now_ms: int
-    _feed: deque[tuple[int, str]]
-    _feed_floor: int
-    _feed_last: int
-    _change_waiters: list[tuple[int, dict, int]]
-    _count: Any  # JobNode's
-    _reply: Any
+    def __init__(self, table: JobTable, count: Callable[[str], None],
+                 reply: Callable[[int, int, Any], None]) -> None:
+        self.table = table
+        self._count = count
+        self._reply = reply
+        # (version, job id) of recent changes in log order, complete after version `floor`;
+        # `last` is the index of the last entry seen, to tell a gap (a snapshot installed)
+        # from a sequence.
+        self.ring: deque[tuple[int, str]] = deque()
+        self.floor = table.applied_index
+        self.last = table.applied_index
+        self.waiters: list[tuple[int, dict, int]] = []  # (token, request, deadline)
 
     # --- the ring -----------------------------------------------------------------------------
 
-    def _feed_note(self, index: int, kind: Any, e: dict, out: dict) -> None:
-        for job_id in named_jobs(kind, e, out):
-            self._feed.append((index, job_id))
-        while len(self._feed) > limits.events_ring_changes_max:
-            dropped, _ = self._feed.popleft()
-            self._feed_floor = max(self._feed_floor, dropped)
+    def follows(self, prev: int, index: int) -> None:
+        """Entry `index` is applied on top of table position `prev`."""
+        if prev != self.last:
+            self._gap(prev)
+        self.last = index
 
-    def _feed_gap(self, index: int) -> None:
+    def note(self, index: int, kind: Any, e: dict, out: dict) -> None:
+        for job_id in named_jobs(kind, e, out):
+            self.ring.append((index, job_id))
+        while len(self.ring) > limits.events_ring_changes_max:
+            dropped, _ = self.ring.popleft()
+            self.floor = max(self.floor, dropped)
+
+    def _gap(self, index: int) -> None:
         """Entries up to `index` came some other way (a snapshot): what changed before it is
         not known here, so a client that saw less must reload."""
-        self._feed.clear()
-        self._feed_floor = index
-        self._feed_last = index
+        self.ring.clear()
+        self.floor = index
+        self.last = index
         self._count("feed_gaps")
+
+    def deadlines(self) -> list[int]:
+        return [w[2] for w in self.waiters]
 
     # --- the op -------------------------------------------------------------------------------
 
-    def _changes_op(self, token: int, req: dict) -> None:
-        self._feed_check()
-        answer = self._changes_answer(req)
+    def op(self, token: int, req: dict, now_ms: int) -> None:
+        self._check()
+        answer = self._answer(req)
         if answer is not None or not req["wait_ms"]:
-            self._reply(token, 200, answer or self._changes_body([], self.table.applied_index))
+            self._reply(token, 200, answer or self._body([], self.table.applied_index))
             return
-        if len(self._change_waiters) >= limits.events_waiters_max:
+        if len(self.waiters) >= limits.events_waiters_max:
             self._count("changes_waiters_full")
             self._reply(token, 503, {"error": "too many clients follow changes on this member; "
                                               "try again shortly, or another member"})
             return
-        self._change_waiters.append((token, req, self.now_ms + req["wait_ms"]))
+        self.waiters.append((token, req, now_ms + req["wait_ms"]))
 
-    def _feed_check(self) -> None:
-        if self.table.applied_index != self._feed_last:
-            self._feed_gap(self.table.applied_index)  # a snapshot installed without entries
+    def _check(self) -> None:
+        if self.table.applied_index != self.last:
+            self._gap(self.table.applied_index)  # a snapshot installed without entries
 
-    def _answer_change_waiters(self) -> None:
-        if not self._change_waiters:
+    def answer_waiters(self, now_ms: int) -> None:
+        if not self.waiters:
             return
-        self._feed_check()
+        self._check()
         keep = []
-        for token, req, deadline in self._change_waiters:
-            answer = self._changes_answer(req)
+        for token, req, deadline in self.waiters:
+            answer = self._answer(req)
             if answer is not None:
                 self._reply(token, 200, answer)
-            elif deadline <= self.now_ms:
-                self._reply(token, 200, self._changes_body([], self.table.applied_index))
+            elif deadline <= now_ms:
+                self._reply(token, 200, self._body([], self.table.applied_index))
             else:
                 # Nothing up to here passes its filters: the next round looks only at what
                 # comes after.
                 since = max(req["since"], self.table.applied_index)
                 keep.append((token, {**req, "since": since}, deadline))
-        self._change_waiters = keep
+        self.waiters = keep
 
-    def _changes_body(self, events: list[dict], version: int, reset: bool = False) -> dict:
+    def _body(self, events: list[dict], version: int, reset: bool = False) -> dict:
         return {"version": version, "reset": reset, "events": events}
 
-    def _changes_answer(self, req: dict) -> dict | None:
+    def _answer(self, req: dict) -> dict | None:
         """The answer to `req` now, or None when there is nothing to say yet."""
         table = self.table
         since = req["since"]
         if since is None:
-            return self._changes_body([], table.applied_index)
-        if since < self._feed_floor:
+            return self._body([], table.applied_index)
+        if since < self.floor:
             self._count("feed_resets")
-            return self._changes_body([], table.applied_index, reset=True)
-        if not self._feed or self._feed[-1][0] <= since:
+            return self._body([], table.applied_index, reset=True)
+        if not self.ring or self.ring[-1][0] <= since:
             return None
         latest: dict[str, int] = {}
-        for index, job_id in reversed(self._feed):
+        for index, job_id in reversed(self.ring):
             if index <= since:
                 break
             latest.setdefault(job_id, index)
@@ -186,4 +201,4 @@ class Feeding:
         events = [{"event": "forget", "version": v, "data": {"id": x, "version": v}}
                   if kind == "forget" else {"event": "job", "version": v, "data": table.record(x)}
                   for v, kind, x in found]
-        return self._changes_body(events, version)
+        return self._body(events, version)
