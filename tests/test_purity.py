@@ -34,7 +34,7 @@ PURE_SIBLINGS = frozenset({"meshjobs", "meshjobs.limits", "meshjobs.table", "mes
                            "meshjobs.node", "meshjobs.node.events", "meshjobs.node.core",
                            "meshjobs.node.leader", "meshjobs.node.follow",
                            "meshjobs.node.feed", "meshjobs.fleetctl", "meshjobs.node.hooks",
-                           "meshjobs.node.ready",
+                           "meshjobs.node.ready", "meshjobs.node.proposals",
                            "meshjobs.reruns", "meshjobs.watchplan", "meshjobs.watchplan.config",
                            "meshjobs.watchplan.plan"})
 # What a module may use of `random`: the type name, never a call.

@@ -630,7 +630,7 @@ class BurstNode(JobNode):
         for c in self.table.crons.values():
             d = None if c.paused else c.next_due()
             while d is not None and d <= self.now_ms:
-                self._lead_entries.append({"k": "cron", "op": "fire", "t": self.now_ms,
+                self.proposals.duty({"k": "cron", "op": "fire", "t": self.now_ms,
                                            "name": c.name, "due": d})
                 d = c.sched.next_after(d)
 

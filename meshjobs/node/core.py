@@ -51,7 +51,6 @@ from meshjobs.node.events import (
     PeerLink,
     Pin,
     Pressure,
-    Propose,
     Run,
     Send,
     Tick,
@@ -64,6 +63,7 @@ from meshjobs.node.feed import Feed
 from meshjobs.node.follow import Following
 from meshjobs.node.hooks import Orders
 from meshjobs.node.leader import LeaderDuties, Member
+from meshjobs.node.proposals import Proposals
 from meshjobs.node.ready import Ready
 from meshjobs.table import DONE, FAILED, RID_REUSED, TIMEOUT, JobTable
 
@@ -129,11 +129,8 @@ class JobNode(LeaderDuties, Following, Orders):
         self.now_ms = 0
         self.view = View()
         self._out: list[Any] = []
-        self._ctl_entries: list[dict] = []  # changes to propose at the end of this round
-        self._lead_entries: list[dict] = []  # and the leader's leases, results, revokes, expiries
+        self.proposals = Proposals(self._count, self._emit)
         self._run_ms: dict[str, float] = {}  # pool -> moving average of its items' run times
-        self._props: dict[int, int] = {}  # this leader's entries in flight: tag -> when proposed
-        self._prop_seq = 0
         self._changes: dict[str, _Change] = {}
         self._forwarded: dict[str, _Change] = {}
         # token -> (member, rid, fingerprint) of a change another member forwarded here
@@ -222,7 +219,7 @@ class JobNode(LeaderDuties, Following, Orders):
             self.members.clear()  # soft state of an earlier reign is stale
             self._lost, self._scan = set(), []
         if ev.term != self.view.term or not ev.is_leader:
-            self._props.clear()  # what an earlier reign proposed holds nothing back
+            self.proposals.new_reign()
         if ev.leader is not None:
             self._leader_seen_ms = self.now_ms
         if ev.leader != self.view.leader:
@@ -251,7 +248,7 @@ class JobNode(LeaderDuties, Following, Orders):
     def take(self) -> list[Any]:
         """Reconcile, then hand over every effect made since the last call."""
         self._reconcile()
-        self._flush_changes()
+        self.proposals.flush(self.now_ms, self._leading())
         out, self._out = self._out, []
         return out
 
@@ -260,39 +257,9 @@ class JobNode(LeaderDuties, Following, Orders):
         at once, what must wait for the sync."""
         return Ready.of(self.take())
 
-    def _may_propose(self, changes: bool = False) -> bool:
-        """Is there room for another entry in flight? (One applied, or lost for
-        `proposal_wait_ms`, makes room.) Changes clients wait for get more room than the
-        leader's own leases and results."""
-        now = self.now_ms
-        for tag, sent in list(self._props.items()):
-            if now - sent >= limits.proposal_wait_ms:
-                del self._props[tag]
-        most = limits.changes_in_flight_max if changes else limits.proposals_in_flight_max
-        return len(self._props) < most
-
-    def _flush_changes(self) -> None:
-        """Everything this round proposes goes into the log together: one entry (a batch) for
-        the changes that arrived and the leader's leases, results, revokes and expiries, so
-        that a busy leader commits them with one Raft round and one fsync. Changes come first:
-        a lease may name a job submitted in the same batch. While the entry before is still in
-        flight, changes wait for the next one (and the leader proposes nothing else)."""
-        if not self._ctl_entries and not self._lead_entries:
-            return
-        if not self._leading():
-            self._ctl_entries = []  # never proposed: their changes time out and are retried
-            self._lead_entries = []
-            return
-        if not self._lead_entries and not self._may_propose(changes=True):
-            return
-        entries = self._ctl_entries + self._lead_entries
-        self._ctl_entries, self._lead_entries = [], []
-        for k in range(0, len(entries), limits.ctl_batch_max):
-            self._prop_seq += 1
-            self._props[self._prop_seq] = self.now_ms
-            self._count("batches_proposed")
-            self._out.append(Propose({"k": "batch", "t": self.now_ms, "p": self._prop_seq,
-                                      "es": entries[k:k + limits.ctl_batch_max]}))
+    def _emit(self, eff: Any) -> None:
+        """An effect of this round (handed over by `take`)."""
+        self._out.append(eff)
 
     def next_deadline_ms(self) -> int | None:
         """When the node next needs a tick even if nothing happens."""
@@ -302,8 +269,9 @@ class JobNode(LeaderDuties, Following, Orders):
         ds += self.feed.deadlines()
         ds += [p[3] for p in self._parked]
         ds += [c.deadline_ms for c in self._awaiting_copies.values() if c.then is not None]
-        if self._ctl_entries and self._props:
-            ds.append(min(self._props.values()) + limits.proposal_wait_ms)
+        held = self.proposals.deadline_ms()
+        if held is not None:
+            ds.append(held)
         due = self.table.next_due_ms(self.now_ms)
         if due is not None:
             ds.append(due)
@@ -576,7 +544,7 @@ class JobNode(LeaderDuties, Following, Orders):
             elif op == "rerun":
                 entry["failed_only"] = req["failed_only"]
         self._changes[rid] = self._new_change([token], op, job_id, fp=req.get("fp"))
-        self._ctl_entries.append(entry)
+        self.proposals.change(entry)
 
     def _pools(self) -> set[str]:
         """The pools some member of the fleet offers (as far as this member knows)."""
@@ -713,7 +681,7 @@ class JobNode(LeaderDuties, Following, Orders):
         if out.get("ok") and kind != "batch":
             self.feed.note(ev.index, kind, e, out)
         if kind == "batch":
-            self._props.pop(e.get("p"), None)  # type: ignore[arg-type]
+            self.proposals.applied(e.get("p"))
             outcomes = out.get("outcomes")
             if out.get("ok") and isinstance(outcomes, list):
                 for sub, sub_out in zip(e["es"], outcomes, strict=True):

@@ -162,7 +162,7 @@ class LeaderDuties:
 
     def _lead(self) -> None:
         self._notify_replay()
-        if self._may_propose():
+        if self.proposals.may_propose(self.now_ms):
             self._propose_revokes()
             self._propose_leases()
             self._propose_results()
@@ -188,7 +188,7 @@ class LeaderDuties:
                 break
         if dead:
             self._count("revokes_proposed", len(dead))
-            self._lead_entries.append({"k": "revoke", "t": now, "l": dead})
+            self.proposals.duty({"k": "revoke", "t": now, "l": dead})
 
     def _propose_leases(self) -> None:
         now = self.now_ms
@@ -225,7 +225,7 @@ class LeaderDuties:
                 grants.append([jid, i, member, boots[member]])
         if grants:
             self._count("leases_proposed", len(grants))
-            self._lead_entries.append({"k": "lease", "t": now, "g": grants})
+            self.proposals.duty({"k": "lease", "t": now, "g": grants})
 
     def _new_items(self, pool: str, count: int) -> list[tuple[str, int]]:
         """Room that nothing committed waits for goes to the jobs submitted in this round: their
@@ -233,7 +233,7 @@ class LeaderDuties:
         round sooner than after it commits."""
         out: list[tuple[str, int]] = []
         seen: set[str] = set()
-        for e in self._ctl_entries:
+        for e in self.proposals.changes:
             if len(out) >= count:
                 break
             if e["k"] != "submit" or e["id"] in seen:
@@ -272,7 +272,7 @@ class LeaderDuties:
         rows = self._due_results(limits.result_batch_max)
         if rows:
             self._count("results_proposed", len(rows))
-            self._lead_entries.append({"k": "result", "t": now, "r": rows})
+            self.proposals.duty({"k": "result", "t": now, "r": rows})
 
     def _propose_expiry(self) -> None:
         """Retention: forget the oldest finished jobs past `keep_s` or beyond `keep_jobs`."""
@@ -299,7 +299,7 @@ class LeaderDuties:
                 ids.append(job_id)
         if ids:
             self._count("expiries_proposed", len(ids))
-            self._lead_entries.append({"k": "expire", "t": now, "ids": ids})
+            self.proposals.duty({"k": "expire", "t": now, "ids": ids})
 
     def _propose_reruns(self) -> None:
         """Automatic re-runs whose time has come (meshjobs.reruns): each proposed once, and
@@ -315,7 +315,8 @@ class LeaderDuties:
             self._rerunning[(e["id"], e["run"])] = now
         if entries:
             self._count("reruns_proposed", len(entries))
-            self._lead_entries += entries
+            for e in entries:
+                self.proposals.duty(e)
 
     # --- copies lost with a member ------------------------------------------------------------------
 
@@ -511,5 +512,5 @@ class LeaderDuties:
                 continue
             self._cron_sent[(c.name, d)] = now
             self._count("cron_fires_proposed")
-            self._lead_entries.append({"k": "cron", "op": "fire", "t": now, "name": c.name,
+            self.proposals.duty({"k": "cron", "op": "fire", "t": now, "name": c.name,
                                        "due": d})
