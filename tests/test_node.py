@@ -839,14 +839,14 @@ def test_catch_up_ring_only_with_workers_and_bounded_by_rows(monkeypatch: pytest
     monkeypatch.setattr(limits, "state_ring_rows_max", 50)
     f = Fleet1(slots=0)
     submitted(f, token=1, job_id="ja", rid="a", n=10)
-    assert not f.node._ring, "no workers: no ring"
+    assert not f.node.ring.entries, "no workers: no ring"
     f.node.step(FrameIn("w1", "F_JOB_HAVE", {"boot": "wb", "role": "worker", "pos": 0,
                                              "pools": {"default": 0}}))
     for k in range(8):
         submitted(f, token=10 + k, job_id=f"j{k}", rid=f"r{k}", n=10)
-    ring = f.node._ring
-    assert ring and f.node._ring_rows <= 50
-    assert sum(r[3] for r in ring) == f.node._ring_rows
+    ring = f.node.ring.entries
+    assert ring and f.node.ring.rows <= 50
+    assert sum(r[3] for r in ring) == f.node.ring.rows
     assert all(ring[k][1] == ring[k + 1][0] for k in range(len(ring) - 1)), "entries follow"
 
 

@@ -25,7 +25,6 @@ Rule 4: a change is answered only once its entry is applied; a read is answered 
 from __future__ import annotations
 
 import random
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +34,7 @@ import blake3
 from meshjobs import bulk, cron, limits, reruns
 from meshjobs.compact import entry_payloads, pack_items
 from meshjobs.control import CHANGE_OPS, OUTPUT_INDEX, Answer, ControlError, parse_request
+from meshjobs.node.catchup import CatchUpRing
 from meshjobs.node.events import (
     EMPTY_DIGEST,
     MEMBER_OWNER,
@@ -96,21 +96,6 @@ def _other_request(fp: str | None, seen_fp: Any) -> bool:
     """Is a committed change under a request id another request than the one waiting under it
     (both bound to fingerprints, and they differ)? Then the waiting one is refused (422)."""
     return fp is not None and seen_fp is not None and seen_fp != fp
-
-
-def _rows(e: Any) -> int:
-    """About how many item rows a committed entry holds (what its decoded size goes with)."""
-    if not isinstance(e, dict):
-        return 1
-    es = e.get("es")
-    if e.get("k") == "batch" and isinstance(es, list):
-        return 1 + sum(_rows(sub) for sub in es)
-    n = 1
-    for f in ("g", "r", "l", "items", "ids", "ip"):
-        v = e.get(f)
-        if isinstance(v, list):
-            n += len(v)
-    return n
 
 
 def _output_paths(job: Any, i: int) -> tuple[str | None, str | None]:
@@ -177,8 +162,7 @@ class JobNode(LeaderDuties, Following, Orders):
         self.members: dict[str, Member] = {}
         # Recent committed entries (prev table index, index, entry), to catch workers up.
         # Kept only while the leader knows of worker members; bounded by entries and by rows.
-        self._ring: deque[tuple[int, int, Any, int]] = deque()
-        self._ring_rows = 0
+        self.ring = CatchUpRing()
         self.counts: dict[str, int] = {}
         self._init_orders()
         self._handlers = self._handler_table()
@@ -664,15 +648,7 @@ class JobNode(LeaderDuties, Following, Orders):
     def _applied(self, ev: Applied) -> None:
         e, out = ev.entry, ev.outcome
         if ev.prev is not None and self._workers_known():
-            if self._ring and self._ring[-1][1] != ev.prev:
-                self._ring.clear()  # the ring holds only entries that follow one another
-                self._ring_rows = 0
-            rows = _rows(e)
-            self._ring.append((ev.prev, ev.index, e, rows))
-            self._ring_rows += rows
-            while (len(self._ring) > limits.state_ring_entries_max
-                   or self._ring_rows > limits.state_ring_rows_max):
-                self._ring_rows -= self._ring.popleft()[3]
+            self.ring.add(ev.prev, ev.index, e)
         if ev.prev is not None:
             self.feed.follows(ev.prev, ev.index)
         if not isinstance(e, dict):

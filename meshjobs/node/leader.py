@@ -452,7 +452,7 @@ class LeaderDuties:
             # Caught up: an empty F_JOB_STATE every `have_ms` still tells the worker who leads
             # (and that its table is fresh).
             body: dict[str, Any] = {"term": self.view.term, "leader": self.cfg.member}
-            entries = self._ring_after(m.sent_upto) if behind else []
+            entries = self.ring.after(m.sent_upto, applied) if behind else []
             if behind and not entries:
                 entries = None  # the table moved on without entries in the ring (a snapshot)
             if entries is None:
@@ -467,28 +467,6 @@ class LeaderDuties:
                     m.sent_upto = entries[-1][0]
             m.sent_ms = self.now_ms
             self._out.append(Send(m.name, "F_JOB_STATE", body, table=True))
-
-    def _ring_after(self, pos: int) -> list[list] | None:
-        """Up to `state_entries_max` committed entries right after table position `pos`, or None
-        when the ring no longer reaches back that far."""
-        ring = self._ring
-        if not ring or ring[0][0] > pos:
-            return None if self.table.applied_index > pos else []
-        # The ring is in index order; entries after pos follow the one whose prev is pos.
-        lo, hi = 0, len(ring)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if ring[mid][1] <= pos:
-                lo = mid + 1
-            else:
-                hi = mid
-        out = []
-        for k in range(lo, min(lo + limits.state_entries_max, len(ring))):
-            _prev, index, entry, _rows = ring[k]
-            out.append([index, entry])
-        if out and ring[lo][0] != pos:
-            return None
-        return out
 
     # --- schedules --------------------------------------------------------------------------------
 
