@@ -61,7 +61,7 @@ from meshjobs.node.events import (
 )
 from meshjobs.node.feed import Feed
 from meshjobs.node.follow import Following
-from meshjobs.node.hooks import Orders
+from meshjobs.node.hooks import Notices, Orders
 from meshjobs.node.leader import LeaderDuties, Member
 from meshjobs.node.proposals import Proposals
 from meshjobs.node.ready import Ready
@@ -165,6 +165,7 @@ class JobNode(LeaderDuties, Following, Orders):
         self.ring = CatchUpRing()
         self.counts: dict[str, int] = {}
         self._init_orders()
+        self.notices = Notices(table, self._count, self._emit)
         self._handlers = self._handler_table()
 
     # --- stepping ---------------------------------------------------------------------------
@@ -676,7 +677,8 @@ class JobNode(LeaderDuties, Following, Orders):
                     self._answer_change(token, ch.op, ch.job_id, out, ev.index)
         if not out.get("ok"):
             return
-        self._notify_ends(kind, e, out, ev.index)
+        if self._leading():
+            self.notices.ends(kind, e, out, ev.index)
         if kind == "submit" and out.get("new"):
             digests = tuple(sorted({d.hex() for d in entry_payloads(e) if d is not None}))
             if digests:

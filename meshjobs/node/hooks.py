@@ -15,6 +15,7 @@ once, and may come twice across a failover; the key tells a receiver it is the s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from meshjobs import limits
@@ -28,8 +29,6 @@ class Orders:
 
     def _init_orders(self) -> None:
         self._exit_sent = False
-        self._notified: dict[str, None] = {}  # keys of notices handed on, oldest first
-        self._notify_reign = -1  # the term whose jobs ended before it were handed on again
 
     # --- orders, at the leader ----------------------------------------------------------------
 
@@ -163,23 +162,33 @@ class Orders:
             pending[j.pool] = pending.get(j.pool, 0) + j.n_pending
         return pools_view(self.fleet(), self.table.ctl, leased, pending)
 
-    # --- finish hooks -----------------------------------------------------------------------------
 
-    def _notify_ends(self, kind: Any, e: dict, out: dict, index: int) -> None:
-        """The leader hands on the end of every job with a finish hook this entry ended."""
-        if not self._leading():
-            return
+class Notices:
+    """A part of the node: finish hooks (see above). It owns the keys of the notices handed on
+    and the reign whose ends it handed on again; it is given the table, the node's counter and
+    the way out for its `Notify` effects. Only the leader calls it."""
+
+    def __init__(self, table: Any, count: Callable[[str], None],
+                 emit: Callable[[Any], None]) -> None:
+        self.table = table
+        self._count = count
+        self._emit = emit
+        self.handed: dict[str, None] = {}  # keys of notices handed on, oldest first
+        self.reign = -1  # the term whose jobs ended before it were handed on again
+
+    def ends(self, kind: Any, e: dict, out: dict, index: int) -> None:
+        """Hand on the end of every job with a finish hook this entry ended."""
         for job_id in named_jobs(kind, e, out):
             job = self.table.jobs.get(job_id)
             if job is not None and job.notify is not None and job.finished and job.version == index:
                 self._notice(job)
 
-    def _notify_replay(self) -> None:
+    def replay(self, term: int, now_ms: int) -> None:
         """A new reign hands on again the ends of the last `notify_retry_s_max` (see above)."""
-        if self._notify_reign == self.view.term:
+        if self.reign == term:
             return
-        self._notify_reign = self.view.term
-        since = self.now_ms - limits.notify_retry_s_max * 1000
+        self.reign = term
+        since = now_ms - limits.notify_retry_s_max * 1000
         jobs = self.table.jobs
         looked = 0
         for job_id in reversed(self.table.finished):
@@ -193,11 +202,10 @@ class Orders:
 
     def _notice(self, job: Any) -> None:
         key = f"{job.id}.{job.version}"
-        if key in self._notified:
+        if key in self.handed:
             return
-        self._notified[key] = None
-        while len(self._notified) > limits.notify_sent_max:
-            del self._notified[next(iter(self._notified))]
+        self.handed[key] = None
+        while len(self.handed) > limits.notify_sent_max:
+            del self.handed[next(iter(self.handed))]
         self._count("notify_handed")
-        self._out.append(Notify(job.notify, key, self.table.final_record(job)))
-
+        self._emit(Notify(job.notify, key, self.table.final_record(job)))

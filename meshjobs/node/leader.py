@@ -161,7 +161,7 @@ class LeaderDuties:
     # --- proposals ---------------------------------------------------------------------------------
 
     def _lead(self) -> None:
-        self._notify_replay()
+        self.notices.replay(self.view.term, self.now_ms)
         if self.proposals.may_propose(self.now_ms):
             self._propose_revokes()
             self._propose_leases()
