@@ -1256,7 +1256,7 @@ def test_no_known_holder_left_fetch_then_copy_on() -> None:
     assert "recopies_done" not in f.node.counts
     f.node.step(BlobsCopied("m4", (DIGEST_OUT,)))
     f.take()
-    assert f.node.counts["recopies_done"] == 1 and not f.node._recopies
+    assert f.node.counts["recopies_done"] == 1 and not f.node.recopies.asked
 
 
 def test_a_follower_asks_the_leader_before_no_such_job() -> None:

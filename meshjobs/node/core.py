@@ -35,6 +35,7 @@ from meshjobs import bulk, cron, limits, reruns
 from meshjobs.compact import entry_payloads, pack_items
 from meshjobs.control import CHANGE_OPS, OUTPUT_INDEX, Answer, ControlError, parse_request
 from meshjobs.node.catchup import CatchUpRing
+from meshjobs.node.copies import Recopies
 from meshjobs.node.events import (
     EMPTY_DIGEST,
     MEMBER_OWNER,
@@ -153,12 +154,8 @@ class JobNode(LeaderDuties, Following, Orders):
         self._next_expiry_ms = 0
         self._next_have_ms = 0
         self._links: dict[str, bool] = {}
-        # Restoring blob_copies after a member is lost (leader.py, `_recopy`).
-        self._lost: set[str] = set()
-        self._scan: list[str] = []
-        self._scan_at = (0, 0)
-        # (job, item) -> (when asked, its output digests, members known to hold them now)
-        self._recopies: dict[tuple[str, int], tuple[int, frozenset[str], frozenset[str]]] = {}
+        # Restoring blob_copies after a member is lost (copies.py).
+        self.recopies = Recopies(config, table, self._count, self._emit)
         self.members: dict[str, Member] = {}
         # Recent committed entries (prev table index, index, entry), to catch workers up.
         # Kept only while the leader knows of worker members; bounded by entries and by rows.
@@ -202,7 +199,7 @@ class JobNode(LeaderDuties, Following, Orders):
         if ev.is_leader and not self.view.is_leader:
             self._leader_since_ms = self.now_ms
             self.members.clear()  # soft state of an earlier reign is stale
-            self._lost, self._scan = set(), []
+            self.recopies.new_reign()
         if ev.term != self.view.term or not ev.is_leader:
             self.proposals.new_reign()
         if ev.leader is not None:
@@ -705,12 +702,12 @@ class JobNode(LeaderDuties, Following, Orders):
                 self._results_sent.pop(key, None)
                 self._result_from.pop(key, None)
                 self._awaiting_copies.pop(key, None)
-                if (self._lost and job is not None and self._leading()
-                        and len(self._recopies) < limits.recopies_in_flight_max
+                if (self.recopies.lost and job is not None and self._leading()
+                        and self.recopies.has_room()
                         and 0 <= r[1] < job.n and job.epoch[r[1]] == r[2]):
                     # Committed after the walk for a lost member began: it may name that
                     # member as holding a copy.
-                    self._recopy_item(job, r[1])
+                    self.recopies.item(job, r[1], self.now_ms, self._links)
         elif kind == "revoke":
             for lease in e["l"]:
                 self._revoking.pop(tuple(lease), None)
@@ -757,7 +754,7 @@ class JobNode(LeaderDuties, Following, Orders):
 
     def _copied(self, member: str, digests: tuple[str, ...]) -> None:
         got = set(digests)
-        self._recopied(member, got)
+        self.recopies.copied(member, got, self.now_ms, self._links)
         for copies in self._awaiting_copies.values():
             if got.issuperset(copies.digests):
                 copies.have.add(member)
@@ -785,7 +782,7 @@ class JobNode(LeaderDuties, Following, Orders):
                 row = self._results.get(key)
                 if row is not None and copies.have:
                     # The result names who confirmed copies, so that the table knows where its
-                    # outputs are when a member is lost (see LeaderDuties._recopy).
+                    # outputs are when a member is lost (see copies.py).
                     if len(row) == 10:
                         row.append(None)
                     row.append(sorted(copies.have)[:limits.result_holders_max])

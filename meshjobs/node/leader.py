@@ -15,8 +15,7 @@ from typing import Any
 
 from meshjobs import cron, limits, reruns
 from meshjobs.compact import entry_item_count
-from meshjobs.node.events import EMPTY_DIGEST, CopyBlobs, FetchBlobs, Send
-from meshjobs.table import FINAL
+from meshjobs.node.events import Send
 
 
 @dataclass
@@ -332,110 +331,10 @@ class LeaderDuties:
         return lost
 
     def _recopy(self) -> None:
-        """Restore `blob_copies` of committed outputs after a member is lost. The table knows
-        who held each item's outputs when its result committed (the member that ran it and those
-        that confirmed copies). When a member is newly found lost, the leader walks the table
-        (at most `recopy_items_per_round_max` items a round) for outputs that fell under
-        `blob_copies` with it: it copies them to another member when it holds them itself, or
-        fetches them from a survivor (it then holds them). At most `recopies_in_flight_max` at
-        a time; the walk waits for room. Copies made so are not written to the table: a later
-        leader that finds the same member lost may copy them again (extra copies are harmless
-        and go with their job)."""
+        """Restore `blob_copies` of committed outputs after a member is lost (node/copies.py)."""
         if self.cfg.blob_copies <= 1:
             return
-        now = self.now_ms
-        retry = False
-        for key, (sent, _digests, _have) in list(self._recopies.items()):
-            if now - sent >= limits.recopy_retry_ms:
-                # Not confirmed (the fetch found no holder then, or a copy was lost on the way):
-                # forget it and walk again, so that it is asked once more.
-                del self._recopies[key]
-                self._count("recopies_retried")
-                retry = True
-        lost = self._lost_members()
-        if lost - self._lost or (retry and not self._scan and lost):
-            # Someone newly lost, or a re-copy to ask again: walk the whole table (again).
-            self._scan = list(self.table.jobs)
-            self._scan_at = (0, 0)
-            self._count("recopy_walks")
-        self._lost = lost
-        if not self._scan:
-            return
-        jobs = self.table.jobs
-        budget = limits.recopy_items_per_round_max
-        j, i = self._scan_at
-        while j < len(self._scan) and budget > 0:
-            job = jobs.get(self._scan[j])
-            if job is None or i >= job.n:
-                j, i = j + 1, 0
-                continue
-            if len(self._recopies) >= limits.recopies_in_flight_max:
-                break
-            budget -= 1
-            self._recopy_item(job, i)
-            i += 1
-        self._scan_at = (j, i)
-        if j >= len(self._scan):
-            self._scan = []
-
-    def _recopy_item(self, job: Any, i: int) -> None:
-        """Restore the copies of item i's outputs if a lost member held one (see _recopy)."""
-        lost = self._lost
-        if job.st[i] not in FINAL or job.member[i] is None:
-            return
-        digests = tuple(sorted({d.hex() for d in (job.out[i], job.err[i])
-                                if d is not None} - {EMPTY_DIGEST}))
-        if not digests:
-            return
-        holders = {job.member[i], *(job.held[i] or () if job.held is not None else ())}
-        if not holders & lost:
-            return
-        alive = holders - lost
-        if len(alive) >= self.cfg.blob_copies:
-            return
-        key = (job.id, i)
-        if key in self._recopies:
-            return
-        if not alive:
-            # Every holder the table knows is gone. A spare asked for a copy may still hold
-            # them (its confirmation came after the result committed, so the table does not
-            # name it): the leader fetches, which asks every linked member, then copies on.
-            self._count("recopies_no_known_holder")
-        self._recopy_step(key, digests, frozenset(alive))
-
-    def _recopy_step(self, key: tuple[str, int], digests: tuple[str, ...],
-                     have: frozenset[str]) -> None:
-        """The next step of restoring one item's copies, `have` being the members known to hold
-        its outputs now: done once they are blob_copies; else copied from this member to
-        others when it holds them, or fetched to this member first (which then copies on)."""
-        if len(have) >= self.cfg.blob_copies:
-            self._recopies.pop(key, None)
-            self._count("recopies_done")
-            return
-        if self.cfg.member in have:
-            targets = sorted(p for p, up in self._links.items()
-                             if up and p != self.cfg.member and p not in self._lost
-                             and p not in have)
-            if not targets:
-                self._recopies.pop(key, None)  # nobody to copy to now; a later walk may retry
-                return
-            self._recopies[key] = (self.now_ms, frozenset(digests), have)
-            self._count("recopies_asked")
-            for to in targets:
-                self._out.append(CopyBlobs(to, key[0], digests))
-        else:
-            self._recopies[key] = (self.now_ms, frozenset(digests), have)
-            self._count("recopies_fetched")
-            self._out.append(FetchBlobs(key[0], digests))
-
-    def _recopied(self, member: str, got: set[str]) -> None:
-        """A copy (or a fetch, confirmed as this member's own) of re-copied outputs is durable:
-        one more holder, and the next step."""
-        if not self._recopies:
-            return
-        for key, (_sent, digests, have) in list(self._recopies.items()):
-            if digests <= got and member not in have:
-                self._recopy_step(key, tuple(sorted(digests)), have | {member})
+        self.recopies.walk(self.now_ms, self._lost_members(), self._links)
 
     # --- worker members' tables --------------------------------------------------------------------
 
