@@ -239,7 +239,7 @@ class DiskBlindNode(JobNode):
     """A planted bug: a node that leases to itself whatever its disk says."""
 
     def _takes_no_work(self) -> bool:
-        return self._pressure
+        return self.storage.pressure
 
 
 @pytest.mark.parametrize("seed", (1, 2, 3))

@@ -66,6 +66,7 @@ from meshjobs.node.hooks import Notices, Orders
 from meshjobs.node.leader import LeaderDuties, Member
 from meshjobs.node.proposals import Proposals
 from meshjobs.node.ready import Ready
+from meshjobs.node.storage import Storage
 from meshjobs.table import DONE, FAILED, RID_REUSED, TIMEOUT, JobTable
 
 
@@ -144,10 +145,7 @@ class JobNode(LeaderDuties, Following, Orders):
         self._leader_since_ms = 0
         self._leader_seen_ms = 0  # a worker: when a frame from the leader itself last came
         self._leader_hint_ms = 0  # and when a voter last said who leads
-        self._pressure = False
-        self._disk_full = False  # read-only: no leases, no submits (DiskFull)
-        self._disk_free = 0
-        self._blob_bytes = 0
+        self.storage = Storage(self._count)
         self._expiring: dict[str, int] = {}
         self._rerunning: dict[tuple[str, int], int] = {}  # (job, run) -> when its rerun was proposed
         self._cron_sent: dict[tuple[str, int], int] = {}  # (schedule, due) -> when its fire was proposed
@@ -186,9 +184,9 @@ class JobNode(LeaderDuties, Following, Orders):
             FrameIn: lambda ev: self._frame(ev.peer, ev.ftype, ev.body),
             PeerLink: self._on_link,
             BlobsCopied: lambda ev: self._copied(ev.member, ev.digests),
-            Pressure: self._on_pressure,
-            DiskFull: self._on_disk_full,
-            BlobBytes: self._on_blob_bytes,
+            Pressure: self.storage.on_pressure,
+            DiskFull: self.storage.on_disk_full,
+            BlobBytes: self.storage.on_blob_bytes,
         }
 
     def _on_tick(self, ev: Tick) -> None:
@@ -214,18 +212,6 @@ class JobNode(LeaderDuties, Following, Orders):
         if not ev.up:
             for copies in self._awaiting_copies.values():
                 copies.asked.pop(ev.peer, None)  # asked again as soon as it is back
-
-    def _on_pressure(self, ev: Pressure) -> None:
-        self._pressure = ev.on
-        self._count("pressure_on" if ev.on else "pressure_off")
-
-    def _on_disk_full(self, ev: DiskFull) -> None:
-        if ev.on != self._disk_full:
-            self._count("disk_full_on" if ev.on else "disk_full_off")
-        self._disk_full, self._disk_free = ev.on, ev.free_bytes
-
-    def _on_blob_bytes(self, ev: BlobBytes) -> None:
-        self._blob_bytes = ev.n
 
     def take(self) -> list[Any]:
         """Reconcile, then hand over every effect made since the last call."""
@@ -335,7 +321,7 @@ class JobNode(LeaderDuties, Following, Orders):
             self._reply(token, 200, bulk.status(self.table, req))
         elif op == "bulk" and req["dry_run"]:
             self._reply(token, 200, bulk.dry_run(self.table, req))
-        elif op == "submit" and self._disk_full and not forwarded:
+        elif op == "submit" and self.storage.disk_full and not forwarded:
             self._count("ctl_refused_disk_full")
             self._reply(token, 507, {"error": self._disk_full_error()})
         elif op in CHANGE_OPS and self._rid_reused(req):
@@ -378,10 +364,10 @@ class JobNode(LeaderDuties, Following, Orders):
 
     def _takes_no_work(self) -> bool:
         """Blob memory pressure or a full disk: this member takes no new leases."""
-        return self._pressure or self._disk_full
+        return self.storage.takes_no_work()
 
     def _disk_full_error(self) -> str:
-        return (f"the disk of member {self.cfg.member} is full ({self._disk_free} bytes free, "
+        return (f"the disk of member {self.cfg.member} is full ({self.storage.disk_free} bytes free, "
                 "under [blobs] disk_free_min): it is read-only and takes no submits until space "
                 "is freed on it; submit through another member, or free space")
 
@@ -980,9 +966,9 @@ class JobNode(LeaderDuties, Following, Orders):
             "pools": {p.name: p.slots for p in self.cfg.pools.values()},
             "slots": sum(p.slots for p in self.cfg.pools.values()),
             "running": running,
-            "blob_pressure": self._pressure,
-            "disk_full": self._disk_full,
-            "blob_bytes": self._blob_bytes,
+            "blob_pressure": self.storage.pressure,
+            "disk_full": self.storage.disk_full,
+            "blob_bytes": self.storage.blob_bytes,
             "last_seen": self.now_ms / 1000.0,
         }
         members = {self.cfg.member: me}
@@ -1012,10 +998,10 @@ class JobNode(LeaderDuties, Following, Orders):
     def health(self) -> dict:
         return {
             # Not ok while read-only: reads are served, but no work is taken.
-            "ok": not self._disk_full,
-            "state": "read_only" if self._disk_full else "ok",
-            "disk_full": self._disk_full,
-            "disk_free_bytes": self._disk_free,
+            "ok": not self.storage.disk_full,
+            "state": "read_only" if self.storage.disk_full else "ok",
+            "disk_full": self.storage.disk_full,
+            "disk_free_bytes": self.storage.disk_free,
             "member": self.cfg.member,
             "role": self.cfg.role,
             "leader": self.view.leader,
@@ -1055,9 +1041,9 @@ class JobNode(LeaderDuties, Following, Orders):
         m["is_leader"] = 1 if self.view.is_leader else 0
         m["applied_index"] = self.table.applied_index
         m["members_known"] = len(self.members)
-        m["blob_pressure"] = 1 if self._pressure else 0
-        m["disk_full"] = 1 if self._disk_full else 0
-        m["disk_free_bytes"] = self._disk_free
+        m["blob_pressure"] = 1 if self.storage.pressure else 0
+        m["disk_full"] = 1 if self.storage.disk_full else 0
+        m["disk_free_bytes"] = self.storage.disk_free
         # Jobs by state, then pool: {"running": {"default": 2}, ...} (labels of meshjobs_jobs).
         by: dict[str, dict[str, int]] = {}
         for j in self.table.jobs.values():

@@ -179,9 +179,9 @@ class Following:
                 "boot": self.cfg.boot, "role": self.cfg.role, "pos": self.table.applied_index,
                 "pools": {} if self._takes_no_work() else {
                     p.name: p.slots for p in self.cfg.pools.values()},
-                "pressure": self._pressure,
-                "disk_full": self._disk_full,
-                "blob_bytes": self._blob_bytes,
+                "pressure": self.storage.pressure,
+                "disk_full": self.storage.disk_full,
+                "blob_bytes": self.storage.blob_bytes,
                 "running": sum(1 for ended in self._running.values() if not ended),
             }
             targets = [leader] if leader else [v for v in self.cfg.voters if v != self.cfg.member]
