@@ -135,7 +135,7 @@ def test_report_limits_come_from_limits(monkeypatch: pytest.MonkeyPatch) -> None
     """Rule: the node's bounds on a member's F_JOB_HAVE report are named in limits.py: a report
     past any of them is garbage (None), one within them is taken."""
     from meshjobs import limits
-    from meshjobs.node.leader import parse_have
+    from meshjobs.node.members import parse_have
 
     monkeypatch.setattr(limits, "have_pools_max", 2)
     monkeypatch.setattr(limits, "boot_chars_max", 4)

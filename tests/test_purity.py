@@ -36,7 +36,7 @@ PURE_SIBLINGS = frozenset({"meshjobs", "meshjobs.limits", "meshjobs.table", "mes
                            "meshjobs.node.feed", "meshjobs.fleetctl", "meshjobs.node.hooks",
                            "meshjobs.node.ready", "meshjobs.node.proposals",
                            "meshjobs.node.catchup", "meshjobs.node.copies",
-                           "meshjobs.node.storage",
+                           "meshjobs.node.storage", "meshjobs.node.members",
                            "meshjobs.reruns", "meshjobs.watchplan", "meshjobs.watchplan.config",
                            "meshjobs.watchplan.plan"})
 # What a module may use of `random`: the type name, never a call.

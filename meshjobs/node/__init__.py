@@ -27,7 +27,7 @@ from meshjobs.node.events import (
     View,
     spec_digest,
 )
-from meshjobs.node.leader import Member
+from meshjobs.node.members import Member
 from meshjobs.node.ready import Ready, advance, dispatch, ignore, run_round
 
 __all__ = [

@@ -63,7 +63,8 @@ from meshjobs.node.events import (
 from meshjobs.node.feed import Feed
 from meshjobs.node.follow import Following
 from meshjobs.node.hooks import Notices, Orders
-from meshjobs.node.leader import LeaderDuties, Member
+from meshjobs.node.leader import LeaderDuties
+from meshjobs.node.members import Members
 from meshjobs.node.proposals import Proposals
 from meshjobs.node.ready import Ready
 from meshjobs.node.storage import Storage
@@ -142,7 +143,6 @@ class JobNode(LeaderDuties, Following, Orders):
         self._revoking: dict[tuple[str, int, int], int] = {}
         self._was_ready = False
         self._whole = False  # this member's table has caught up once since start (`_behind`)
-        self._leader_since_ms = 0
         self._leader_seen_ms = 0  # a worker: when a frame from the leader itself last came
         self._leader_hint_ms = 0  # and when a voter last said who leads
         self.storage = Storage(self._count)
@@ -154,7 +154,7 @@ class JobNode(LeaderDuties, Following, Orders):
         self._links: dict[str, bool] = {}
         # Restoring blob_copies after a member is lost (copies.py).
         self.recopies = Recopies(config, table, self._count, self._emit)
-        self.members: dict[str, Member] = {}
+        self.roster = Members(config, self._count)  # what the leader knows of the members
         # Recent committed entries (prev table index, index, entry), to catch workers up.
         # Kept only while the leader knows of worker members; bounded by entries and by rows.
         self.ring = CatchUpRing()
@@ -195,8 +195,7 @@ class JobNode(LeaderDuties, Following, Orders):
 
     def _on_view(self, ev: View) -> None:
         if ev.is_leader and not self.view.is_leader:
-            self._leader_since_ms = self.now_ms
-            self.members.clear()  # soft state of an earlier reign is stale
+            self.roster.new_reign(self.now_ms)
             self.recopies.new_reign()
         if ev.term != self.view.term or not ev.is_leader:
             self.proposals.new_reign()
@@ -517,7 +516,7 @@ class JobNode(LeaderDuties, Following, Orders):
     def _pools(self) -> set[str]:
         """The pools some member of the fleet offers (as far as this member knows)."""
         pools = set(self.cfg.pools)
-        for name, m in self.members.items():
+        for name, m in self.roster.known.items():
             if self._alive(name, m.boot):
                 pools.update(m.pools)
         return pools
@@ -568,8 +567,8 @@ class JobNode(LeaderDuties, Following, Orders):
             self._reply(token, 400, {"error": "a fan-out job (member *) has one item per member: "
                                               "give at most one item"})
             return None
-        if self.now_ms - self._leader_since_ms < self.cfg.dead_ms and any(
-                v != self.cfg.member and not (v in self.members and self.members[v].boot)
+        if self.now_ms - self.roster.since_ms < self.cfg.dead_ms and any(
+                v != self.cfg.member and not (v in self.roster.known and self.roster.known[v].boot)
                 for v in self.cfg.voters):
             self._reply(token, 503, {"error": "this member has just become leader and has not "
                                               "heard from every member yet, so it cannot tell "
@@ -577,7 +576,7 @@ class JobNode(LeaderDuties, Following, Orders):
                                               "again in a few seconds"})
             return None
         names = {self.cfg.member} if pool in self.cfg.pools else set()
-        names.update(name for name, m in self.members.items()
+        names.update(name for name, m in self.roster.known.items()
                      if name != self.cfg.member and m.boot and pool in m.pools
                      and self._alive(name, m.boot))
         if not names:
@@ -631,7 +630,7 @@ class JobNode(LeaderDuties, Following, Orders):
 
     def _applied(self, ev: Applied) -> None:
         e, out = ev.entry, ev.outcome
-        if ev.prev is not None and self._workers_known():
+        if ev.prev is not None and self.roster.workers_known():
             self.ring.add(ev.prev, ev.index, e)
         if ev.prev is not None:
             self.feed.follows(ev.prev, ev.index)
@@ -670,7 +669,7 @@ class JobNode(LeaderDuties, Following, Orders):
             hints: dict[str, list] = {}
             for g in e["g"]:
                 self._inflight.pop((g[0], g[1]), None)
-                m = self.members.get(g[2])
+                m = self.roster.known.get(g[2])
                 if self._leading() and m is not None and m.role == "worker":
                     hints.setdefault(g[2], []).append([g[0], g[1]])
             # A worker learns its leases from F_JOB_STATE; F_LEASE tells it at once that there
@@ -747,7 +746,7 @@ class JobNode(LeaderDuties, Following, Orders):
 
     def _others(self) -> set[str]:
         """The other members this member knows of."""
-        return ({v for v in self.cfg.voters} | set(self.members)) - {self.cfg.member}
+        return ({v for v in self.cfg.voters} | set(self.roster.known)) - {self.cfg.member}
 
     def _ask_copies(self) -> None:
         """A result's outputs (and a submit's inputs) must be on `blob_copies` members before
@@ -976,7 +975,7 @@ class JobNode(LeaderDuties, Following, Orders):
             if name not in members:
                 members[name] = {"name": name, "role": self._role(name), "alive": None,
                                  "pools": {}, "slots": 0, "running": 0, "last_seen": None}
-        for name, m in self.members.items():
+        for name, m in self.roster.known.items():
             if name == self.cfg.member:
                 continue
             members[name] = {
@@ -1040,7 +1039,7 @@ class JobNode(LeaderDuties, Following, Orders):
         m["raft_term"] = self.view.term
         m["is_leader"] = 1 if self.view.is_leader else 0
         m["applied_index"] = self.table.applied_index
-        m["members_known"] = len(self.members)
+        m["members_known"] = len(self.roster.known)
         m["blob_pressure"] = 1 if self.storage.pressure else 0
         m["disk_full"] = 1 if self.storage.disk_full else 0
         m["disk_free_bytes"] = self.storage.disk_free

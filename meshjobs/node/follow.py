@@ -45,7 +45,7 @@ class Following:
 
     def _on_have(self, peer: str, body: Any) -> None:
         if self._leading():
-            self._have(peer, body)
+            self.roster.have(peer, body, self.now_ms)
         elif self.cfg.role == "voter" and isinstance(body, dict) and body.get("role") == "worker":
             # Tell a worker who leads, so that it reports there.
             self._out.append(Send(peer, "F_JOB_STATE", {

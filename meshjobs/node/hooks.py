@@ -34,14 +34,11 @@ class Orders:
 
     def _known_members(self) -> set[str]:
         ctl = self.table.ctl
-        return ({self.cfg.member} | set(self.cfg.voters) | set(self.members)
+        return ({self.cfg.member} | set(self.cfg.voters) | set(self.roster.known)
                 | set(ctl.drained) | set(ctl.stops))
 
     def _boot_of(self, name: str) -> str:
-        if name == self.cfg.member:
-            return self.cfg.boot
-        m = self.members.get(name)
-        return m.boot if m is not None else ""
+        return self.roster.boot_of(name)
 
     def _order_entry(self, token: int, req: dict, entry: dict) -> bool:
         """Fill in the entry of a pool or member order; False (answered) when it is refused."""

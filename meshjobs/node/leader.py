@@ -10,7 +10,6 @@ still missing, and the table's epochs and request ids make a repeat harmless.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 from meshjobs import cron, limits, reruns
@@ -18,93 +17,14 @@ from meshjobs.compact import entry_item_count
 from meshjobs.node.events import Send
 
 
-@dataclass
-class Member:
-    """What the leader knows of a member, from its F_JOB_HAVE reports (soft state)."""
-
-    name: str
-    boot: str = ""
-    role: str = "worker"
-    pools: dict[str, int] = field(default_factory=dict)
-    pressure: bool = False
-    disk_full: bool = False
-    pos: int = 0
-    running: int = 0
-    blob_bytes: int = 0
-    last_ms: int = 0
-    sent_upto: int = 0  # the table position F_JOB_STATE has been sent up to (workers)
-    sent_ms: int = 0  # when F_JOB_STATE last went to it (entries or a keep-alive)
-    pos_ms: int = 0  # when its reported position last moved
-
-
-def parse_have(body: Any) -> dict | None:
-    """A member's F_JOB_HAVE body, checked; None for garbage (counted by the caller)."""
-    if not isinstance(body, dict):
-        return None
-    boot, role, pos, pools = body.get("boot"), body.get("role"), body.get("pos"), body.get("pools")
-    if not (isinstance(boot, str) and 0 < len(boot) <= limits.boot_chars_max
-            and role in ("voter", "worker")
-            and type(pos) is int and pos >= 0 and isinstance(pools, dict)
-            and len(pools) <= limits.have_pools_max
-            and all(isinstance(k, str) and type(v) is int and 0 <= v <= limits.pool_slots_max
-                    for k, v in pools.items())):
-        return None
-    running = body.get("running", 0)
-    blob_bytes = body.get("blob_bytes", 0)
-    return {
-        "boot": boot, "role": role, "pos": pos, "pools": dict(pools),
-        "pressure": body.get("pressure") is True,
-        "disk_full": body.get("disk_full") is True,
-        "running": running if type(running) is int else 0,
-        "blob_bytes": blob_bytes if type(blob_bytes) is int else 0,
-    }
-
-
 class LeaderDuties:
     """Mixed into JobNode: what the node does while it leads."""
 
     # --- members ---------------------------------------------------------------------------------
 
-    def _have(self, peer: str, body: Any) -> None:
-        have = parse_have(body)
-        if have is None:
-            self._count("frames_bad_have")
-            return
-        m = self.members.get(peer)
-        if m is None:
-            m = self.members[peer] = Member(peer)
-        if m.boot and m.boot != have["boot"]:
-            m.sent_upto = 0  # a new incarnation starts its table again
-        if have["pos"] != m.pos:
-            m.pos_ms = self.now_ms
-        m.boot, m.role, m.pools = have["boot"], have["role"], have["pools"]
-        m.pressure, m.pos, m.running = have["pressure"], have["pos"], have["running"]
-        m.blob_bytes = have["blob_bytes"]
-        m.disk_full = have["disk_full"]
-        m.last_ms = self.now_ms
-        if m.role == "worker" and (m.pos > m.sent_upto or (
-                m.pos < m.sent_upto and self.now_ms - m.pos_ms >= limits.state_resend_ms)):
-            # Caught up by other means; or behind what was sent and not moving: frames were
-            # lost, so send again from where it is. (Not timed from the last send: keep-alives
-            # go out every `have_ms` and would put this off for ever.)
-            m.sent_upto = m.pos
-            m.pos_ms = self.now_ms
-
-    def _workers_known(self) -> bool:
-        """Does this member know of worker members (whose tables it keeps up to date)?"""
-        return any(m.role == "worker" for m in self.members.values())
-
     def _alive(self, name: str, boot: str | None = None) -> bool:
         """Is this member (in this incarnation, when `boot` is given) alive, as the leader sees it?"""
-        if name == self.cfg.member:
-            return boot is None or boot == self.cfg.boot
-        m = self.members.get(name)
-        if m is None or not m.boot:
-            # Not heard from yet: a new leader gives every member `dead_ms` to report.
-            return self.now_ms - self._leader_since_ms < self.cfg.dead_ms
-        if boot is not None and m.boot != boot:
-            return False
-        return self.now_ms - m.last_ms <= self.cfg.dead_ms
+        return self.roster.alive(name, self.now_ms, boot)
 
     def _ahead(self, pool: str) -> int:
         """Items per slot leased ahead in `pool`: none until its items are known to be short
@@ -128,7 +48,7 @@ class LeaderDuties:
         if not self._takes_no_work():
             room[self.cfg.member] = cap(self.table.ctl.effective(
                 self.cfg.member, {p.name: p.slots for p in self.cfg.pools.values()}))
-        for name, m in self.members.items():
+        for name, m in self.roster.known.items():
             if (name != self.cfg.member and not m.pressure and not m.disk_full
                     and self._alive(name, m.boot)):
                 room[name] = cap(self.table.ctl.effective(name, m.pools))
@@ -195,7 +115,7 @@ class LeaderDuties:
             if now - sent >= limits.proposal_retry_ms:
                 del self._inflight[key]
         room = self._room()
-        boots = {name: m.boot for name, m in self.members.items()}
+        boots = {name: m.boot for name, m in self.roster.known.items()}
         boots[self.cfg.member] = self.cfg.boot
         pools = {p for free in room.values() for p, n in free.items() if n > 0}
         grants: list[list] = []
@@ -319,22 +239,11 @@ class LeaderDuties:
 
     # --- copies lost with a member ------------------------------------------------------------------
 
-    def _lost_members(self) -> set[str]:
-        """Members not heard from for `lost_ms` (this reign's start counts as heard): the copies
-        of outputs they held are taken as gone."""
-        lost = set()
-        for name in self._others():
-            m = self.members.get(name)
-            last = max(m.last_ms if m is not None else 0, self._leader_since_ms)
-            if self.now_ms - last > self.cfg.lost_ms:
-                lost.add(name)
-        return lost
-
     def _recopy(self) -> None:
         """Restore `blob_copies` of committed outputs after a member is lost (node/copies.py)."""
         if self.cfg.blob_copies <= 1:
             return
-        self.recopies.walk(self.now_ms, self._lost_members(), self._links)
+        self.recopies.walk(self.now_ms, self.roster.lost(self._others(), self.now_ms), self._links)
 
     # --- worker members' tables --------------------------------------------------------------------
 
@@ -342,7 +251,7 @@ class LeaderDuties:
         """Send each worker the committed entries it does not have yet (F_JOB_STATE), from the
         ring of recent entries, or the whole table when it is further behind than the ring."""
         applied = self.table.applied_index
-        for m in self.members.values():
+        for m in self.roster.known.values():
             if m.role != "worker" or not self._alive(m.name, m.boot):
                 continue
             behind = m.sent_upto < applied

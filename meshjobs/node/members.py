@@ -1,0 +1,138 @@
+"""A part of the job node: what the leader knows of the fleet's members (soft state).
+
+Theory of operation. Every member reports to the leader every `have_ms` (F_JOB_HAVE): its
+incarnation (boot id), role, table position, pools and slots, blob pressure, full disk, blob
+bytes and running items. The leader keeps the latest report of each (`Member`); a member is
+alive while its last report is at most `dead_ms` old, and, in a new reign, one not heard from
+yet gets `dead_ms` from the reign's start to report. A member not heard from for `lost_ms` is
+lost: the copies of outputs it held are taken as gone (copies.py). What the leader knew in an
+earlier reign is dropped when it comes to lead again.
+
+Rule: pure, like the rest of the node; it owns the reports and the reign's start, and is given
+the node's config and counter and, per call, the time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshjobs import limits
+from meshjobs.node.events import NodeConfig
+
+
+@dataclass
+class Member:
+    """What the leader knows of a member, from its F_JOB_HAVE reports (soft state)."""
+
+    name: str
+    boot: str = ""
+    role: str = "worker"
+    pools: dict[str, int] = field(default_factory=dict)
+    pressure: bool = False
+    disk_full: bool = False
+    pos: int = 0
+    running: int = 0
+    blob_bytes: int = 0
+    last_ms: int = 0
+    sent_upto: int = 0  # the table position F_JOB_STATE has been sent up to (workers)
+    sent_ms: int = 0  # when F_JOB_STATE last went to it (entries or a keep-alive)
+    pos_ms: int = 0  # when its reported position last moved
+
+
+def parse_have(body: Any) -> dict | None:
+    """A member's F_JOB_HAVE body, checked; None for garbage (counted by the caller)."""
+    if not isinstance(body, dict):
+        return None
+    boot, role, pos, pools = body.get("boot"), body.get("role"), body.get("pos"), body.get("pools")
+    if not (isinstance(boot, str) and 0 < len(boot) <= limits.boot_chars_max
+            and role in ("voter", "worker")
+            and type(pos) is int and pos >= 0 and isinstance(pools, dict)
+            and len(pools) <= limits.have_pools_max
+            and all(isinstance(k, str) and type(v) is int and 0 <= v <= limits.pool_slots_max
+                    for k, v in pools.items())):
+        return None
+    running = body.get("running", 0)
+    blob_bytes = body.get("blob_bytes", 0)
+    return {
+        "boot": boot, "role": role, "pos": pos, "pools": dict(pools),
+        "pressure": body.get("pressure") is True,
+        "disk_full": body.get("disk_full") is True,
+        "running": running if type(running) is int else 0,
+        "blob_bytes": blob_bytes if type(blob_bytes) is int else 0,
+    }
+
+
+class Members:
+    """The leader's view of the members: name -> its latest report (`known`)."""
+
+    def __init__(self, cfg: NodeConfig, count: Callable[[str], None]) -> None:
+        self.cfg = cfg
+        self._count = count
+        self.known: dict[str, Member] = {}
+        self.since_ms = 0  # when this member last came to lead
+
+    def new_reign(self, now_ms: int) -> None:
+        self.since_ms = now_ms
+        self.known.clear()  # soft state of an earlier reign is stale
+
+    def have(self, peer: str, body: Any, now_ms: int) -> None:
+        """A member's report (F_JOB_HAVE); garbage is counted and dropped."""
+        have = parse_have(body)
+        if have is None:
+            self._count("frames_bad_have")
+            return
+        m = self.known.get(peer)
+        if m is None:
+            m = self.known[peer] = Member(peer)
+        if m.boot and m.boot != have["boot"]:
+            m.sent_upto = 0  # a new incarnation starts its table again
+        if have["pos"] != m.pos:
+            m.pos_ms = now_ms
+        m.boot, m.role, m.pools = have["boot"], have["role"], have["pools"]
+        m.pressure, m.pos, m.running = have["pressure"], have["pos"], have["running"]
+        m.blob_bytes = have["blob_bytes"]
+        m.disk_full = have["disk_full"]
+        m.last_ms = now_ms
+        if m.role == "worker" and (m.pos > m.sent_upto or (
+                m.pos < m.sent_upto and now_ms - m.pos_ms >= limits.state_resend_ms)):
+            # Caught up by other means; or behind what was sent and not moving: frames were
+            # lost, so send again from where it is. (Not timed from the last send: keep-alives
+            # go out every `have_ms` and would put this off for ever.)
+            m.sent_upto = m.pos
+            m.pos_ms = now_ms
+
+    def workers_known(self) -> bool:
+        """Does this member know of worker members (whose tables it keeps up to date)?"""
+        return any(m.role == "worker" for m in self.known.values())
+
+    def alive(self, name: str, now_ms: int, boot: str | None = None) -> bool:
+        """Is this member (in this incarnation, when `boot` is given) alive, as the leader sees it?"""
+        if name == self.cfg.member:
+            return boot is None or boot == self.cfg.boot
+        m = self.known.get(name)
+        if m is None or not m.boot:
+            # Not heard from yet: a new leader gives every member `dead_ms` to report.
+            return now_ms - self.since_ms < self.cfg.dead_ms
+        if boot is not None and m.boot != boot:
+            return False
+        return now_ms - m.last_ms <= self.cfg.dead_ms
+
+    def boot_of(self, name: str) -> str:
+        """The boot id a member last reported ("" when none); this member's own."""
+        if name == self.cfg.member:
+            return self.cfg.boot
+        m = self.known.get(name)
+        return m.boot if m is not None else ""
+
+    def lost(self, others: set[str], now_ms: int) -> set[str]:
+        """Of `others`, the members not heard from for `lost_ms` (this reign's start counts as
+        heard): the copies of outputs they held are taken as gone."""
+        lost = set()
+        for name in others:
+            m = self.known.get(name)
+            last = max(m.last_ms if m is not None else 0, self.since_ms)
+            if now_ms - last > self.cfg.lost_ms:
+                lost.add(name)
+        return lost
