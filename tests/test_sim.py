@@ -737,8 +737,8 @@ class ExitsOnAnyStopNode(JobNode):
 
     def _stop_check(self) -> None:
         stop = self.table.ctl.stops.get(self.cfg.member)
-        if stop is not None and stop[0] != self.cfg.boot and not self._exit_sent:
-            self._exit_sent = True
+        if stop is not None and stop[0] != self.cfg.boot and not self.orders.exit_sent:
+            self.orders.exit_sent = True
             self._out.append(Exit("ordered to stop"))
             return
         super()._stop_check()

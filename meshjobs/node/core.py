@@ -107,7 +107,7 @@ def _output_paths(job: Any, i: int) -> tuple[str | None, str | None]:
                  for p in (job.stdout_path, job.stderr_path))
 
 
-class JobNode(LeaderDuties, Following, Orders):
+class JobNode(LeaderDuties, Following):
     """One member's job node. Feed it with `step`, collect its effects with `take`."""
 
     def __init__(self, table: JobTable, config: NodeConfig, rng: random.Random) -> None:
@@ -159,7 +159,7 @@ class JobNode(LeaderDuties, Following, Orders):
         # Kept only while the leader knows of worker members; bounded by entries and by rows.
         self.ring = CatchUpRing()
         self.counts: dict[str, int] = {}
-        self._init_orders()
+        self.orders = Orders(config, table, self.roster.boot_of, self._count, self._emit)
         self.notices = Notices(table, self._count, self._emit)
         self._handlers = self._handler_table()
 
@@ -493,7 +493,9 @@ class JobNode(LeaderDuties, Following, Orders):
             job_id = None
         elif op in ("pool", "member"):
             job_id = None
-            if not self._order_entry(token, req, entry):
+            refused = self.orders.entry(req, entry, self._pools(), self.roster.known)
+            if refused is not None:
+                self._reply(token, refused.status, refused.body)
                 return
         else:
             job_id = req["id"]
@@ -603,7 +605,7 @@ class JobNode(LeaderDuties, Following, Orders):
                        index: int = 0) -> None:
         index = index or self.table.applied_index
         if op in ("pool", "member"):
-            self._answer_order(token, outcome, index)
+            self._answer(token, self.orders.answer(outcome), index)
             return
         if op == "cron":
             self._answer(token, self._cron_answer(outcome), index)
@@ -905,7 +907,7 @@ class JobNode(LeaderDuties, Following, Orders):
             if boot != self.cfg.boot or key in self._running:
                 continue
             job = table.jobs[jid]
-            if not self._may_start(job):
+            if not self.orders.may_start(job):
                 continue  # its pool is held here, or this member is stopping
             pool = self.cfg.pools.get(job.pool)
             if pool is not None:
@@ -925,6 +927,19 @@ class JobNode(LeaderDuties, Following, Orders):
                                  else pool.user if pool is not None else None,
                                  job.inherit_env, *_output_paths(job, i)))
         self._stop_check()
+
+    # --- orders (hooks.py) ----------------------------------------------------------------------
+
+    def _slots_here(self, pool: Any) -> int:
+        return self.orders.slots_here(pool)
+
+    def _stop_check(self) -> None:
+        running = sum(1 for ended in self._running.values() if not ended)
+        self.orders.stop_check(running, bool(self._results), self.now_ms)
+
+    def pools(self) -> dict:
+        """Per pool, fleet-wide: slots, free, running, pending, held and drained (GET /pools)."""
+        return self.orders.pools(self.fleet())
 
     # --- reads ----------------------------------------------------------------------------------
 
@@ -990,7 +1005,7 @@ class JobNode(LeaderDuties, Following, Orders):
                 "blob_bytes": m.blob_bytes,
                 "last_seen": m.last_ms / 1000.0 if m.last_ms else None,
             }
-        self._fleet_orders(members)
+        self.orders.fleet_rows(members)
         return {"term": self.view.term, "leader": self.view.leader,
                 "members": sorted(members.values(), key=lambda r: r["name"])}
 

@@ -2,8 +2,8 @@
 see meshjobs/fleetctl.py for what each means) and of jobs' finish hooks.
 
 Orders: the leader turns an order into an entry (a stop names the member's current boot id),
-leases nothing an order forbids (`_room_orders`), and every member starts no leased item of a
-pool held on it (`_may_start`). A member ordered to stop exits (the `Exit` effect) once its runs
+leases nothing an order forbids (`Orders.room`), and every member starts no leased item of a
+pool held on it (`Orders.may_start`). A member ordered to stop exits (the `Exit` effect) once its runs
 have ended and their results are committed, or once its grace is over.
 
 Finish hooks: when an entry ends a job that has a `notify` URL, the leader (only it) hands the
@@ -15,79 +15,81 @@ once, and may come twice across a failover; the key tells a receiver it is the s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from meshjobs import limits
+from meshjobs.control import Answer
 from meshjobs.fleetctl import pools_view
-from meshjobs.node.events import Exit, Notify
+from meshjobs.node.events import Exit, NodeConfig, Notify
 from meshjobs.node.feed import named_jobs
 
 
 class Orders:
-    """Mixed into JobNode: pool and member orders, and finish hooks."""
+    """A part of the node: pool and member orders as this member carries them out. It owns
+    whether its exit was asked for; it is given the config, the table, the boot id the leader
+    knows of each member, the node's counter and the way out for its `Exit` effect."""
 
-    def _init_orders(self) -> None:
-        self._exit_sent = False
+    def __init__(self, cfg: NodeConfig, table: Any, boot_of: Callable[[str], str],
+                 count: Callable[[str], None], emit: Callable[[Any], None]) -> None:
+        self.cfg = cfg
+        self.table = table
+        self._boot_of = boot_of
+        self._count = count
+        self._emit = emit
+        self.exit_sent = False
 
     # --- orders, at the leader ----------------------------------------------------------------
 
-    def _known_members(self) -> set[str]:
+    def _known_members(self, members: Iterable[str]) -> set[str]:
         ctl = self.table.ctl
-        return ({self.cfg.member} | set(self.cfg.voters) | set(self.roster.known)
+        return ({self.cfg.member} | set(self.cfg.voters) | set(members)
                 | set(ctl.drained) | set(ctl.stops))
 
-    def _boot_of(self, name: str) -> str:
-        return self.roster.boot_of(name)
-
-    def _order_entry(self, token: int, req: dict, entry: dict) -> bool:
-        """Fill in the entry of a pool or member order; False (answered) when it is refused."""
-        known = self._known_members()
+    def entry(self, req: dict, entry: dict, offered: set[str],
+              members: Iterable[str]) -> Answer | None:
+        """Fill in the entry of a pool or member order (`offered`: the pools some member
+        offers; `members`: those the leader knows of); the refusal when it is refused."""
+        known = self._known_members(members)
         if req["op"] == "pool":
             pool, member = req["pool"], req["member"]
-            if pool not in self._pools() and pool not in self.table.ctl.pools_named():
-                pools = ", ".join(sorted(self._pools())) or "no pools"
-                self._reply(token, 404, {"error": f"unknown pool {pool!r}: this fleet has {pools} "
-                                                  "(see meshctl pools)"})
-                return False
+            if pool not in offered and pool not in self.table.ctl.pools_named():
+                pools = ", ".join(sorted(offered)) or "no pools"
+                return Answer(404, {"error": f"unknown pool {pool!r}: this fleet has {pools} "
+                                             "(see meshctl pools)"})
             if member is not None and member not in known:
-                self._reply(token, 404, {"error": f"no member {member!r} in this fleet (see "
-                                                  "meshctl fleet)"})
-                return False
+                return Answer(404, {"error": f"no member {member!r} in this fleet (see "
+                                             "meshctl fleet)"})
             entry.update({"a": req["action"], "pool": pool})
             if member is not None:
                 entry["member"] = member
             if "slots" in req:
                 entry["slots"] = req["slots"]
-            return True
+            return None
         name = req["name"]
         if name not in known:
-            self._reply(token, 404, {"error": f"no member {name!r} in this fleet (see meshctl "
-                                              "fleet)"})
-            return False
+            return Answer(404, {"error": f"no member {name!r} in this fleet (see meshctl "
+                                         "fleet)"})
         entry.update({"a": req["action"], "name": name})
         if req["action"] == "stop":
             boot = self._boot_of(name)
             if not boot:
-                self._reply(token, 409, {"error": f"member {name} has not reported to the leader "
-                                                  "since it came to lead (is it running?): see "
-                                                  "meshctl fleet, and try again"})
-                return False
+                return Answer(409, {"error": f"member {name} has not reported to the leader "
+                                             "since it came to lead (is it running?): see "
+                                             "meshctl fleet, and try again"})
             entry["boot"] = boot
             if req.get("grace_s") is not None:
                 entry["grace_ms"] = int(req["grace_s"] * 1000)
-        return True
+        return None
 
-    def _answer_order(self, token: int, outcome: dict, index: int) -> None:
-        from meshjobs.control import Answer
-
+    @staticmethod
+    def answer(outcome: dict) -> Answer:
+        """The answer to a committed pool or member order."""
         if not outcome.get("ok"):
-            answer = Answer(outcome.get("status", 409), {"error": outcome.get("error", "refused")})
-        else:
-            answer = Answer(200, {k: v for k, v in outcome.items() if k != "ok"})
-        self._answer(token, answer, index)
+            return Answer(outcome.get("status", 409), {"error": outcome.get("error", "refused")})
+        return Answer(200, {k: v for k, v in outcome.items() if k != "ok"})
 
-    def _room_orders(self, room: dict[str, dict[str, int]]) -> None:
+    def room(self, room: dict[str, dict[str, int]]) -> None:
         """No room on members drained or stopping, nor in pools held or drained on them."""
         ctl = self.table.ctl
         if not ctl.active():
@@ -103,32 +105,31 @@ class Orders:
 
     # --- orders, at every member ----------------------------------------------------------------
 
-    def _may_start(self, job: Any) -> bool:
+    def may_start(self, job: Any) -> bool:
         """Whether this member may start a leased item of `job` now."""
         ctl = self.table.ctl
         return not ctl.active() or not (ctl.pool_held(job.pool, self.cfg.member)
                                         or ctl.stopping(self.cfg.member, self.cfg.boot))
 
-    def _stop_check(self) -> None:
+    def stop_check(self, running: int, results_waiting: bool, now_ms: int) -> None:
         """Exit when ordered to stop: once every run has ended and its result is committed, or
         once the grace is over (the edge then cuts what still runs)."""
         ctl = self.table.ctl
-        if self._exit_sent or not ctl.stops or not ctl.stopping(self.cfg.member, self.cfg.boot):
+        if self.exit_sent or not ctl.stops or not ctl.stopping(self.cfg.member, self.cfg.boot):
             return
         _boot, t, grace_ms = ctl.stops[self.cfg.member]
-        running = sum(1 for ended in self._running.values() if not ended)
-        if not running and not self._results:
+        if not running and not results_waiting:
             why = "ordered to stop (meshctl member stop): its running items have ended"
-        elif grace_ms is not None and self.now_ms >= t + grace_ms:
+        elif grace_ms is not None and now_ms >= t + grace_ms:
             why = (f"ordered to stop (meshctl member stop): the grace of {grace_ms / 1000:g} s "
                    f"is over; {running} running item(s) cut, to be leased again elsewhere")
         else:
             return
-        self._exit_sent = True
+        self.exit_sent = True
         self._count("stop_ordered_exits")
-        self._out.append(Exit(why))
+        self._emit(Exit(why))
 
-    def _fleet_orders(self, members: dict[str, dict]) -> None:
+    def fleet_rows(self, members: dict[str, dict]) -> None:
         """Each member's row in the fleet view says whether it is drained or stopping, and
         gives its pools' effective slots (`pool slots` orders over its config)."""
         ctl = self.table.ctl
@@ -140,15 +141,16 @@ class Orders:
                 row["pools"] = ctl.effective(name, row["pools"])
                 row["slots"] = sum(row["pools"].values())
 
-    def _slots_here(self, pool: Any) -> int:
+    def slots_here(self, pool: Any) -> int:
         """How many items of `pool` (a configured pool) this member runs at once: its effective
         slots; with slots set to 0, its configured ones, so that what was leased before runs
         to its end as in a drain (the leader leases nothing more here)."""
         n = self.table.ctl.slots_of(pool.name, self.cfg.member, pool.slots)
         return n if n > 0 else pool.slots
 
-    def pools(self) -> dict:
-        """Per pool, fleet-wide: slots, free, running, pending, held and drained (GET /pools)."""
+    def pools(self, fleet: dict) -> dict:
+        """Per pool, fleet-wide: slots, free, running, pending, held and drained (GET /pools),
+        from the fleet view `fleet`."""
         leased: dict[str, dict[str, int]] = {}
         jobs = self.table.jobs
         for (jid, _i), (member, _boot) in self.table.leased.items():
@@ -157,7 +159,7 @@ class Orders:
         pending: dict[str, int] = {}
         for j in self.table.ready.values():
             pending[j.pool] = pending.get(j.pool, 0) + j.n_pending
-        return pools_view(self.fleet(), self.table.ctl, leased, pending)
+        return pools_view(fleet, self.table.ctl, leased, pending)
 
 
 class Notices:

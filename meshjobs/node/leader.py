@@ -66,7 +66,7 @@ class LeaderDuties:
             pools = room.get(member)
             if pools is not None and pool in pools:
                 pools[pool] -= 1
-        self._room_orders(room)
+        self.orders.room(room)
         return room
 
     def _note_run(self, pool: str, started_ms: Any, ended_ms: Any) -> None:
