@@ -749,7 +749,7 @@ def test_short_items_are_leased_ahead_and_run_slots_at_a_time() -> None:
     f.end(run, ran_ms=5)
     f.settle()
     ahead = -(-limits.lease_ahead_ms // 5)
-    assert f.node._ahead("default") == ahead
+    assert f.node.leadership.ahead("default") == ahead
     assert _leased_to_me(f) == 1 + ahead
     assert len(f.runs) == 2 and f.node.metrics()["items_running"] == 1, "one slot: one runs"
     # The next run starts as the current one ends, in the same round that proposes its result.
@@ -768,7 +768,7 @@ def test_long_items_are_not_leased_ahead() -> None:
     for _ in range(3):
         f.end(f.runs[-1], ran_ms=limits.lease_ahead_run_ms_max + 1)
         f.settle()
-    assert f.node._ahead("default") == 0
+    assert f.node.leadership.ahead("default") == 0
     assert _leased_to_me(f) == 2 and f.node.metrics()["items_running"] == 2
 
 

@@ -152,6 +152,6 @@ def test_run_time_average_weight_comes_from_limits(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(limits, "run_ms_average_weight_fraction", 0.5)
     node = _node()
-    node._note_run("p", 1_000, 1_100)
-    node._note_run("p", 1_000, 1_300)
-    assert node._run_ms["p"] == 200.0
+    node.leadership.note_run("p", 1_000, 1_100)
+    node.leadership.note_run("p", 1_000, 1_300)
+    assert node.leadership.run_ms["p"] == 200.0

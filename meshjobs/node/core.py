@@ -63,7 +63,7 @@ from meshjobs.node.events import (
 from meshjobs.node.feed import Feed
 from meshjobs.node.follow import Following
 from meshjobs.node.hooks import Notices, Orders
-from meshjobs.node.leader import LeaderDuties
+from meshjobs.node.leader import Leadership
 from meshjobs.node.members import Members
 from meshjobs.node.proposals import Proposals
 from meshjobs.node.ready import Ready
@@ -107,7 +107,7 @@ def _output_paths(job: Any, i: int) -> tuple[str | None, str | None]:
                  for p in (job.stdout_path, job.stderr_path))
 
 
-class JobNode(LeaderDuties, Following):
+class JobNode(Following):
     """One member's job node. Feed it with `step`, collect its effects with `take`."""
 
     def __init__(self, table: JobTable, config: NodeConfig, rng: random.Random) -> None:
@@ -118,7 +118,6 @@ class JobNode(LeaderDuties, Following):
         self.view = View()
         self._out: list[Any] = []
         self.proposals = Proposals(self._count, self._emit)
-        self._run_ms: dict[str, float] = {}  # pool -> moving average of its items' run times
         self._changes: dict[str, _Change] = {}
         self._forwarded: dict[str, _Change] = {}
         # token -> (member, rid, fingerprint) of a change another member forwarded here
@@ -130,7 +129,6 @@ class JobNode(LeaderDuties, Following):
         self._waiters: dict[str, list[tuple[int, bool, int, int | None]]] = {}
         # The feed of committed changes (`changes` op, GET /events).
         self.feed = Feed(table, self._count, self._reply)
-        self._inflight: dict[tuple[str, int], tuple[int, str, str]] = {}  # grant -> (ms, pool, member)
         self._running: dict[tuple[str, int, int], bool] = {}  # run -> ended
         self._results: dict[tuple[str, int, int], list] = {}
         self._result_from: dict[tuple[str, int, int], str] = {}
@@ -140,16 +138,11 @@ class JobNode(LeaderDuties, Following):
         self._awaiting_copies: dict[tuple, _Copies] = {}
         # Answers to forwarded changes, held until this member's table has the entry they name.
         self._parked: list[tuple[int, int, Answer, int]] = []
-        self._revoking: dict[tuple[str, int, int], int] = {}
         self._was_ready = False
         self._whole = False  # this member's table has caught up once since start (`_behind`)
         self._leader_seen_ms = 0  # a worker: when a frame from the leader itself last came
         self._leader_hint_ms = 0  # and when a voter last said who leads
         self.storage = Storage(self._count)
-        self._expiring: dict[str, int] = {}
-        self._rerunning: dict[tuple[str, int], int] = {}  # (job, run) -> when its rerun was proposed
-        self._cron_sent: dict[tuple[str, int], int] = {}  # (schedule, due) -> when its fire was proposed
-        self._next_expiry_ms = 0
         self._next_have_ms = 0
         self._links: dict[str, bool] = {}
         # Restoring blob_copies after a member is lost (copies.py).
@@ -161,6 +154,8 @@ class JobNode(LeaderDuties, Following):
         self.counts: dict[str, int] = {}
         self.orders = Orders(config, table, self.roster.boot_of, self._count, self._emit)
         self.notices = Notices(table, self._count, self._emit)
+        self.leadership = Leadership(config, table, self.roster, self.proposals, self.orders,
+                                     self.ring, self._count, self._emit, self._takes_no_work)
         self._handlers = self._handler_table()
 
     # --- stepping ---------------------------------------------------------------------------
@@ -670,7 +665,7 @@ class JobNode(LeaderDuties, Following):
         elif kind == "lease":
             hints: dict[str, list] = {}
             for g in e["g"]:
-                self._inflight.pop((g[0], g[1]), None)
+                self.leadership.leased(g[0], g[1])
                 m = self.roster.known.get(g[2])
                 if self._leading() and m is not None and m.role == "worker":
                     hints.setdefault(g[2], []).append([g[0], g[1]])
@@ -684,7 +679,7 @@ class JobNode(LeaderDuties, Following):
                 key = (r[0], r[1], r[2])
                 job = jobs.get(r[0])
                 if job is not None:
-                    self._note_run(job.pool, r[8], r[9])
+                    self.leadership.note_run(job.pool, r[8], r[9])
                 self._results.pop(key, None)
                 self._results_sent.pop(key, None)
                 self._result_from.pop(key, None)
@@ -697,7 +692,7 @@ class JobNode(LeaderDuties, Following):
                     self.recopies.item(job, r[1], self.now_ms, self._links)
         elif kind == "revoke":
             for lease in e["l"]:
-                self._revoking.pop(tuple(lease), None)
+                self.leadership.revoked(tuple(lease))
         elif kind == "forget":
             self._out.append(Unpin(e["id"]))
         elif kind == "bulk" and e.get("op") == "forget":
@@ -706,7 +701,7 @@ class JobNode(LeaderDuties, Following):
                     self._out.append(Unpin(job_id))
         elif kind == "expire":
             for job_id in out["expired"]:
-                self._expiring.pop(job_id, None)
+                self.leadership.expired(job_id)
                 self._out.append(Unpin(job_id))
 
     def _ended(self, ev: ItemEnded) -> None:
@@ -927,6 +922,63 @@ class JobNode(LeaderDuties, Following):
                                  else pool.user if pool is not None else None,
                                  job.inherit_env, *_output_paths(job, i)))
         self._stop_check()
+
+    # --- leading (leader.py) ---------------------------------------------------------------------
+
+    def _lead(self) -> None:
+        """A round of the leader's duties, each proposed through `proposals` in this order."""
+        self.notices.replay(self.view.term, self.now_ms)
+        if self.proposals.may_propose(self.now_ms):
+            self.leadership.propose_revokes(self.now_ms)
+            self.leadership.propose_leases(self.now_ms, self._frees_slot)
+            self._propose_results()
+            self.leadership.propose_expiry(self.now_ms)
+            self.leadership.propose_reruns(self.now_ms)
+            self._propose_cron()
+        self._recopy()
+        self.leadership.push_state(self.now_ms, self.view.term)
+
+    def _propose_cron(self) -> None:
+        self.leadership.propose_cron(self.now_ms)
+
+    def _recopy(self) -> None:
+        """Restore `blob_copies` of committed outputs after a member is lost (node/copies.py)."""
+        if self.cfg.blob_copies <= 1:
+            return
+        self.recopies.walk(self.now_ms, self.roster.lost(self._others(), self.now_ms), self._links)
+
+    def _alive(self, name: str, boot: str | None = None) -> bool:
+        """Is this member (in this incarnation, when `boot` is given) alive, as the leader sees it?"""
+        return self.roster.alive(name, self.now_ms, boot)
+
+    def _frees_slot(self, key: tuple[str, int, int]) -> bool:
+        """Has this run ended with its outputs copied (its slot is free before its result
+        commits)?"""
+        return key in self._results and key not in self._awaiting_copies
+
+    def _due_results(self, rows_max: int) -> list[list]:
+        """Results ready to go (their outputs on enough members) and not sent lately, marked
+        sent now: proposed by the leader, sent to it by any other member."""
+        now = self.now_ms
+        rows = []
+        for key, row in self._results.items():
+            if key in self._awaiting_copies:
+                continue
+            sent = self._results_sent.get(key)
+            if sent is not None and now - sent < limits.proposal_retry_ms:
+                continue
+            self._results_sent[key] = now
+            rows.append(row)
+            if len(rows) >= rows_max:
+                break
+        return rows
+
+    def _propose_results(self) -> None:
+        now = self.now_ms
+        rows = self._due_results(limits.result_batch_max)
+        if rows:
+            self._count("results_proposed", len(rows))
+            self.proposals.duty({"k": "result", "t": now, "r": rows})
 
     # --- orders (hooks.py) ----------------------------------------------------------------------
 

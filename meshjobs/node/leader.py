@@ -10,92 +10,120 @@ still missing, and the table's epochs and request ids make a repeat harmless.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from meshjobs import cron, limits, reruns
 from meshjobs.compact import entry_item_count
-from meshjobs.node.events import Send
+from meshjobs.node.catchup import CatchUpRing
+from meshjobs.node.events import NodeConfig, Send
+from meshjobs.node.hooks import Orders
+from meshjobs.node.members import Members
+from meshjobs.node.proposals import Proposals
+from meshjobs.table import JobTable
 
 
-class LeaderDuties:
-    """Mixed into JobNode: what the node does while it leads."""
+class Leadership:
+    """A part of the node: what it does while it leads. It owns what the leader has proposed
+    and not yet seen committed (leases, revokes, expiries, re-runs, schedule fires) and each
+    pool's typical run time; it is given the config, the table, the other parts it proposes
+    through or reads (members, proposals, orders, the catch-up ring), the node's counter, the
+    way out for its frames, and whether this member takes work now."""
 
-    # --- members ---------------------------------------------------------------------------------
+    def __init__(self, cfg: NodeConfig, table: JobTable, roster: Members, proposals: Proposals,
+                 orders: Orders, ring: CatchUpRing, count: Callable[..., None],
+                 emit: Callable[[Any], None], takes_no_work: Callable[[], bool]) -> None:
+        self.cfg = cfg
+        self.table = table
+        self.roster = roster
+        self.proposals = proposals
+        self.orders = orders
+        self.ring = ring
+        self._count = count
+        self._emit = emit
+        self._takes_no_work = takes_no_work
+        self.run_ms: dict[str, float] = {}  # pool -> moving average of its items' run times
+        self.inflight: dict[tuple[str, int], tuple[int, str, str]] = {}  # grant -> (ms, pool, member)
+        self._revoking: dict[tuple[str, int, int], int] = {}
+        self._expiring: dict[str, int] = {}
+        self._rerunning: dict[tuple[str, int], int] = {}  # (job, run) -> when its rerun was proposed
+        self._cron_sent: dict[tuple[str, int], int] = {}  # (schedule, due) -> when its fire was proposed
+        self._next_expiry_ms = 0
 
-    def _alive(self, name: str, boot: str | None = None) -> bool:
-        """Is this member (in this incarnation, when `boot` is given) alive, as the leader sees it?"""
-        return self.roster.alive(name, self.now_ms, boot)
+    # --- what committed entries say -------------------------------------------------------------
 
-    def _ahead(self, pool: str) -> int:
+    def leased(self, jid: str, i: int) -> None:
+        """A lease of item i of job jid committed: it is no longer in flight."""
+        self.inflight.pop((jid, i), None)
+
+    def revoked(self, lease: tuple) -> None:
+        self._revoking.pop(lease, None)  # type: ignore[arg-type]
+
+    def expired(self, job_id: str) -> None:
+        self._expiring.pop(job_id, None)
+
+    # --- room ---------------------------------------------------------------------------------
+
+    def ahead(self, pool: str) -> int:
         """Items per slot leased ahead in `pool`: none until its items are known to be short
         (from the results committed lately), then as many as run in `lease_ahead_ms`."""
-        run_ms = self._run_ms.get(pool)
+        run_ms = self.run_ms.get(pool)
         if run_ms is None or run_ms > limits.lease_ahead_run_ms_max:
             return 0
         return min(limits.lease_ahead_per_slot_max,
                    max(1, math.ceil(limits.lease_ahead_ms / max(run_ms, 1.0))))
 
-    def _room(self) -> dict[str, dict[str, int]]:
+    def room(self, now_ms: int, frees_slot: Callable[[tuple[str, int, int]], bool]
+             ) -> dict[str, dict[str, int]]:
         """Room per member and pool: its slots (and the items leased ahead in a pool of short
         items), minus items leased to it that have not ended, minus leases proposed. An item
         that ended frees its slot at once, though its result is not committed yet; one whose
-        outputs are still being copied does not (a member whose copies fail stops there)."""
+        outputs are still being copied does not (a member whose copies fail stops there):
+        `frees_slot` says which runs ended so."""
         room: dict[str, dict[str, int]] = {}
 
         def cap(pools: dict[str, int]) -> dict[str, int]:
-            return {p: n * (1 + self._ahead(p)) for p, n in pools.items()}
+            return {p: n * (1 + self.ahead(p)) for p, n in pools.items()}
 
         if not self._takes_no_work():
             room[self.cfg.member] = cap(self.table.ctl.effective(
                 self.cfg.member, {p.name: p.slots for p in self.cfg.pools.values()}))
         for name, m in self.roster.known.items():
             if (name != self.cfg.member and not m.pressure and not m.disk_full
-                    and self._alive(name, m.boot)):
+                    and self.roster.alive(name, now_ms, m.boot)):
                 room[name] = cap(self.table.ctl.effective(name, m.pools))
-        jobs, results = self.table.jobs, self._results
+        jobs = self.table.jobs
         for (jid, i), (member, _boot) in self.table.leased.items():
             pools = room.get(member)
             if pools is not None:
                 job = jobs[jid]
                 key = (jid, i, job.epoch[i])
-                if key in results and key not in self._awaiting_copies:
+                if frees_slot(key):
                     continue
                 if job.pool in pools:
                     pools[job.pool] -= 1
-        for _sent, pool, member in self._inflight.values():
+        for _sent, pool, member in self.inflight.values():
             pools = room.get(member)
             if pools is not None and pool in pools:
                 pools[pool] -= 1
         self.orders.room(room)
         return room
 
-    def _note_run(self, pool: str, started_ms: Any, ended_ms: Any) -> None:
+    def note_run(self, pool: str, started_ms: Any, ended_ms: Any) -> None:
         """Keep each pool's typical run time (a moving average of committed results)."""
         if type(started_ms) is not int or type(ended_ms) is not int or not 0 < started_ms <= ended_ms:
             return
         ms = float(ended_ms - started_ms)
-        old = self._run_ms.get(pool)
-        self._run_ms[pool] = ms if old is None else old + limits.run_ms_average_weight_fraction * (ms - old)
+        old = self.run_ms.get(pool)
+        self.run_ms[pool] = ms if old is None else old + limits.run_ms_average_weight_fraction * (ms - old)
 
     # --- proposals ---------------------------------------------------------------------------------
 
-    def _lead(self) -> None:
-        self.notices.replay(self.view.term, self.now_ms)
-        if self.proposals.may_propose(self.now_ms):
-            self._propose_revokes()
-            self._propose_leases()
-            self._propose_results()
-            self._propose_expiry()
-            self._propose_reruns()
-            self._propose_cron()
-        self._recopy()
-        self._push_state()
-
-    def _propose_revokes(self) -> None:
-        now = self.now_ms
+    def propose_revokes(self, now_ms: int) -> None:
+        now = now_ms
         dead = []
         for (jid, i), (member, boot) in self.table.leased.items():
-            if self._alive(member, boot):
+            if self.roster.alive(member, now, boot):
                 continue
             key = (jid, i, self.table.jobs[jid].epoch[i])
             sent = self._revoking.get(key)
@@ -109,12 +137,13 @@ class LeaderDuties:
             self._count("revokes_proposed", len(dead))
             self.proposals.duty({"k": "revoke", "t": now, "l": dead})
 
-    def _propose_leases(self) -> None:
-        now = self.now_ms
-        for key, (sent, _pool, _member) in list(self._inflight.items()):
+    def propose_leases(self, now_ms: int,
+                       frees_slot: Callable[[tuple[str, int, int]], bool]) -> None:
+        now = now_ms
+        for key, (sent, _pool, _member) in list(self.inflight.items()):
             if now - sent >= limits.proposal_retry_ms:
-                del self._inflight[key]
-        room = self._room()
+                del self.inflight[key]
+        room = self.room(now, frees_slot)
         boots = {name: m.boot for name, m in self.roster.known.items()}
         boots[self.cfg.member] = self.cfg.boot
         pools = {p for free in room.values() for p, n in free.items() if n > 0}
@@ -127,7 +156,7 @@ class LeaderDuties:
             # Spread by load: of the members an item may go to (placement), the one with the
             # most free slots in this pool takes it.
             free = {n: room[n][pool] for n in room if room[n].get(pool, 0) > 0}
-            placed = self.table.place(pool, free, total, now, set(self._inflight), self.cfg.member)
+            placed = self.table.place(pool, free, total, now, set(self.inflight), self.cfg.member)
             for n, left in free.items():
                 room[n][pool] = left
             picked = [(jid, i) for jid, i, _member in placed]
@@ -140,7 +169,7 @@ class LeaderDuties:
                     member = max((n for n in room if room[n].get(pool, 0) > 0),
                                  key=lambda n: (room[n][pool], n == self.cfg.member, n))
                     room[member][pool] -= 1
-                self._inflight[(jid, i)] = (now, pool, member)
+                self.inflight[(jid, i)] = (now, pool, member)
                 grants.append([jid, i, member, boots[member]])
         if grants:
             self._count("leases_proposed", len(grants))
@@ -169,33 +198,9 @@ class LeaderDuties:
             out += [(e["id"], i) for i in range(min(n, count - len(out)))]
         return out
 
-    def _due_results(self, rows_max: int) -> list[list]:
-        """Results ready to go (their outputs on enough members) and not sent lately, marked
-        sent now: proposed by the leader, sent to it by any other member."""
-        now = self.now_ms
-        rows = []
-        for key, row in self._results.items():
-            if key in self._awaiting_copies:
-                continue
-            sent = self._results_sent.get(key)
-            if sent is not None and now - sent < limits.proposal_retry_ms:
-                continue
-            self._results_sent[key] = now
-            rows.append(row)
-            if len(rows) >= rows_max:
-                break
-        return rows
-
-    def _propose_results(self) -> None:
-        now = self.now_ms
-        rows = self._due_results(limits.result_batch_max)
-        if rows:
-            self._count("results_proposed", len(rows))
-            self.proposals.duty({"k": "result", "t": now, "r": rows})
-
-    def _propose_expiry(self) -> None:
+    def propose_expiry(self, now_ms: int) -> None:
         """Retention: forget the oldest finished jobs past `keep_s` or beyond `keep_jobs`."""
-        now = self.now_ms
+        now = now_ms
         keep_s, keep_jobs = self.cfg.keep_s, self.cfg.keep_jobs
         if now < self._next_expiry_ms or (keep_s is None and keep_jobs is None):
             return
@@ -220,11 +225,11 @@ class LeaderDuties:
             self._count("expiries_proposed", len(ids))
             self.proposals.duty({"k": "expire", "t": now, "ids": ids})
 
-    def _propose_reruns(self) -> None:
+    def propose_reruns(self, now_ms: int) -> None:
         """Automatic re-runs whose time has come (meshjobs.reruns): each proposed once, and
         again only after `proposal_retry_ms` (the entry names its run: a second one that
         commits is refused as stale)."""
-        now = self.now_ms
+        now = now_ms
         for key, sent in list(self._rerunning.items()):
             if now - sent >= limits.proposal_retry_ms:
                 del self._rerunning[key]
@@ -237,29 +242,21 @@ class LeaderDuties:
             for e in entries:
                 self.proposals.duty(e)
 
-    # --- copies lost with a member ------------------------------------------------------------------
-
-    def _recopy(self) -> None:
-        """Restore `blob_copies` of committed outputs after a member is lost (node/copies.py)."""
-        if self.cfg.blob_copies <= 1:
-            return
-        self.recopies.walk(self.now_ms, self.roster.lost(self._others(), self.now_ms), self._links)
-
     # --- worker members' tables --------------------------------------------------------------------
 
-    def _push_state(self) -> None:
+    def push_state(self, now_ms: int, term: int) -> None:
         """Send each worker the committed entries it does not have yet (F_JOB_STATE), from the
         ring of recent entries, or the whole table when it is further behind than the ring."""
         applied = self.table.applied_index
         for m in self.roster.known.values():
-            if m.role != "worker" or not self._alive(m.name, m.boot):
+            if m.role != "worker" or not self.roster.alive(m.name, now_ms, m.boot):
                 continue
             behind = m.sent_upto < applied
-            if not behind and self.now_ms - m.sent_ms < limits.have_ms:
+            if not behind and now_ms - m.sent_ms < limits.have_ms:
                 continue
             # Caught up: an empty F_JOB_STATE every `have_ms` still tells the worker who leads
             # (and that its table is fresh).
-            body: dict[str, Any] = {"term": self.view.term, "leader": self.cfg.member}
+            body: dict[str, Any] = {"term": term, "leader": self.cfg.member}
             entries = self.ring.after(m.sent_upto, applied) if behind else []
             if behind and not entries:
                 entries = None  # the table moved on without entries in the ring (a snapshot)
@@ -273,19 +270,19 @@ class LeaderDuties:
                 body["entries"] = entries
                 if entries:
                     m.sent_upto = entries[-1][0]
-            m.sent_ms = self.now_ms
-            self._out.append(Send(m.name, "F_JOB_STATE", body, table=True))
+            m.sent_ms = now_ms
+            self._emit(Send(m.name, "F_JOB_STATE", body, table=True))
 
     # --- schedules --------------------------------------------------------------------------------
 
-    def _propose_cron(self) -> None:
+    def propose_cron(self, now_ms: int) -> None:
         """Fire each schedule's due run (meshjobs/cron.py): an entry naming the schedule and the
         due time; the table makes the run's job, once, whoever proposes it how often."""
         crons = self.table.crons
         if not crons:
             self._cron_sent.clear()
             return
-        now = self.now_ms
+        now = now_ms
         for key in [k for k in self._cron_sent
                     if k[0] not in crons or k[1] <= crons[k[0]].done_ms]:
             del self._cron_sent[key]
@@ -299,4 +296,4 @@ class LeaderDuties:
             self._cron_sent[(c.name, d)] = now
             self._count("cron_fires_proposed")
             self.proposals.duty({"k": "cron", "op": "fire", "t": now, "name": c.name,
-                                       "due": d})
+                                 "due": d})
