@@ -155,3 +155,21 @@ def test_run_time_average_weight_comes_from_limits(monkeypatch: pytest.MonkeyPat
     node.leadership.note_run("p", 1_000, 1_100)
     node.leadership.note_run("p", 1_000, 1_300)
     assert node.leadership.run_ms["p"] == 200.0
+
+
+PARTS = {"proposals": "Proposals", "feed": "Feed", "storage": "Storage", "recopies": "Recopies",
+         "roster": "Members", "ring": "CatchUpRing", "orders": "Orders", "notices": "Notices",
+         "follower": "Follower", "leadership": "Leadership"}
+
+
+def test_the_node_is_composed_of_parts_not_mixins() -> None:
+    """Rule: JobNode inherits nothing; its parts are plain classes that own their state and
+    hold no reference to the node itself (they get the table, other parts and callbacks)."""
+    assert JobNode.__bases__ == (object,)
+    node = _node()
+    for attr, cls_name in PARTS.items():
+        part = getattr(node, attr)
+        assert type(part).__name__ == cls_name
+        assert type(part).__bases__ == (object,), cls_name
+        for name, value in vars(part).items():
+            assert value is not node, f"{cls_name}.{name} is the node"

@@ -339,7 +339,7 @@ class HintFreshNode(JobNode):
                 and type(body.get("term")) is int and body["term"] >= self.view.term
                 and isinstance(body.get("leader"), str)):
             self.view = View(term=body["term"], leader=body["leader"], is_leader=False, ready=True)
-            self._leader_seen_ms = self.now_ms
+            self.follower.leader_seen_ms = self.now_ms
 
 
 @pytest.mark.parametrize("seed", (1, 2, 3))

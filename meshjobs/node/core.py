@@ -52,6 +52,7 @@ from meshjobs.node.events import (
     PeerLink,
     Pin,
     Pressure,
+    Reply,
     Run,
     Send,
     Tick,
@@ -61,7 +62,7 @@ from meshjobs.node.events import (
     spec_digest,
 )
 from meshjobs.node.feed import Feed
-from meshjobs.node.follow import Following
+from meshjobs.node.follow import Follower
 from meshjobs.node.hooks import Notices, Orders
 from meshjobs.node.leader import Leadership
 from meshjobs.node.members import Members
@@ -101,13 +102,19 @@ def _other_request(fp: str | None, seen_fp: Any) -> bool:
     return fp is not None and seen_fp is not None and seen_fp != fp
 
 
+def _rows_ok(rows: Any) -> bool:
+    return isinstance(rows, list) and len(rows) <= limits.result_batch_max and all(
+        isinstance(r, list) and 10 <= len(r) <= 12 and isinstance(r[0], str) and type(r[1]) is int
+        and type(r[2]) is int for r in rows)
+
+
 def _output_paths(job: Any, i: int) -> tuple[str | None, str | None]:
     """The paths item `i` of `job` also writes its stdout and stderr to (`{index}` filled in)."""
     return tuple(None if p is None else p.replace(OUTPUT_INDEX, str(i))  # type: ignore[return-value]
                  for p in (job.stdout_path, job.stderr_path))
 
 
-class JobNode(Following):
+class JobNode:
     """One member's job node. Feed it with `step`, collect its effects with `take`."""
 
     def __init__(self, table: JobTable, config: NodeConfig, rng: random.Random) -> None:
@@ -140,10 +147,7 @@ class JobNode(Following):
         self._parked: list[tuple[int, int, Answer, int]] = []
         self._was_ready = False
         self._whole = False  # this member's table has caught up once since start (`_behind`)
-        self._leader_seen_ms = 0  # a worker: when a frame from the leader itself last came
-        self._leader_hint_ms = 0  # and when a voter last said who leads
         self.storage = Storage(self._count)
-        self._next_have_ms = 0
         self._links: dict[str, bool] = {}
         # Restoring blob_copies after a member is lost (copies.py).
         self.recopies = Recopies(config, table, self._count, self._emit)
@@ -154,6 +158,8 @@ class JobNode(Following):
         self.counts: dict[str, int] = {}
         self.orders = Orders(config, table, self.roster.boot_of, self._count, self._emit)
         self.notices = Notices(table, self._count, self._emit)
+        self.follower = Follower(config, table, self._count, self._emit, self._set_view,
+                                 self._applied)
         self.leadership = Leadership(config, table, self.roster, self.proposals, self.orders,
                                      self.ring, self._count, self._emit, self._takes_no_work)
         self._handlers = self._handler_table()
@@ -195,7 +201,7 @@ class JobNode(Following):
         if ev.term != self.view.term or not ev.is_leader:
             self.proposals.new_reign()
         if ev.leader is not None:
-            self._leader_seen_ms = self.now_ms
+            self.follower.leader_seen_ms = self.now_ms
         if ev.leader != self.view.leader:
             for ch in self._forwarded.values():
                 ch.sent_ms = -limits.proposal_retry_ms  # to the new leader at once
@@ -923,6 +929,158 @@ class JobNode(Following):
                                  job.inherit_env, *_output_paths(job, i)))
         self._stop_check()
 
+    # --- frames between members, seen from both ends --------------------------------------------
+    # Frames are hints that make things faster; none is needed for correctness (follow.py).
+
+    def _frame(self, peer: str, ftype: str, body: Any) -> None:
+        self._count("frames_in_" + ftype)
+        handler = {
+            "F_JOB_HAVE": self._on_have,
+            "F_JOB_STATE": self._on_state,
+            "F_LEASE": lambda _peer, body: self.follower.on_lease(body),
+            "F_RESULT": self._on_result,
+            "F_CTL": self._on_ctl,
+            "F_CTL_REPLY": self._on_ctl_reply,
+        }.get(ftype)
+        if handler is None:
+            self._count("frames_unhandled")
+            return
+        handler(peer, body)
+
+    def _on_have(self, peer: str, body: Any) -> None:
+        if self._leading():
+            self.roster.have(peer, body, self.now_ms)
+        elif self.cfg.role == "voter" and isinstance(body, dict) and body.get("role") == "worker":
+            # Tell a worker who leads, so that it reports there.
+            self._out.append(Send(peer, "F_JOB_STATE", {
+                "term": self.view.term, "leader": self.view.leader, "voters": list(self.cfg.voters)}))
+
+    def _on_result(self, peer: str, body: Any) -> None:
+        rows = body.get("r") if isinstance(body, dict) else None
+        if not _rows_ok(rows):
+            self._count("frames_bad_result")
+            return
+        if not self._leading():
+            return  # the member sends it again to whoever leads
+        for r in rows:
+            key = (r[0], r[1], r[2])
+            if key not in self._results and self.table.lease_current(*key):
+                self._results[key] = r
+                self._result_from[key] = peer
+
+    def _on_ctl(self, peer: str, body: Any) -> None:
+        if not isinstance(body, dict) or not isinstance(body.get("rid"), str):
+            self._count("frames_bad_ctl")
+            return
+        self._next_remote -= 1
+        token = self._next_remote
+        req = body.get("req")
+        fp = req.get("fp") if isinstance(req, dict) else None
+        self._remote[token] = (peer, body["rid"], fp if isinstance(fp, str) else None)
+        self._ctl(token, body.get("req"), forwarded=True)
+
+    def _on_ctl_reply(self, peer: str, body: Any) -> None:
+        if not isinstance(body, dict) or type(body.get("status")) is not int:
+            self._count("frames_bad_ctl_reply")
+            return
+        ch = self._forwarded.get(body.get("rid"))
+        if ch is None:
+            return  # answered already (a duplicate, or after our deadline)
+        if "fp" in body and body["fp"] != ch.fp:
+            # A late answer to an earlier request under the same key (one that timed out
+            # here), not to the change waiting now: that one must not get its answer.
+            self._count("ctl_replies_of_another_request")
+            return
+        del self._forwarded[body["rid"]]
+        index = body.get("index")
+        index = index if type(index) is int else 0
+        for token in ch.tokens:
+            answer = Answer(body["status"], body.get("body"))
+            if index > self.table.applied_index:
+                # Read your writes: the client's next read here must see its change, so the
+                # answer waits until this member's table has the entry (or a deadline passes).
+                self._parked.append((index, token, answer, self.now_ms + limits.ctl_commit_ms_max))
+            else:
+                self._answer(token, answer)
+
+    def _release_parked(self) -> None:
+        if not self._parked:
+            return
+        keep = []
+        for index, token, answer, deadline in self._parked:
+            if index <= self.table.applied_index or deadline <= self.now_ms:
+                self._answer(token, answer)
+            else:
+                keep.append((index, token, answer, deadline))
+        self._parked = keep
+
+    def _forward(self, token: int, req: dict) -> None:
+        """A change asked of a member that does not lead: send it to the leader (F_CTL)."""
+        leader = self.view.leader
+        if leader is None or leader == self.cfg.member:
+            self._count("ctl_no_leader")
+            self._reply(token, 503, {"error": "no leader: the fleet cannot commit changes now "
+                                              "(an election is under way, or a majority of voters "
+                                              "is unreachable); try again shortly"})
+            return
+        rid = req["rid"]
+        ch = self._forwarded.get(rid)
+        if ch is not None:
+            ch.tokens.append(token)
+            return
+        self._forwarded[rid] = self._new_change([token], req["op"], req.get("id"), req)
+        self._forwarded[rid].sent_ms = self.now_ms
+        # Forwarded changes are re-sent (same request id) when the leader changes, and every
+        # `ctl_resend_ms` while unanswered: a frame to a leader that just died is lost.
+        self._count("ctl_forwarded")
+        self._out.append(Send(leader, "F_CTL", {"rid": rid, "req": req}))
+
+    def _answer(self, token: int, answer: Answer, index: int = 0) -> None:
+        """Every answer goes out here: to a local client, or back to the member that forwarded
+        the request (F_CTL_REPLY, with the log index of the entry it depends on)."""
+        remote = self._remote.pop(token, None)
+        if remote is None:
+            self._out.append(Reply(token, answer))
+        else:
+            peer, rid, fp = remote
+            # The fingerprint says which request under this key the answer is for.
+            self._out.append(Send(peer, "F_CTL_REPLY", {"rid": rid, "fp": fp,
+                                                        "status": answer.status,
+                                                        "body": answer.body, "index": index}))
+
+    def _on_state(self, peer: str, body: Any) -> None:
+        self.follower.on_state(peer, body, self.view, self.now_ms)
+
+    def _set_view(self, view: View) -> None:
+        self.view = view
+
+    def _follow(self) -> None:
+        """What every non-leader does each round: follow the leader (follow.py), and send it
+        this member's results and the changes forwarded to it that are still unanswered."""
+        now = self.now_ms
+        leader = self.follower.follow(self.view, now, self._have_report)
+        if leader is None:
+            return
+        rows = self._due_results(len(self._results))
+        for k in range(0, len(rows), limits.result_batch_max):
+            self._out.append(Send(leader, "F_RESULT", {"r": rows[k:k + limits.result_batch_max]}))
+        for rid, ch in self._forwarded.items():
+            if now - ch.sent_ms >= limits.ctl_resend_ms:
+                ch.sent_ms = now
+                self._out.append(Send(leader, "F_CTL", {"rid": rid, "req": ch.req}))
+
+    def _have_report(self) -> dict:
+        """This member's report to the leader (F_JOB_HAVE)."""
+        return {
+            "boot": self.cfg.boot, "role": self.cfg.role, "pos": self.table.applied_index,
+            "pools": {} if self._takes_no_work() else {
+                p.name: p.slots for p in self.cfg.pools.values()},
+            "pressure": self.storage.pressure,
+            "disk_full": self.storage.disk_full,
+            "blob_bytes": self.storage.blob_bytes,
+            "running": sum(1 for ended in self._running.values() if not ended),
+        }
+
     # --- leading (leader.py) ---------------------------------------------------------------------
 
     def _lead(self) -> None:
@@ -1076,7 +1234,7 @@ class JobNode(Following):
                 self.cfg.role == "voter" or self.view.ready)),
             "term": self.view.term,
             "applied_index": self.table.applied_index,
-            "leader_seen_ms_ago": (self.now_ms - self._leader_seen_ms) if self._leader_seen_ms else None,
+            "leader_seen_ms_ago": (self.now_ms - self.follower.leader_seen_ms) if self.follower.leader_seen_ms else None,
             # Fresh: this member's table follows a leader it hears from. A member cut off from
             # the leader still answers reads from its table, but says they may be stale.
             "fresh": self._fresh(),
@@ -1091,8 +1249,8 @@ class JobNode(Following):
         if self.cfg.role == "worker":
             # Fresh only from the leader itself: a follower's hint of who leads says nothing of
             # whether this member's table still hears the leader's entries.
-            return (self.view.ready and self._leader_seen_ms > 0
-                    and self.now_ms - self._leader_seen_ms <= self.cfg.dead_ms)
+            return (self.view.ready and self.follower.leader_seen_ms > 0
+                    and self.now_ms - self.follower.leader_seen_ms <= self.cfg.dead_ms)
         return True
 
     def metrics(self) -> dict:
