@@ -37,6 +37,7 @@ PURE_SIBLINGS = frozenset({"meshjobs", "meshjobs.limits", "meshjobs.table", "mes
                            "meshjobs.node.ready", "meshjobs.node.proposals",
                            "meshjobs.node.catchup", "meshjobs.node.copies",
                            "meshjobs.node.storage", "meshjobs.node.members",
+                           "meshjobs.node.runs",
                            "meshjobs.reruns", "meshjobs.watchplan", "meshjobs.watchplan.config",
                            "meshjobs.watchplan.plan"})
 # What a module may use of `random`: the type name, never a call.

@@ -68,8 +68,9 @@ from meshjobs.node.leader import Leadership
 from meshjobs.node.members import Members
 from meshjobs.node.proposals import Proposals
 from meshjobs.node.ready import Ready
+from meshjobs.node.runs import Runs
 from meshjobs.node.storage import Storage
-from meshjobs.table import DONE, FAILED, RID_REUSED, TIMEOUT, JobTable
+from meshjobs.table import RID_REUSED, JobTable
 
 
 @dataclass
@@ -136,10 +137,7 @@ class JobNode:
         self._waiters: dict[str, list[tuple[int, bool, int, int | None]]] = {}
         # The feed of committed changes (`changes` op, GET /events).
         self.feed = Feed(table, self._count, self._reply)
-        self._running: dict[tuple[str, int, int], bool] = {}  # run -> ended
-        self._results: dict[tuple[str, int, int], list] = {}
-        self._result_from: dict[tuple[str, int, int], str] = {}
-        self._results_sent: dict[tuple[str, int, int], int] = {}
+        self.runs = Runs(self._count)  # items running here, results not yet committed
         # Results (job, index, epoch) and submits ("in", rid) waiting for their blobs to be on
         # enough members.
         self._awaiting_copies: dict[tuple, _Copies] = {}
@@ -686,9 +684,7 @@ class JobNode:
                 job = jobs.get(r[0])
                 if job is not None:
                     self.leadership.note_run(job.pool, r[8], r[9])
-                self._results.pop(key, None)
-                self._results_sent.pop(key, None)
-                self._result_from.pop(key, None)
+                self.runs.committed(key)
                 self._awaiting_copies.pop(key, None)
                 if (self.recopies.lost and job is not None and self._leading()
                         and self.recopies.has_room()
@@ -711,29 +707,12 @@ class JobNode:
                 self._out.append(Unpin(job_id))
 
     def _ended(self, ev: ItemEnded) -> None:
-        key = (ev.job_id, ev.index, ev.epoch)
-        if key not in self._running:
-            self._count("ends_unknown")
+        key = self.runs.ended(ev)
+        if key is None:
             return
-        self._running[key] = True
         # The outputs are pinned for the job already: the blob writers pin them in the same
         # transaction that stores them (and the empty payload is pinned for good).
         outs = tuple(d for d in (ev.stdout, ev.stderr) if d is not None)
-        if ev.state == "cut":
-            return
-        code = {"done": DONE, "failed": FAILED, "timeout": TIMEOUT}.get(ev.state)
-        if code is None:
-            raise AssertionError(f"driver reported unknown state {ev.state!r}")
-        self._results[key] = [
-            ev.job_id, ev.index, ev.epoch, code, ev.rc, ev.signal,
-            None if ev.stdout is None else bytes.fromhex(ev.stdout),
-            None if ev.stderr is None else bytes.fromhex(ev.stderr),
-            ev.started_ms, ev.ended_ms,
-        ]
-        if ev.error:
-            # Why it failed without running (the program is missing, say): kept with the result,
-            # cut to a bounded length.
-            self._results[key].append(ev.error[:limits.item_error_chars_max])
         to_copy = tuple(sorted(set(outs) - {EMPTY_DIGEST}))
         if to_copy and self.cfg.blob_copies > 1 and self._others():
             self._awaiting_copies[key] = _Copies(ev.job_id, to_copy)
@@ -767,7 +746,7 @@ class JobNode:
         for key, copies in list(self._awaiting_copies.items()):
             if len(copies.have) >= need:
                 del self._awaiting_copies[key]
-                row = self._results.get(key)
+                row = self.runs.results.get(key)
                 if row is not None and copies.have:
                     # The result names who confirmed copies, so that the table knows where its
                     # outputs are when a member is lost (see copies.py).
@@ -887,11 +866,9 @@ class JobNode:
 
     def _follow_own_leases(self) -> None:
         table = self.table
-        for key, ended in list(self._running.items()):
+        for key in list(self.runs.running):
             if not table.lease_current(*key):
-                del self._running[key]
-                self._results.pop(key, None)
-                self._results_sent.pop(key, None)
+                ended = self.runs.gone(key)
                 self._awaiting_copies.pop(key, None)
                 if not ended:
                     self._out.append(Cut(*key))
@@ -899,13 +876,13 @@ class JobNode:
         # is safe to run whatever the member's role; leases of earlier boots are revoked. At
         # most a pool's slots run at once: items leased ahead wait here, in lease order.
         busy: dict[str, int] = {}
-        for (jid, _i, _epoch), ended in self._running.items():
+        for (jid, _i, _epoch), ended in self.runs.running.items():
             if not ended:
                 pool_name = table.jobs[jid].pool
                 busy[pool_name] = busy.get(pool_name, 0) + 1
         for jid, i, epoch, boot in table.leases_of(self.cfg.member):
             key = (jid, i, epoch)
-            if boot != self.cfg.boot or key in self._running:
+            if boot != self.cfg.boot or key in self.runs.running:
                 continue
             job = table.jobs[jid]
             if not self.orders.may_start(job):
@@ -919,7 +896,7 @@ class JobNode:
             if pool is not None and pool.runtime_s is not None:
                 runtime = pool.runtime_s if runtime is None else min(runtime, pool.runtime_s)
             stdin = job.stdin[i]
-            self._running[key] = False
+            self.runs.started(key)
             self._count("runs_started")
             self._out.append(Run(jid, i, epoch, list(job.argv), dict(job.env), job.cwd,
                                  None if stdin is None else stdin.hex(), runtime,
@@ -964,9 +941,8 @@ class JobNode:
             return  # the member sends it again to whoever leads
         for r in rows:
             key = (r[0], r[1], r[2])
-            if key not in self._results and self.table.lease_current(*key):
-                self._results[key] = r
-                self._result_from[key] = peer
+            if key not in self.runs.results and self.table.lease_current(*key):
+                self.runs.from_member(key, r, peer)
 
     def _on_ctl(self, peer: str, body: Any) -> None:
         if not isinstance(body, dict) or not isinstance(body.get("rid"), str):
@@ -1061,7 +1037,7 @@ class JobNode:
         leader = self.follower.follow(self.view, now, self._have_report)
         if leader is None:
             return
-        rows = self._due_results(len(self._results))
+        rows = self._due_results(len(self.runs.results))
         for k in range(0, len(rows), limits.result_batch_max):
             self._out.append(Send(leader, "F_RESULT", {"r": rows[k:k + limits.result_batch_max]}))
         for rid, ch in self._forwarded.items():
@@ -1078,7 +1054,7 @@ class JobNode:
             "pressure": self.storage.pressure,
             "disk_full": self.storage.disk_full,
             "blob_bytes": self.storage.blob_bytes,
-            "running": sum(1 for ended in self._running.values() if not ended),
+            "running": self.runs.running_count(),
         }
 
     # --- leading (leader.py) ---------------------------------------------------------------------
@@ -1110,26 +1086,11 @@ class JobNode:
         return self.roster.alive(name, self.now_ms, boot)
 
     def _frees_slot(self, key: tuple[str, int, int]) -> bool:
-        """Has this run ended with its outputs copied (its slot is free before its result
-        commits)?"""
-        return key in self._results and key not in self._awaiting_copies
+        return self.runs.frees_slot(key, self._awaiting_copies)
 
     def _due_results(self, rows_max: int) -> list[list]:
-        """Results ready to go (their outputs on enough members) and not sent lately, marked
-        sent now: proposed by the leader, sent to it by any other member."""
-        now = self.now_ms
-        rows = []
-        for key, row in self._results.items():
-            if key in self._awaiting_copies:
-                continue
-            sent = self._results_sent.get(key)
-            if sent is not None and now - sent < limits.proposal_retry_ms:
-                continue
-            self._results_sent[key] = now
-            rows.append(row)
-            if len(rows) >= rows_max:
-                break
-        return rows
+        """Results ready to go, marked sent now (runs.py)."""
+        return self.runs.due(rows_max, self.now_ms, self._awaiting_copies)
 
     def _propose_results(self) -> None:
         now = self.now_ms
@@ -1144,8 +1105,8 @@ class JobNode:
         return self.orders.slots_here(pool)
 
     def _stop_check(self) -> None:
-        running = sum(1 for ended in self._running.values() if not ended)
-        self.orders.stop_check(running, bool(self._results), self.now_ms)
+        running = self.runs.running_count()
+        self.orders.stop_check(running, bool(self.runs.results), self.now_ms)
 
     def pools(self) -> dict:
         """Per pool, fleet-wide: slots, free, running, pending, held and drained (GET /pools)."""
@@ -1182,7 +1143,7 @@ class JobNode:
         return {**self.fleet(), "partial": True}
 
     def fleet(self) -> dict:
-        running = sum(1 for ended in self._running.values() if not ended)
+        running = self.runs.running_count()
         me = {
             "name": self.cfg.member,
             "role": self._role(self.cfg.member),
@@ -1259,7 +1220,7 @@ class JobNode:
         m["jobs"] = len(self.table.jobs)
         m["jobs_forgotten_total"] = len(self.table.forgotten)
         m["items_leased"] = len(self.table.leased)
-        m["items_running"] = sum(1 for ended in self._running.values() if not ended)
+        m["items_running"] = self.runs.running_count()
         m["changes_in_flight"] = len(self._changes) + len(self._forwarded)
         m["raft_term"] = self.view.term
         m["is_leader"] = 1 if self.view.is_leader else 0
