@@ -158,7 +158,8 @@ def parse_env(value: object) -> dict[str, str]:
         raise ControlError(400, f"env has more than {limits.env_items_max} variables")
     total = 0
     for k, v in value.items():
-        if not isinstance(k, str) or not ENV_NAME_RE.fullmatch(k) or len(k) > 256:
+        if (not isinstance(k, str) or not ENV_NAME_RE.fullmatch(k)
+                or len(k) > limits.env_name_chars_max):
             raise ControlError(400, f"bad environment variable name {str(k)[:80]!r}")
         _str(v, f"env[{k}]", limits.env_bytes_max)
         total += len(k) + len(v)

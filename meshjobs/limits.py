@@ -13,6 +13,7 @@ argv_items_max = 4096  # arguments of one job's program
 argv_bytes_max = 256 * 1024  # all arguments together, UTF-8
 env_items_max = 256  # extra environment variables of one job
 env_bytes_max = 64 * 1024  # all of them together
+env_name_chars_max = 256  # the name of one of them
 tags_max = 32  # tags of one job
 tag_chars_max = 64  # one tag
 pool_chars_max = 64  # a pool name
@@ -77,6 +78,14 @@ http_log_window_s = 10  # ...of this length; the rest are counted and summed up 
 ctl_commit_ms_max = 10_000  # a change not committed by then is answered 503 (no leader/quorum)
 ctl_pending_max = 100_000  # changes waiting for their commit at once; more are answered 503
 ctl_queue_max = 10_000  # requests queued from HTTP to the jobs thread
+# The shortest wait of HTTP for an answer of the jobs thread: a change may wait up to
+# ctl_commit_ms_max for its commit, so the HTTP side waits that long plus this slack.
+http_ctl_slack_ms = 2_000
+http_shutdown_s = 1.0  # at stop, requests being answered get this long to finish
+http_login_fields_max = 8  # fields of a login form (token, next and a few a browser may add)
+http_json_thread_bytes_min = 1 << 20  # a JSON body this large is parsed off the event loop
+http_fqdn_s_max = 2.0  # looking up this machine's fully qualified name (a resolver may hang)
+history_since_chars_max = 32  # a history query's since= (seconds since the epoch, a number)
 rid_chars_max = 128  # a request id (idempotency key)
 rids_remembered_max = 100_000  # request ids the table remembers to dedupe retried changes
 forgotten_ids_max = 100_000  # tombstones of forgotten job ids the table keeps (oldest dropped first)
@@ -177,6 +186,10 @@ member_names_max = 4_096  # distinct member names the table shares one string fo
 have_ms = 250  # members report what they have (F_JOB_HAVE) this often
 frame_parts_max = 256  # a body too large for one frame travels in at most this many parts
 frame_assemblies_max = 8  # bodies in parts being put back together at once
+# A body whose msgpack is larger than this travels in parts of this size (frames.Chunker); the
+# room left in its frame is for the part's own fields, the header and the tag.
+frame_part_room_bytes = 64 * 1024
+frame_part_bytes = frame_bytes_max - frame_part_room_bytes
 
 # --- Blob copies and fetches between members (blobmover.py) -----------------------------------
 blob_frame_bytes = 1 << 20  # blob bytes in one F_BLOB_PUT frame (one chunk)
