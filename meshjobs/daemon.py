@@ -109,8 +109,8 @@ class Member:
         )
         from meshjobs.driver import Driver
         from meshjobs.http import HttpApi, TlsError, tls_context
-        from meshjobs.jobsd import JobsThread, WorkerReplica
-        from meshjobs.replica import Replica, fail_stop, open_secret
+        from meshjobs.jobsd import JobsThread
+        from meshjobs.replica import Replica, WorkerReplica, fail_stop, open_secret
 
         cfg = self.cfg
         tls = None
