@@ -7,6 +7,9 @@ size, a count or a time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 # --- Job specs (checked by control.py before anything is stored or proposed) --------------------
 job_id_chars_max = 128  # a job id: [A-Za-z0-9._-], 1..128 characters
 argv_items_max = 4096  # arguments of one job's program
@@ -318,3 +321,83 @@ watch_id_hash_chars = 16  # hex digits of the digest that ends every derived job
 watch_state_name_bytes_max = 255  # NAME_MAX: a file whose state file name is longer is not run
 watch_xattr_bytes_max = 1024  # a state kept in an xattr (ext4 keeps one block for all of a file's)
 watch_tick_s_max = 1.0  # a running watcher looks at its refresh and rescan times at least this often
+
+
+# --- How the limits relate ----------------------------------------------------------------------
+# Checked when this module is imported: a change of one limit that contradicts another stops
+# every program at once, instead of showing as a frame that never fits or a timer that never
+# fires. Each relation: what it says, the limit that breaks it when grown (tests/test_limits.py
+# grows each in a copy of the values and sees it refused), and the check.
+RELATIONS: tuple[tuple[str, str, Callable[[dict[str, Any]], bool]], ...] = (
+    ("a part of a body in parts, with its room, fits one frame", "frame_part_bytes",
+     lambda v: v["frame_part_bytes"] + v["frame_part_room_bytes"] <= v["frame_bytes_max"]),
+    ("a blob chunk with its fields fits one frame", "blob_frame_bytes",
+     lambda v: v["blob_frame_bytes"] + v["frame_part_room_bytes"] <= v["frame_bytes_max"]),
+    ("a piece of live output with its fields fits one frame", "log_frame_bytes_max",
+     lambda v: v["log_frame_bytes_max"] + v["frame_part_room_bytes"] <= v["frame_bytes_max"]),
+    ("a handshake frame is no larger than a frame", "link_handshake_bytes_max",
+     lambda v: v["link_handshake_bytes_max"] <= v["frame_bytes_max"]),
+    ("a whole frame fits the bytes queued to a peer", "frame_bytes_max",
+     lambda v: v["frame_bytes_max"] <= v["link_queue_bytes_max"]),
+    ("a blob window's chunks fit the bytes in flight to a peer", "blob_window_frames",
+     lambda v: v["blob_frame_bytes"] * v["blob_window_frames"] <= v["blob_inflight_bytes_max"]),
+    ("a Raft batch holds the largest entry (no entry is split)", "entry_bytes_max",
+     lambda v: v["entry_bytes_max"] < v["raft_batch_bytes"]),
+    ("a Raft message holds two batches (pysyncobj fills one past a batch)", "raft_batch_bytes",
+     lambda v: 2 * v["raft_batch_bytes"] <= v["raft_message_bytes_max"]),
+    ("a Raft message fits the bytes queued to a voter", "raft_message_bytes_max",
+     lambda v: v["raft_message_bytes_max"] <= v["raft_send_queue_bytes_max"]),
+    ("a journal record holds the largest entry", "entry_bytes_max",
+     lambda v: v["journal_record_bytes_max"] >= v["entry_bytes_max"]),
+    ("an idle Raft connection pings before it is taken as dead", "raft_ping_s",
+     lambda v: v["raft_ping_s"] < v["raft_idle_s_max"]),
+    ("an idle member link pings before it is taken as silent", "link_idle_ms",
+     lambda v: v["link_idle_ms"] < v["link_silent_ms_max"]),
+    ("members report more often than a silent one is taken as dead", "have_ms",
+     lambda v: v["have_ms"] < v["member_dead_ms"]),
+    ("a member is dead before its copies are lost", "member_dead_ms",
+     lambda v: v["member_dead_ms"] < v["member_lost_ms"]),
+    ("a forwarded change is resent before its commit wait ends", "ctl_resend_ms",
+     lambda v: v["ctl_resend_ms"] < v["ctl_commit_ms_max"]),
+    ("a followed item's output is polled before its ask times out", "log_poll_ms",
+     lambda v: v["log_poll_ms"] < v["log_ask_ms_max"]),
+    ("a redial backoff starts below its cap", "link_connect_backoff_ms_base",
+     lambda v: v["link_connect_backoff_ms_base"] <= v["link_connect_backoff_ms_max"]),
+    ("a retry backoff starts below its cap", "retry_backoff_ms_base",
+     lambda v: v["retry_backoff_ms_base"] <= v["retry_backoff_ms_max"]),
+    ("a dump retry starts below its cap", "dump_retry_ms_min",
+     lambda v: v["dump_retry_ms_min"] <= v["dump_retry_ms_max"]),
+    ("a notice's backoff starts below its cap, within its retry time", "notify_backoff_s_base",
+     lambda v: v["notify_backoff_s_base"] <= v["notify_backoff_s_max"] <= v["notify_retry_s_max"]),
+    ("`job wait`'s backoff starts below its cap", "cli_wait_backoff_s_base",
+     lambda v: v["cli_wait_backoff_s_base"] <= v["cli_wait_backoff_s_max"]),
+    ("a page of jobs by default is no larger than the largest", "jobs_list_default",
+     lambda v: v["jobs_list_default"] <= v["jobs_list_max"]),
+    ("a history read by default is no larger than the largest", "history_read_default",
+     lambda v: v["history_read_default"] <= v["history_read_max"]),
+    ("history keeps by default no more files than it may", "history_keep_files",
+     lambda v: v["history_keep_files"] <= v["history_keep_files_max"]),
+    ("one F_JOB_STATE frame's entries fit the ring that catches workers up", "state_entries_max",
+     lambda v: v["state_entries_max"] <= v["state_ring_entries_max"]),
+    ("one answer of changes fits the ring it resumes from", "events_answer_max",
+     lambda v: v["events_answer_max"] <= v["events_ring_changes_max"]),
+    ("the fewest HTTP connections are no more than the most", "http_conns_min",
+     lambda v: v["http_conns_min"] <= v["http_conns_max"]),
+    ("a login body is no larger than any body", "http_login_body_bytes_max",
+     lambda v: v["http_login_body_bytes_max"] <= v["http_body_bytes_max"]),
+    ("a failed item's stderr tail is within what is read of it", "status_stderr_bytes_max",
+     lambda v: v["status_stderr_bytes_max"] <= v["status_stderr_read_bytes_max"]),
+    ("a result's copies are no more than the holders its row names", "blob_copies",
+     lambda v: 1 <= v["blob_copies"] <= v["result_holders_max"]),
+)
+
+
+def broken(values: dict[str, Any]) -> list[str]:
+    """What each relation of `values` (this module's, or a copy) that does not hold says."""
+    return [says for says, _grown, holds in RELATIONS if not holds(values)]
+
+
+_broken = broken(globals())
+if _broken:  # not `assert`: python -O must not start with limits that contradict each other
+    raise AssertionError("meshjobs.limits contradict each other: " + "; ".join(_broken))
+del _broken
