@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
+from blobstore.digest import is_digest as is_digest  # one definition, also found here
 from meshjobs import limits
 
 
@@ -530,14 +531,6 @@ def parse_cursor(value: object) -> int:
         raise ControlError(400, "after must be a cursor from a previous page (its X-Meshjobs-Next "
                                 "header, or the hint of `meshctl jobs`); start again without it")
     return int(value)
-
-
-_HEX = frozenset("0123456789abcdef")
-
-
-def is_digest(value: object) -> bool:
-    """A blob digest in interfaces: 64 lowercase hex characters (blake3-256)."""
-    return isinstance(value, str) and len(value) == 64 and _HEX.issuperset(value)
 
 
 def parse_bulk(action: object, body: object) -> dict:

@@ -173,3 +173,38 @@ def test_checker_catches_impurity(source: str, module: str) -> None:
 def test_checker_allows_pure(source: str, module: str) -> None:
     """The checker itself: pure sources, the injected generator's type included, pass."""
     assert violations(source, module) == []
+
+
+# What the pure modules may take of blobstore: its digests (re and blake3), nothing that stores.
+PURE_BLOBSTORE = frozenset({"blobstore.digest"})
+
+
+def test_pure_modules_take_only_digests_of_blobstore() -> None:
+    """Pure core: of blobstore, the pure modules import blobstore.digest only, and it is pure."""
+    imported = set()
+    for module in PURE:
+        for source in sources_of(module):
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("blobstore"):
+                    imported.add(node.module)
+                elif isinstance(node, ast.Import):
+                    imported |= {a.name for a in node.names if a.name.startswith("blobstore")}
+    assert imported <= PURE_BLOBSTORE
+    import blobstore.digest
+    assert violations(Path(blobstore.digest.__file__).read_text(), "digest") == []
+
+
+def test_importing_the_pure_core_loads_no_store_or_raft() -> None:
+    """Pure core: importing the pure modules (blobstore.digest included) loads no LMDB, no
+    pysyncobj and none of blobstore's stores, in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    mods = ", ".join(f"meshjobs.{m}" for m in PURE)
+    code = (f"import sys, {mods}\n"
+            "print(sorted(m for m in ('lmdb', 'pysyncobj', 'blobstore.store', 'blobstore.writers',"
+            " 'blobstore.memory') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(meshjobs.__file__).parent.parent)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
