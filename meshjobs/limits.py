@@ -209,6 +209,12 @@ blob_mover_queue_max = 1024  # frames and copy requests queued to the mover; als
 blob_mover_queue_bytes_max = 64 << 20  # chunk bytes queued to the mover
 blob_copy_wait_ms = 600_000  # a copy not acknowledged by then is forgotten (the node asks again)
 join_s_max = 60  # a worker member keeps trying to reach the member it joins through this long
+join_retry_s = 0.5  # and tries again this often
+http_start_s_max = 10  # meshd stops (exit 2) if HTTP does not listen within this of its start
+thread_join_s_max = 10  # at a clean stop, each thread gets this long to end
+# Raft election timeouts (seconds, drawn between the two): a voter alone elects itself at once.
+raft_election_s = (0.4, 0.8)
+raft_election_alone_s = (0.05, 0.1)
 # One sealed frame on the Raft port (raftlink.py): a batch of entries up to about twice the
 # largest entry (pysyncobj adds entries to a message until it holds a batch's worth), in msgpack.
 raft_message_bytes_max = 3 * entry_bytes_max
@@ -387,6 +393,8 @@ RELATIONS: tuple[tuple[str, str, Callable[[dict[str, Any]], bool]], ...] = (
      lambda v: v["http_login_body_bytes_max"] <= v["http_body_bytes_max"]),
     ("a failed item's stderr tail is within what is read of it", "status_stderr_bytes_max",
      lambda v: v["status_stderr_bytes_max"] <= v["status_stderr_read_bytes_max"]),
+    ("a joining worker tries more than once before it gives up", "join_retry_s",
+     lambda v: v["join_retry_s"] < v["join_s_max"]),
     ("a result's copies are no more than the holders its row names", "blob_copies",
      lambda v: 1 <= v["blob_copies"] <= v["result_holders_max"]),
 )

@@ -55,6 +55,9 @@ def test_moved_limits_are_used_where_they_were_hard_coded():
     assert "64 * 1024" not in (root / "jobsd.py").read_text()
     assert "len(k) > 256" not in (root / "control.py").read_text()
     http_src = (root / "http.py").read_text()
+    daemon_src = (root / "daemon.py").read_text()
+    for literal in ("time.sleep(0.5)", "wait(10)", "join(10)", "(0.05, 0.1)", "(0.4, 0.8)"):
+        assert literal not in daemon_src, literal
     for literal in ("shutdown_timeout=1.0", "max_num_fields=8", "> 1 << 20", "getfqdn), 2.0)",
                     "len(value) <= 32"):
         assert literal not in http_src, literal
