@@ -131,6 +131,9 @@ item_drain_reads_max = 64  # reads of each output pipe once the item's group is 
 
 # --- The journal and snapshots -----------------------------------------------------------------
 journal_record_bytes_max = 256 * 1024 * 1024  # one journal record (one committed entry)
+# Commands at least this large are written apart from their header instead of being joined to
+# it, so a big entry is not copied once more only to save a write call.
+journal_join_bytes_max = 64 * 1024
 entry_bytes_max = 64 * 1024 * 1024  # one proposed entry
 snapshot_bytes_max = 16 * 1024 * 1024 * 1024  # one full dump of the table
 log_compaction_entries_min = 20_000  # compact the log past this many entries
@@ -161,6 +164,11 @@ link_silent_ms_max = 10_000  # a connection that received nothing for this long 
 link_hello_ms_max = 5_000  # a new connection must complete its handshake within this
 link_pending_conns_max = 64  # accepted connections that have not completed their handshake
 link_io_bytes = 256 * 1024  # one recv or send call on a member link
+link_reads_per_turn_max = 16  # reads of one connection per loop turn (no busy peer starves the rest)
+link_tick_s = 0.05  # the links loop wakes at least this often to run its timers
+link_discover_s_max = 5.0  # a joining worker's ask for the fleet's voters waits this long for the answer
+link_voters_send_s_max = 1.0  # sending the voters to a joining worker blocks at most this long
+link_discover_read_bytes = 64 * 1024  # one recv of that answer
 
 # --- Live item output (GET /jobs/{id}/items/{n}/stdout, F_LOG_GET/F_LOG_PUT, itemlogs.py) -----
 log_frame_bytes_max = 256 * 1024  # output bytes in one F_LOG_PUT (one read of a spool file)
@@ -172,6 +180,7 @@ log_inbox_max = 256  # F_LOG_GET frames queued to the item-log thread; more are 
 log_start_wait_s_max = 60  # ?follow=1 waits this long for an item that has not started
 log_settle_ms_max = 5_000  # an answer without follow waits this long for output between spool and blob
 log_follow_s_max = 24 * 3600  # a follow ends after this long (a client resumes with ?offset=)
+item_logs_idle_s = 0.5  # the item-log thread wakes this often when idle (to notice stop)
 
 # --- The fleet ---------------------------------------------------------------------------------
 member_dead_ms = 3_000  # a member not heard from for this long has its leases revoked
@@ -230,6 +239,8 @@ raft_send_queue_bytes_max = 2 * raft_message_bytes_max
 raft_ping_s = 1.0  # an idle Raft connection carries a ping this often
 raft_idle_s_max = 3.5  # a Raft connection that brings nothing for this long is closed
 raft_connect_retry_s = 0.25  # a voter dials a voter it is not connected to this often
+raft_read_bytes = 1 << 18  # one recv on the Raft port
+raft_reads_per_event_max = 16  # recvs per poll event, so that one busy peer cannot starve the others
 fleet_ask_ms = 2_000  # the fleet view asked of the leader; unanswered by then, a member gives its own
 ctl_resend_ms = 500  # a forwarded change not answered by then is sent to the leader again
 py_request_bytes_max = 64 << 20  # an item's stdin payload handed to a python worker
@@ -239,6 +250,7 @@ py_frame_overhead_bytes_max = 1 << 20  # a python frame's fields around its payl
 py_worker_start_s_max = 30  # a python worker not ready this long after its spawn is killed
 py_worker_respawn_ms = 1_000  # a python worker that failed to start is replaced after this
 py_workers_max = 256  # worker processes of one member's python pools together
+py_read_bytes = 1 << 20  # one read of a python worker's answer pipe; a frame may take many
 ctl_batch_max = 1024  # control changes the leader puts in one entry
 state_resend_ms = 1_000  # a worker behind what was sent, not moving this long, is sent it again
 http_store_batch_max = 4_096  # distinct inline payloads of a submit stored per write transaction
@@ -255,6 +267,10 @@ events_check_ms = 500  # an /events stream looks this often for its client gone 
 cli_wait_retry_s_max = 120  # `job wait` without --timeout asks members that cannot answer this long in a row
 cli_wait_backoff_s_base = 0.2  # the first retry of `job wait` waits this long, then twice as long...
 cli_wait_backoff_s_max = 5  # ...but never longer than this
+cli_wait_poll_s = 30  # one ask of `job wait` waits this long for the job to end (then asks again)
+cli_timeout_slack_s = 5  # meshctl waits for a change ctl_commit_ms_max and this much more
+cli_copy_chunk_bytes = 1 << 20  # one read of a blob meshctl copies to a file or stdout
+cli_error_bytes_max = 64 * 1024  # of an error answer, meshctl reads this much for its message
 
 # --- Many jobs at once (cancel, forget, tone, status by ids or a filter) ----------------------
 bulk_jobs_max = 500  # jobs one bulk request names or touches (more ids: 400; a filter: a page)
@@ -393,6 +409,8 @@ RELATIONS: tuple[tuple[str, str, Callable[[dict[str, Any]], bool]], ...] = (
      lambda v: v["http_login_body_bytes_max"] <= v["http_body_bytes_max"]),
     ("a failed item's stderr tail is within what is read of it", "status_stderr_bytes_max",
      lambda v: v["status_stderr_bytes_max"] <= v["status_stderr_read_bytes_max"]),
+    ("the links loop runs its timers more often than it pings", "link_tick_s",
+     lambda v: v["link_tick_s"] * 1000 < v["link_idle_ms"]),
     ("a joining worker tries more than once before it gives up", "join_retry_s",
      lambda v: v["join_retry_s"] < v["join_s_max"]),
     ("a result's copies are no more than the holders its row names", "blob_copies",

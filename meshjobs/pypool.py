@@ -43,7 +43,7 @@ from meshjobs import limits, pidwatch, pyworker
 from meshjobs.itemenv import base_env
 
 RunKey = tuple[str, int, int]  # (job_id, index, epoch)
-_READ_BYTES = 1 << 20  # one read of an answer pipe; a frame may take many
+_READ_BYTES = limits.py_read_bytes
 # The folder meshjobs itself was imported from: first on the workers' PYTHONPATH, so a worker runs
 # the same meshjobs as its member whatever the member's cwd or installed copies.
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(pyworker.__file__)))

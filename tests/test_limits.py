@@ -61,3 +61,24 @@ def test_moved_limits_are_used_where_they_were_hard_coded():
     for literal in ("shutdown_timeout=1.0", "max_num_fields=8", "> 1 << 20", "getfqdn), 2.0)",
                     "len(value) <= 32"):
         assert literal not in http_src, literal
+
+
+def test_edge_constants_are_the_named_limits():
+    """The edge modules' own constants are the limits of limits.py, not numbers of their own."""
+    from meshjobs import cli, itemlogs, journal, links, pypool, raftlink
+
+    assert links._TICK_S == limits.link_tick_s
+    assert links._READS_PER_TURN == limits.link_reads_per_turn_max
+    assert raftlink._READ_BYTES == limits.raft_read_bytes
+    assert raftlink._READS_PER_EVENT == limits.raft_reads_per_event_max
+    assert itemlogs._IDLE_S == limits.item_logs_idle_s
+    assert pypool._READ_BYTES == limits.py_read_bytes
+    assert journal._JOIN_BYTES_MAX == limits.journal_join_bytes_max
+    assert cli.WAIT_POLL_S == limits.cli_wait_poll_s
+    assert cli.COPY_CHUNK_BYTES == limits.cli_copy_chunk_bytes
+    assert cli.TIMEOUT_S == limits.ctl_commit_ms_max / 1000 + limits.cli_timeout_slack_s
+    root = Path(limits.__file__).parent
+    links_src = (root / "links.py").read_text()
+    for literal in ("timeout_s: float = 5.0", "65536", "settimeout(1.0)"):
+        assert literal not in links_src, literal
+    assert "64 * 1024" not in (root / "cli.py").read_text()
