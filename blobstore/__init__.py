@@ -10,6 +10,8 @@ the payload bytes waiting in memory. This package imports nothing of meshjobs; i
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from blobstore.digest import EMPTY_DIGEST, Hasher, check_digest, hexdigest, is_digest
 from blobstore.errors import (
     BlobCorrupt,
@@ -19,9 +21,27 @@ from blobstore.errors import (
     StoreClosed,
     StoreFull,
 )
-from blobstore.memory import MemoryBlobStore
-from blobstore.store import LmdbBlobStore
-from blobstore.writers import BlobWriters, StoreBusy
+
+if TYPE_CHECKING:
+    from blobstore.memory import MemoryBlobStore
+    from blobstore.store import LmdbBlobStore
+    from blobstore.writers import BlobWriters, StoreBusy
+
+# The stores and the writers are imported when first asked for: a pure module that needs only
+# `blobstore.digest` (the job node's EMPTY_DIGEST, control's is_digest) loads no LMDB or threads.
+_LAZY = {"MemoryBlobStore": "blobstore.memory", "LmdbBlobStore": "blobstore.store",
+         "BlobWriters": "blobstore.writers", "StoreBusy": "blobstore.writers"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'blobstore' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "EMPTY_DIGEST",

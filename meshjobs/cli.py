@@ -42,10 +42,10 @@ from meshjobs.control import JOB_FINAL_STATES, JOB_STATES
 
 DEFAULT_AT = "http://127.0.0.1:7700"
 TERMINAL = JOB_FINAL_STATES
-WAIT_POLL_S = 30
+WAIT_POLL_S = limits.cli_wait_poll_s
 # A change may wait ctl_commit_ms_max for its commit; the client waits a little longer.
-TIMEOUT_S = limits.ctl_commit_ms_max / 1000 + 5
-COPY_CHUNK_BYTES = 1 << 20
+TIMEOUT_S = limits.ctl_commit_ms_max / 1000 + limits.cli_timeout_slack_s
+COPY_CHUNK_BYTES = limits.cli_copy_chunk_bytes
 
 
 class Failure(click.ClickException):
@@ -144,7 +144,7 @@ class Client:
 
     def _failure(self, e: urllib.error.HTTPError) -> Failure:
         try:
-            raw = e.read(64 * 1024)
+            raw = e.read(limits.cli_error_bytes_max)
             message = json.loads(raw)["error"]
             if not isinstance(message, str):
                 raise TypeError(message)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
+from blobstore.digest import is_digest as is_digest  # one definition, also found here
 from meshjobs import limits
 
 
@@ -161,7 +162,8 @@ def parse_env(value: object) -> dict[str, str]:
         raise ControlError(400, f"env has more than {limits.env_items_max} variables")
     total = 0
     for k, v in value.items():
-        if not isinstance(k, str) or not ENV_NAME_RE.fullmatch(k) or len(k) > 256:
+        if (not isinstance(k, str) or not ENV_NAME_RE.fullmatch(k)
+                or len(k) > limits.env_name_chars_max):
             raise ControlError(400, f"bad environment variable name {str(k)[:80]!r}")
         _str(v, f"env[{k}]", limits.env_bytes_max)
         total += len(k) + len(v)
@@ -532,14 +534,6 @@ def parse_cursor(value: object) -> int:
         raise ControlError(400, "after must be a cursor from a previous page (its X-Meshjobs-Next "
                                 "header, or the hint of `meshctl jobs`); start again without it")
     return int(value)
-
-
-_HEX = frozenset("0123456789abcdef")
-
-
-def is_digest(value: object) -> bool:
-    """A blob digest in interfaces: 64 lowercase hex characters (blake3-256)."""
-    return isinstance(value, str) and len(value) == 64 and _HEX.issuperset(value)
 
 
 def parse_bulk(action: object, body: object) -> dict:

@@ -97,89 +97,130 @@ class Member:
         self.cfg = cfg
 
     def serve(self) -> int:
-        # Imports that pull in the heavy parts stay here so `meshd --help` is quick.
-        from blobstore.digest import EMPTY_DIGEST
-        from blobstore.store import LmdbBlobStore
-        from meshjobs.diskspace import (
-            DiskWatch,
-            default_free_min,
-            describe,
-            is_disk_error,
-            is_full,
-        )
-        from meshjobs.driver import Driver
-        from meshjobs.http import HttpApi, TlsError, tls_context
-        from meshjobs.jobsd import JobsThread, WorkerReplica
-        from meshjobs.replica import Replica, fail_stop, open_secret
+        """Run the member until SIGTERM, SIGINT or a stop order; its exit status. The steps, in
+        order: open what is on disk (TLS, secret, disk watch, voters to join, blob store), build
+        the node and its replica, build the parts around them, start the threads, write the
+        address files, wait, shut down. A step that cannot start the member says why on stderr
+        and gives the exit status (`_StartFailed`)."""
+        try:
+            self._open_tls()
+            self._open_secret()
+            self._watch_disk()
+            self._find_voters()
+            self._open_blobs()
+            self._build_node()
+            self._build_replica()
+            self._build_parts()
+        except _StartFailed as e:
+            return e.code
+        self._start_threads()
+        self._write_addr_files()
+        self._wait()
+        self._shut_down()
+        return 0
+
+    # --- the steps of `serve` --------------------------------------------------------------------
+
+    def _start_failed(self, why: str, exc: BaseException) -> _StartFailed:
+        """A disk that fails at start stops the member as it would later: the fail-stop
+        message (ENOSPC named when that is what it is) and its exit code, no traceback."""
+        from meshjobs.diskspace import describe
+        from meshjobs.replica import fail_stop
+
+        codes: list[int] = []
+        fail_stop(log, why, exc, exit_fn=codes.append, path=self.cfg.data)
+        print(f"meshd: {why}: {describe(exc, self.cfg.data)}", file=sys.stderr)
+        return _StartFailed(codes[0])
+
+    def _open_tls(self) -> None:
+        """The HTTPS context, when the config names a certificate and key (exit 2 if they do
+        not load); then the data folder and the failpoints of the environment."""
+        from meshjobs.http import TlsError, tls_context
 
         cfg = self.cfg
-        tls = None
+        self.tls = None
         if cfg.http_tls_cert is not None and cfg.http_tls_key is not None:
             try:
-                tls = tls_context(cfg.http_tls_cert, cfg.http_tls_key)
+                self.tls = tls_context(cfg.http_tls_cert, cfg.http_tls_key)
             except TlsError as e:
                 print(f"meshd: {e}", file=sys.stderr)
-                return 2
+                raise _StartFailed(2) from None
         os.makedirs(cfg.data, exist_ok=True)
-        failpoints = Failpoints.from_env()
-        role = cfg.role
+        self.failpoints = Failpoints.from_env()
 
-        def start_failed(why: str, exc: BaseException) -> int:
-            # A disk that fails at start stops the member as it would later: the fail-stop
-            # message (ENOSPC named when that is what it is) and its exit code, no traceback.
-            codes: list[int] = []
-            fail_stop(log, why, exc, exit_fn=codes.append, path=cfg.data)
-            print(f"meshd: {why}: {describe(exc, cfg.data)}", file=sys.stderr)
-            return codes[0]
+    def _open_secret(self) -> None:
+        """The fleet secret (made here for a fleet of one); exit 2 if it is missing or open to
+        others, the disk's code if it cannot be written."""
+        from meshjobs.replica import open_secret
 
         try:
-            secret = open_secret(cfg.secret_path, create=cfg.fleet_of_one, failpoints=failpoints)
+            self.secret = open_secret(self.cfg.secret_path, create=self.cfg.fleet_of_one,
+                                      failpoints=self.failpoints)
         except SystemExit as e:
             print(e, file=sys.stderr)
-            return 2
+            raise _StartFailed(2) from None
         except OSError as e:
-            return start_failed("the fleet secret could not be written", e)
-        # Free space is looked at before anything is written: on a full disk the reserve file is
-        # deleted first, so that the journal has room, and the member starts read-only.
-        jobs: JobsThread | None = None
-        watch = DiskWatch(
+            raise self._start_failed("the fleet secret could not be written", e) from None
+
+    def _watch_disk(self) -> None:
+        """Free space, looked at before anything is written: on a full disk the reserve file is
+        deleted first, so that the journal has room, and the member starts read-only."""
+        from meshjobs.diskspace import DiskWatch, default_free_min
+
+        cfg = self.cfg
+        self.jobs = None
+        self.watch = DiskWatch(
             cfg.data,
             cfg.disk_free_min_bytes if cfg.disk_free_min_bytes is not None
             else default_free_min(cfg.data),
-            failpoints,
-            on_report=lambda full, free: jobs.event(DiskFull(full, free)) if jobs else None)
-        watch.check()
-        boot = uuid.uuid4().hex[:12]
-        voters = {v.name: v for v in cfg.voters}
-        voter_peers = {v.name: v.peer for v in cfg.voters}
-        if role == "worker" and not voter_peers:
+            self.failpoints,
+            on_report=lambda full, free: (self.jobs.event(DiskFull(full, free)) if self.jobs
+                                          else None))
+        self.watch.check()
+        self.boot = uuid.uuid4().hex[:12]
+
+    def _find_voters(self) -> None:
+        """The fleet's voters: the config's, or for a worker with none, those of the member it
+        joins through (tried for `join_s_max`; exit 4 if it cannot be reached)."""
+        cfg = self.cfg
+        self.voter_peers = voter_peers = {v.name: v.peer for v in cfg.voters}
+        if cfg.role == "worker" and not voter_peers:
             from meshjobs.links import discover
             assert cfg.join is not None
             deadline = time.monotonic() + limits.join_s_max
             found, err = None, None
             while found is None and time.monotonic() < deadline:
                 try:
-                    found = discover(cfg.join, cfg.name, boot, secret)
+                    found = discover(cfg.join, cfg.name, self.boot, self.secret)
                 except Exception as e:  # not up yet, or not a member of this fleet
                     err = e
                     log.info("join_retry", join=f"{cfg.join[0]}:{cfg.join[1]}", error=str(e))
-                    time.sleep(0.5)
+                    time.sleep(limits.join_retry_s)
             if found is None:
                 print(f"meshd: cannot join the fleet at {cfg.join[0]}:{cfg.join[1]}: {err} (is a "
                       "member running there, and is this member's fleet secret the fleet's?)",
                       file=sys.stderr)
-                return 4
+                raise _StartFailed(4)
             for name, addr in found["voters"].items():
                 voter_peers[name] = parse_addr(addr, "voter")
             log.info("joined", via=f"{cfg.join[0]}:{cfg.join[1]}", voters=sorted(voter_peers))
+
+    def _open_blobs(self) -> None:
+        """The blob store, with the empty payload in it, pinned for good: empty outputs and
+        stdins need no write or copy. Written only when missing: on a full disk any write may
+        fail (then the member starts read-only)."""
+        from blobstore.digest import EMPTY_DIGEST
+        from blobstore.store import LmdbBlobStore
+        from meshjobs.diskspace import is_disk_error, is_full
+
+        cfg = self.cfg
         try:
-            blobs = LmdbBlobStore(os.path.join(cfg.data, "blobs"), failpoints=failpoints)
+            blobs = self.blobs = LmdbBlobStore(os.path.join(cfg.data, "blobs"),
+                                               failpoints=self.failpoints)
         except Exception as e:
             if not is_disk_error(e):
                 raise
-            return start_failed("the blob store could not be opened", e)
-        # The empty payload, pinned for good: empty outputs and stdins need no write or copy.
-        # Written only when missing: on a full disk any write may fail.
+            raise self._start_failed("the blob store could not be opened", e) from None
         try:
             if not blobs.has(EMPTY_DIGEST):
                 blobs.put(b"")
@@ -190,94 +231,131 @@ class Member:
                 raise
             if not is_full(e, cfg.data) or blobs.poisoned:
                 blobs.close()
-                return start_failed("the blob store could not be written", e)
-            watch.write_failed(e)  # the disk is full: start read-only
-        table = JobTable()
+                raise self._start_failed("the blob store could not be written", e) from None
+            self.watch.write_failed(e)  # the disk is full: start read-only
+
+    def _build_node(self) -> None:
+        """The job table (its forgotten jobs going to the history) and the job node."""
         from meshjobs.history import History
-        history = History(cfg.data, cfg.name, cfg.history_bytes_max, cfg.history_keep, log=log)
-        table.on_forget = history.offer
-        node = JobNode(table, NodeConfig(
-            member=cfg.name, boot=boot, pools=cfg.pools, keep_s=cfg.keep_s,
-            keep_jobs=cfg.keep_jobs, role=role, voters=tuple(sorted(voter_peers)),
+
+        cfg = self.cfg
+        self.table = table = JobTable()
+        self.history = History(cfg.data, cfg.name, cfg.history_bytes_max, cfg.history_keep,
+                               log=log)
+        table.on_forget = self.history.offer
+        self.node = JobNode(table, NodeConfig(
+            member=cfg.name, boot=self.boot, pools=cfg.pools, keep_s=cfg.keep_s,
+            keep_jobs=cfg.keep_jobs, role=cfg.role, voters=tuple(sorted(self.voter_peers)),
             dead_ms=cfg.dead_ms, lost_ms=cfg.lost_ms, blob_copies=cfg.blob_copies),
             random.Random())
-        if role == "voter":
+
+    def _build_replica(self) -> None:
+        """A voter's Raft replica over its journal (exit 70 if the journal is damaged, 2 if the
+        Raft port is taken, the disk's code if it fails); a worker's stand-in."""
+        from meshjobs.diskspace import is_disk_error
+        from meshjobs.replica import Replica, WorkerReplica
+
+        cfg, blobs = self.cfg, self.blobs
+        if cfg.role == "voter":
             partners = [v.raft_addr for v in cfg.voters if v.name != cfg.name]
             names = {v.raft_addr: v.name for v in cfg.voters}
             names[cfg.raft_addr] = cfg.name
             try:
-                replica = Replica(cfg.raft_addr, partners, cfg.data, secret, table, failpoints,
-                                  names=names,
-                                  election_s=(0.05, 0.1) if not partners else (0.4, 0.8))
+                self.replica = Replica(cfg.raft_addr, partners, cfg.data, self.secret, self.table,
+                                       self.failpoints, names=names,
+                                       election_s=(limits.raft_election_alone_s if not partners
+                                                   else limits.raft_election_s))
             except (JournalCorrupt, DumpCorrupt) as e:
                 log.critical("journal_damaged", error=str(e))
                 print(f"meshd: {e}", file=sys.stderr)
                 blobs.close()
-                return 70
+                raise _StartFailed(70) from None
             except Exception as e:  # pysyncobj says BindError when the Raft port is taken
                 if is_disk_error(e):
                     blobs.close()
-                    return start_failed("the journal could not be opened or written", e)
+                    raise self._start_failed("the journal could not be opened or written",
+                                             e) from None
                 if "BindError" in repr(e):
                     print(f"meshd: cannot listen on Raft address {cfg.raft_addr}: is another "
                           "meshd running, or is that host not an address of this machine? "
                           "(use --raft or the config's raft key)", file=sys.stderr)
                     blobs.close()
-                    return 2
+                    raise _StartFailed(2) from None
                 raise
         else:
-            replica = WorkerReplica()
+            self.replica = WorkerReplica()
         # The node knows before its first step whether the disk is full (then it takes no
         # leases: with outputs pending, items re-leased at start would only fail-stop).
-        node.step(DiskFull(watch.full, watch.free))
+        self.node.step(DiskFull(self.watch.full, self.watch.free))
+
+    def _fatal(self, exc: BaseException) -> None:
+        from meshjobs.replica import fail_stop
+
+        fail_stop(log, "the blob store could not store outputs", exc, path=self.cfg.data)
+
+    def _build_parts(self) -> None:
+        """The parts around the node: blob writers, driver, member links and blob mover (in a
+        fleet of more than one), the jobs thread, item logs, timings, HTTP."""
         from blobstore import BlobWriters
-        writers = BlobWriters(blobs, cfg.blob_mem_max_bytes,
-                              on_pressure=lambda on: jobs.event(Pressure(on)))
+        from meshjobs.driver import Driver
+        from meshjobs.http import HttpApi
+        from meshjobs.itemlogs import ItemLogs
+        from meshjobs.jobsd import JobsThread
+        from meshjobs.metrics import MemberMetrics
 
-        def fatal(exc: BaseException) -> None:
-            fail_stop(log, "the blob store could not store outputs", exc, path=cfg.data)
-
-        driver = Driver(blobs, os.path.join(cfg.data, "spool"),
-                        on_end=lambda end: jobs.item_ended(end), writers=writers, on_fatal=fatal,
-                        python_workers=python_workers(cfg.pools), env_pass=cfg.item_env_pass,
-                        member=cfg.name)
+        cfg, blobs, watch, voter_peers = self.cfg, self.blobs, self.watch, self.voter_peers
+        self.writers = writers = BlobWriters(blobs, cfg.blob_mem_max_bytes,
+                                             on_pressure=lambda on: self.jobs.event(Pressure(on)))
+        self.driver = driver = Driver(
+            blobs, os.path.join(cfg.data, "spool"),
+            on_end=lambda end: self.jobs.item_ended(end), writers=writers, on_fatal=self._fatal,
+            python_workers=python_workers(cfg.pools), env_pass=cfg.item_env_pass,
+            member=cfg.name)
         links = mover = None
         if not cfg.fleet_of_one:
             from meshjobs.blobmover import BlobMover
             from meshjobs.links import Links
-            links = Links(cfg.name, boot, cfg.peer, secret,
-                          on_frame=lambda peer, frame: jobs.frame_in(peer, frame),
-                          on_peer=lambda peer, up, hello: jobs.peer_changed(peer, up, hello),
+            links = Links(cfg.name, self.boot, cfg.peer, self.secret,
+                          on_frame=lambda peer, frame: self.jobs.frame_in(peer, frame),
+                          on_peer=lambda peer, up, hello: self.jobs.peer_changed(peer, up, hello),
                           discovery=lambda: {n: f"{a[0]}:{a[1]}" for n, a in voter_peers.items()})
             for name, addr in voter_peers.items():
                 if name != cfg.name:
                     links.connect(name, addr)
             # Copies from peers are refused (not stored, so not acknowledged: the peer asks
             # another member) while the disk is full, like submits.
-            mover_blobs = _HttpBlobs(blobs, None, fatal, watch)
+            mover_blobs = _HttpBlobs(blobs, None, self._fatal, watch)
             mover = BlobMover(cfg.name, mover_blobs, links, os.path.join(cfg.data, "spool-copies"),
-                              on_copied=lambda member, digests: jobs.event(
+                              on_copied=lambda member, digests: self.jobs.event(
                                   BlobsCopied(member, tuple(digests))))
-        jobs = JobsThread(node, replica, driver, blobs, links=links, mover=mover)
+        self.links, self.mover = links, mover
+        self.jobs = jobs = JobsThread(self.node, self.replica, driver, blobs, links=links,
+                                      mover=mover)
         jobs.writers = writers
-        from meshjobs.itemlogs import ItemLogs
-        item_logs = jobs.logs = ItemLogs(cfg.name, driver, links)
-        from meshjobs.metrics import MemberMetrics
+        self.item_logs = item_logs = jobs.logs = ItemLogs(cfg.name, driver, links)
         timings = jobs.timings = MemberMetrics()
-        http_blobs = _HttpBlobs(blobs, mover, fatal, watch)
-        http = HttpApi(cfg.http[0], cfg.http[1], jobs, http_blobs, cfg.name, tls=tls,
-                       names=(*cfg.http_names, *(v.http[0] for v in cfg.voters if v.http)),
-                       auth=cfg.auth, conns_max=cfg.http_conns_max,
-                       header_timeout_s=cfg.http_header_timeout_s,
-                       idle_timeout_s=cfg.http_idle_timeout_s,
-                       body_timeout_s=cfg.http_body_timeout_s, timings=timings,
-                       item_logs=item_logs,
-                       # Alone, this member is the one that would run the job: it can tell now.
-                       user_check=driver.check_user if cfg.fleet_of_one else None)
-        http.history = jobs.history = history
-        del voters
+        http_blobs = _HttpBlobs(blobs, mover, self._fatal, watch)
+        self.http = http = HttpApi(
+            cfg.http[0], cfg.http[1], jobs, http_blobs, cfg.name, tls=self.tls,
+            names=(*cfg.http_names, *(v.http[0] for v in cfg.voters if v.http)),
+            auth=cfg.auth, conns_max=cfg.http_conns_max,
+            header_timeout_s=cfg.http_header_timeout_s,
+            idle_timeout_s=cfg.http_idle_timeout_s,
+            body_timeout_s=cfg.http_body_timeout_s, timings=timings,
+            item_logs=item_logs,
+            # Alone, this member is the one that would run the job: it can tell now.
+            user_check=driver.check_user if cfg.fleet_of_one else None)
+        http.history = jobs.history = self.history
 
-        stop = threading.Event()
+    def _start_threads(self) -> None:
+        """Signals and stop orders set `stop`; every part's thread starts, guarded: a thread
+        that raises or ends before the stop stops the member (exit 70, or the disk's code)."""
+        from meshjobs.diskspace import is_disk_error
+        from meshjobs.notify import Notifier
+        from meshjobs.replica import fail_stop
+
+        cfg, jobs = self.cfg, self.jobs
+        self.stop = stop = threading.Event()
 
         def on_signal(signum, _frame):
             log.info("signal", signal=signal.Signals(signum).name)
@@ -292,8 +370,7 @@ class Member:
             stop.set()
 
         jobs.on_exit = on_stop_order
-        from meshjobs.notify import Notifier
-        notifier = jobs.notifier = Notifier(cfg.name)
+        self.notifier = notifier = jobs.notifier = Notifier(cfg.name)
 
         def guarded(name, body):
             def target():
@@ -310,39 +387,50 @@ class Member:
                     os._exit(70)
             return threading.Thread(target=target, name=name, daemon=True)
 
-        t_jobs = guarded("jobs", jobs.run)
-        t_driver = guarded("driver", driver.run)
-        extra = [guarded(f"blob-{name}", body) for name, body in writers.targets()]
-        if links is not None:
-            extra.append(guarded("links", links.run))
-        if mover is not None:
-            extra.append(guarded("blobmover", mover.run))
-        if links is not None:
-            extra.append(guarded("itemlogs", item_logs.run))
-        extra.append(guarded("history", history.run))
+        self.t_jobs = guarded("jobs", jobs.run)
+        self.t_driver = guarded("driver", self.driver.run)
+        self.extra = extra = [guarded(f"blob-{name}", body)
+                              for name, body in self.writers.targets()]
+        if self.links is not None:
+            extra.append(guarded("links", self.links.run))
+        if self.mover is not None:
+            extra.append(guarded("blobmover", self.mover.run))
+        if self.links is not None:
+            extra.append(guarded("itemlogs", self.item_logs.run))
+        extra.append(guarded("history", self.history.run))
         extra.append(guarded("notify", notifier.run))
         for t in extra:
             t.start()
-        http_ready = threading.Event()
-        t_http = guarded("http", lambda: http.run(http_ready))
-        t_driver.start()
-        t_jobs.start()
-        t_http.start()
-        if not http_ready.wait(10):
+        self.http_ready = http_ready = threading.Event()
+        self.t_http = guarded("http", lambda: self.http.run(http_ready))
+        self.t_driver.start()
+        self.t_jobs.start()
+        self.t_http.start()
+
+    def _write_addr_files(self) -> None:
+        """Once HTTP listens (exit 2 if it does not within `http_start_s_max`): its address in
+        `http.addr` in the data folder, and the ready line in the log."""
+        cfg, http = self.cfg, self.http
+        if not self.http_ready.wait(limits.http_start_s_max):
             print(f"meshd: HTTP did not start on {cfg.http[0]}:{cfg.http[1]}", file=sys.stderr)
             os._exit(2)
         addr = f"{cfg.http[0]}:{http.bound_port}"
         # http.addr is host:port for HTTP (as before), the whole URL for HTTPS.
         _write_file(os.path.join(cfg.data, "http.addr"),
-                    (f"https://{addr}" if tls is not None else addr) + "\n")
+                    (f"https://{addr}" if self.tls is not None else addr) + "\n")
         log.info("meshd_ready", member=cfg.name, http=f"{http.scheme}://{addr}", raft=cfg.raft_addr,
-                 data=cfg.data, pools={p.name: p.slots for p in cfg.pools.values()}, boot=boot)
+                 data=cfg.data, pools={p.name: p.slots for p in cfg.pools.values()},
+                 boot=self.boot)
 
-        # The main thread's own work while it waits for a signal: collecting blobs whose pins are
-        # all gone (forgotten jobs), once the grace period has passed.
-        # And polling free space: below disk_free_min the member turns read-only, and back.
+    def _wait(self) -> None:
+        """The main thread's own work while it waits for the stop: collecting blobs whose pins
+        are all gone (forgotten jobs), once the grace period has passed; and polling free
+        space: below disk_free_min the member turns read-only, and back."""
+        from meshjobs.diskspace import is_disk_error, is_full
+
+        cfg, blobs, watch = self.cfg, self.blobs, self.watch
         next_gc = time.monotonic() + cfg.blob_gc_every_s
-        while not stop.wait(limits.disk_poll_s):
+        while not self.stop.wait(limits.disk_poll_s):
             watch.check()
             if time.monotonic() >= next_gc:
                 next_gc = time.monotonic() + cfg.blob_gc_every_s
@@ -350,34 +438,48 @@ class Member:
                     removed = blobs.collect(cfg.blob_gc_grace_s, time.time())
                 except Exception as e:
                     if not is_disk_error(e) or not is_full(e, cfg.data) or blobs.poisoned:
-                        fatal(e)
+                        self._fatal(e)
                         raise
                     watch.write_failed(e)  # collecting needs a little room too: later
                     removed = 0
                 if removed:
                     log.info("blobs_collected", blobs=removed)
+
+    def _shut_down(self) -> None:
+        """The clean stop, in order: HTTP (no new requests), the jobs thread, the driver
+        (running items cut), the blob writers, the other threads, then the journal synced and
+        closed and the blob store closed."""
         log.info("meshd_stopping")
-        http.stop()
-        t_http.join(10)
-        jobs.stop()
-        t_jobs.join(10)
-        driver.stop()
-        t_driver.join(10)
-        writers.close()
-        if mover is not None:
-            mover.stop()
-        item_logs.stop()
-        history.stop()
-        notifier.stop()
-        if links is not None:
-            links.stop()
-        for t in extra:
-            t.join(10)
-        replica.journal_sync()
-        replica.close()
-        blobs.close()
+        join_s = limits.thread_join_s_max
+        self.http.stop()
+        self.t_http.join(join_s)
+        self.jobs.stop()
+        self.t_jobs.join(join_s)
+        self.driver.stop()
+        self.t_driver.join(join_s)
+        self.writers.close()
+        if self.mover is not None:
+            self.mover.stop()
+        self.item_logs.stop()
+        self.history.stop()
+        self.notifier.stop()
+        if self.links is not None:
+            self.links.stop()
+        for t in self.extra:
+            t.join(join_s)
+        self.replica.journal_sync()
+        self.replica.close()
+        self.blobs.close()
         log.info("meshd_stopped")
-        return 0
+
+
+class _StartFailed(Exception):
+    """A step of `Member.serve` could not start the member; it has said why on stderr, and
+    `code` is meshd's exit status."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
 
 
 class _HttpBlobs:

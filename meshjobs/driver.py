@@ -71,7 +71,7 @@ import structlog
 
 from blobstore.digest import EMPTY_DIGEST
 from blobstore.errors import BlobError
-from meshjobs import limits, outpaths, runas, spawn
+from meshjobs import limits, outpaths, pidwatch, runas, spawn
 from meshjobs.capture import Capture
 from meshjobs.itemenv import DEFAULT_PASS, base_env
 from meshjobs.node.events import ItemEnded, Run
@@ -453,16 +453,14 @@ class Driver:
         finally:
             for fd in theirs:
                 os.close(fd)
-        try:
-            run.pidfd = os.pidfd_open(run.pid)
-        except OSError:
+        def reap() -> None:
             # Out of descriptors: the member cannot supervise anything more, so it stops here
             # rather than leave a process it cannot watch.
-            _killpg(run.pid, signal.SIGKILL)
             self._wait(run)
             self._close_run_fds(run)
             self._remove_stdin(run)
-            raise
+
+        run.pidfd = pidwatch.open_pidfd(run.pid, reap)
         if item.runtime_s is not None:
             run.deadline = time.monotonic() + item.runtime_s
         self._runs[item.key] = run
@@ -930,13 +928,7 @@ class Driver:
                 pass
 
 
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass  # The whole group is gone already.
-    except PermissionError:
-        pass  # Only members that changed their user remain; the rest got the signal.
+_killpg = pidwatch.killpg
 
 
 def _which(name: str, env: dict[str, str]) -> str | None:

@@ -565,3 +565,107 @@ def parse_log_piece(body: Any) -> LogPiece:
     if err is not None and (data or end):
         raise FrameError("body", "an answer with an error carries no data and no end")
     return LogPiece(q, data, end, err)
+
+
+# --- Bodies too large for one frame: parts, and putting them back together --------------------
+#
+# A body whose msgpack is larger than `limits.frame_part_bytes` (a table snapshot, a large
+# batch of committed entries) travels as a run of frames of its own type, each body
+# {seq, part, parts, data}: `data` is the `part`-th slice of the packed body, `parts` how many
+# slices there are, `seq` the sender's number for this body. `Chunker` cuts a packed body into
+# part bodies; `Assembler` puts them back together, per (peer, seq). Both do no IO.
+#
+# Rule 5: an assembler holds at most `frame_assemblies_max` bodies at once (the oldest goes
+# first), each of at most `frame_parts_max` parts of at most `frame_part_bytes` bytes; a part
+# that is not a good one raises `FrameError("parts", why)` and drops its body's other parts.
+
+
+def is_part(body: Any) -> bool:
+    """True when a frame body is one part of a body sent in parts (it has a `parts` field)."""
+    return isinstance(body, dict) and "parts" in body
+
+
+class Chunker:
+    """Cuts packed bodies too large for one frame into part bodies, numbering each body."""
+
+    def __init__(self, part_bytes: int = limits.frame_part_bytes,
+                 parts_max: int = limits.frame_parts_max) -> None:
+        if part_bytes < 1 or parts_max < 1:
+            raise ValueError("part_bytes and parts_max must be at least 1")
+        self.part_bytes = part_bytes
+        self.parts_max = parts_max
+        self._seq = 0  # the last body's number (the first is 1)
+
+    def fits(self, packed: bytes) -> bool:
+        """True when `packed` goes whole, in one frame."""
+        return len(packed) <= self.part_bytes
+
+    def split(self, packed: bytes) -> list[dict[str, Any]]:
+        """The part bodies of `packed`, in order. A body that would take more than `parts_max`
+        parts raises ValueError (our own body too large: the caller drops it, loudly); no
+        number is used up then."""
+        size = self.part_bytes
+        parts = -(-len(packed) // size)
+        if parts > self.parts_max:
+            raise ValueError(f"a body of {len(packed)} bytes needs {parts} parts, more than "
+                             f"frame_parts_max={self.parts_max}")
+        self._seq += 1
+        return [{"seq": self._seq, "part": k, "parts": parts,
+                 "data": packed[k * size:(k + 1) * size]} for k in range(parts)]
+
+
+class Assembler:
+    """Puts bodies sent in parts back together (see Rule 5). `add` gives the whole body once
+    its last part is in, None before; `dropped` counts the parts refused, by reason."""
+
+    def __init__(self, part_bytes: int = limits.frame_part_bytes,
+                 parts_max: int = limits.frame_parts_max,
+                 assemblies_max: int = limits.frame_assemblies_max) -> None:
+        self.part_bytes = part_bytes
+        self.parts_max = parts_max
+        self.assemblies_max = assemblies_max
+        # (peer, seq) -> (parts, the parts in so far, bytes in so far); oldest first.
+        self._parts: dict[tuple[str, int], tuple[int, list[bytes | None], int]] = {}
+        self.dropped: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        """Bodies being put back together now."""
+        return len(self._parts)
+
+    def add(self, peer: str, body: Any) -> Any:
+        """One part from `peer`: the whole body (unpacked) once every part is in, else None.
+        A part that is not good raises FrameError("parts")."""
+        try:
+            return self._add(peer, body)
+        except FrameError as e:
+            self.dropped[e.detail] = self.dropped.get(e.detail, 0) + 1
+            raise
+
+    def _add(self, peer: str, body: Any) -> Any:
+        if not isinstance(body, dict):
+            raise FrameError("parts", "not_map")
+        seq, part, parts, data = body.get("seq"), body.get("part"), body.get("parts"), body.get("data")
+        if not (type(seq) is int and type(part) is int and type(parts) is int
+                and isinstance(data, bytes) and 0 <= part < parts <= self.parts_max):
+            raise FrameError("parts", "fields")
+        if len(data) > self.part_bytes:
+            raise FrameError("parts", "size")
+        key = (peer, seq)
+        if key not in self._parts:
+            if len(self._parts) >= self.assemblies_max:
+                self._parts.pop(next(iter(self._parts)))
+            self._parts[key] = (parts, [None] * parts, 0)
+        n, chunks, size = self._parts[key]
+        if n != parts or chunks[part] is not None:
+            del self._parts[key]
+            raise FrameError("parts", "mismatch")
+        chunks[part] = data
+        size += len(data)
+        self._parts[key] = (n, chunks, size)
+        if any(c is None for c in chunks):
+            return None
+        del self._parts[key]
+        try:
+            return msgpack.unpackb(b"".join(chunks), raw=False, strict_map_key=False)  # type: ignore[arg-type]
+        except Exception:  # msgpack raises many classes for garbage; all mean "not a body"
+            raise FrameError("parts", "body") from None

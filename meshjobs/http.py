@@ -66,9 +66,8 @@ from meshjobs.frames import LogAsk, LogPiece
 from meshjobs.metrics import MemberMetrics
 from meshjobs.openapi import openapi_document
 
-# The shortest answer a client gets when the jobs thread is slow: a change may wait up to
-# ctl_commit_ms_max for its commit, so the HTTP side waits that long plus some slack.
-CTL_SLACK_MS = 2_000
+# The shortest answer a client gets when the jobs thread is slow (limits.http_ctl_slack_ms).
+CTL_SLACK_MS = limits.http_ctl_slack_ms
 
 
 FINAL_ITEM_STATES = ("done", "failed", "timeout", "cancelled")
@@ -136,7 +135,8 @@ def _parse_since(value: str | None) -> float | None:
     if value is None:
         return None
     try:
-        since = float(value) if len(value) <= 32 and value.isascii() else None
+        since = (float(value) if len(value) <= limits.history_since_chars_max and value.isascii()
+                 else None)
     except ValueError:
         since = None
     if since is None or since != since or not 0 <= since < limits.epoch_s_max:
@@ -380,7 +380,8 @@ class HttpApi:
         self._wake = asyncio.Event()
         # aiohttp's keep-alive timer closes connections idle between requests; the gate does
         # the rest (header timeout, connection limit, accept errors): see httpconn.py.
-        runner = web.AppRunner(self.make_app(), access_log=None, shutdown_timeout=1.0,
+        runner = web.AppRunner(self.make_app(), access_log=None,
+                               shutdown_timeout=limits.http_shutdown_s,
                                keepalive_timeout=self._idle_s)
         await runner.setup()
         httpconn.budget_asyncio_log()
@@ -528,7 +529,8 @@ class HttpApi:
         is_form = request.content_type == "application/x-www-form-urlencoded"
         if is_form:
             try:
-                fields = urllib.parse.parse_qs(raw.decode("utf-8"), max_num_fields=8)
+                fields = urllib.parse.parse_qs(raw.decode("utf-8"),
+                                               max_num_fields=limits.http_login_fields_max)
             except (UnicodeDecodeError, ValueError):
                 raise HttpError(400, "the login form is not valid") from None
             token = (fields.get("token") or [""])[0]
@@ -614,7 +616,7 @@ class HttpApi:
         if not raw:
             raise HttpError(400, "the request needs a JSON body")
         try:
-            if len(raw) > 1 << 20:
+            if len(raw) > limits.http_json_thread_bytes_min:
                 # A big body would hold up every other request while it is parsed.
                 return await asyncio.get_running_loop().run_in_executor(None, _loads, raw)
             return _loads(raw)
@@ -1487,7 +1489,8 @@ async def _machine_names() -> frozenset[str]:
     names = {socket.gethostname()}
     try:
         names.add(await asyncio.wait_for(
-            asyncio.get_running_loop().run_in_executor(None, socket.getfqdn), 2.0))
+            asyncio.get_running_loop().run_in_executor(None, socket.getfqdn),
+            limits.http_fqdn_s_max))
     except (TimeoutError, OSError):
         pass
     return frozenset(n.lower().rstrip(".") for n in names if n)

@@ -49,8 +49,7 @@ from meshjobs.frames import (
     parse_log_piece,
 )
 
-# The item-log thread wakes this often when idle (to notice stop).
-_IDLE_S = 0.5
+_IDLE_S = limits.item_logs_idle_s
 
 
 def _resolve(fut: Future, value: LogPiece | None) -> None:

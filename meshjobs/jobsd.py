@@ -14,8 +14,8 @@ It reads like raft's own loop (etcd's `Ready`/`Advance`):
 If the journal cannot be made durable, or the node breaks an invariant of its own, the member
 stops at once with a non-zero exit (fail-stop): it never answers from state it could not keep.
 
-A worker member has no Raft replica: `WorkerReplica` stands in for it (nothing to tick, nothing
-to sync), and the node applies the leader's F_JOB_STATE frames to its table itself.
+A worker member has no Raft replica: `replica.WorkerReplica` stands in for it (nothing to tick,
+nothing to sync), and the node applies the leader's F_JOB_STATE frames to its table itself.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import itertools
 import os
 import queue
-import select
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ import structlog
 from meshjobs import limits
 from meshjobs.control import Answer
 from meshjobs.diskspace import is_disk_error
+from meshjobs.frames import Assembler, Chunker, FrameError, FrameType, is_part
 from meshjobs.node import (
     BlobBytes,
     BlobsCopied,
@@ -54,127 +54,22 @@ from meshjobs.node import (
     Tick,
     Unpin,
     UnpinAllBut,
-    View,
     advance,
     dispatch,
     run_round,
 )
 from meshjobs.node.events import Exit, Notify
+from meshjobs.replica import WorkerReplica as WorkerReplica  # its home before; still found here
 from meshjobs.replica import fail_stop
 
 log = structlog.get_logger(__name__)
 
 _BUSY = Answer(503, {"error": "member busy: too many requests queued; try again shortly"})
 _STOPPING = Answer(503, {"error": "member is stopping; try another member or try again later"})
-_CHUNK_BYTES = limits.frame_bytes_max - 64 * 1024  # room for the chunk's own fields and MAC
 
 
 def _wall_ms() -> int:
     return int(time.time() * 1000)
-
-
-class _Journal:
-    """A worker member's journal: it has none (its table is re-learned from the leader)."""
-
-    dirty = False
-
-    def sync(self) -> None:
-        pass
-
-
-class WorkerReplica:
-    """What the jobs thread needs of a replica, for a member that does not vote."""
-
-    dump_damage = None
-
-    def __init__(self) -> None:
-        self.journal = _Journal()
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._r, False)
-        os.set_blocking(self._w, False)
-        self.notifier = self
-
-    def notify(self) -> None:
-        try:
-            os.write(self._w, b"!")
-        except BlockingIOError:
-            pass
-
-    def tick(self, timeout_s: float) -> None:
-        pass
-
-    def wait(self, timeout_s: float) -> None:
-        ready, _, _ = select.select([self._r], [], [], timeout_s)
-        if ready:
-            try:
-                while os.read(self._r, 4096):
-                    pass
-            except BlockingIOError:
-                pass
-
-    def needs_tick(self) -> bool:
-        return False
-
-    def due_s(self) -> float:
-        return limits.publish_ms / 1000.0  # no Raft timers
-
-    def view(self) -> View:
-        return View()
-
-    def take_applied(self) -> list:
-        return []
-
-    def propose(self, entry: dict) -> None:
-        raise AssertionError("a worker member never proposes")
-
-    def log_proposals(self) -> None:
-        pass  # never proposes
-
-    def send_commit_notice(self) -> None:
-        pass  # no Raft log, nothing to tell
-
-    def compact_when_large(self) -> None:
-        pass  # no Raft log
-
-    def journal_sync(self) -> None:
-        pass
-
-    def close(self) -> None:
-        os.close(self._r)
-        os.close(self._w)
-
-
-class _Assembler:
-    """Frames too large for one link frame travel in parts; this puts them back together,
-    bounded in count and bytes (a peer cannot make us hold more)."""
-
-    def __init__(self) -> None:
-        self._parts: dict[tuple[str, int], tuple[int, list[bytes | None], int]] = {}
-
-    def add(self, peer: str, body: dict) -> Any:
-        seq, part, parts, data = body.get("seq"), body.get("part"), body.get("parts"), body.get("data")
-        if not (type(seq) is int and type(part) is int and type(parts) is int
-                and isinstance(data, bytes) and 0 <= part < parts <= limits.frame_parts_max):
-            return None
-        key = (peer, seq)
-        if key not in self._parts:
-            if len(self._parts) >= limits.frame_assemblies_max:
-                self._parts.pop(next(iter(self._parts)))
-            self._parts[key] = (parts, [None] * parts, 0)
-        n, chunks, size = self._parts[key]
-        if n != parts or chunks[part] is not None:
-            del self._parts[key]
-            return None
-        chunks[part] = data
-        size += len(data)
-        self._parts[key] = (n, chunks, size)
-        if any(c is None for c in chunks):
-            return None
-        del self._parts[key]
-        try:
-            return msgpack.unpackb(b"".join(chunks), raw=False, strict_map_key=False)  # type: ignore[arg-type]
-        except Exception:
-            return None
 
 
 class JobsThread:
@@ -198,8 +93,8 @@ class JobsThread:
         self._futures: dict[int, Future] = {}
         self._stop = threading.Event()
         self._last_view = None
-        self._seq = itertools.count(1)
-        self._assembler = _Assembler()
+        self._chunker = Chunker()
+        self._assembler = Assembler()
         # Items whose stdin blob is on another member: started once it is fetched, or at the
         # deadline (the driver then fails the item, saying the input is missing).
         self._awaiting_input: dict[tuple[str, int, int], tuple[Run, float]] = {}
@@ -502,8 +397,11 @@ class JobsThread:
     def _frame(self, ev: FrameIn) -> FrameIn | None:
         """A frame for the node, once whole (a frame sent in parts waits for its last part)."""
         body = ev.body
-        if isinstance(body, dict) and "parts" in body:
-            whole = self._assembler.add(ev.peer, body)
+        if is_part(body):
+            try:
+                whole = self._assembler.add(ev.peer, body)
+            except FrameError:
+                return None  # counted by the assembler
             if whole is None:
                 return None
             ev = FrameIn(ev.peer, ev.ftype, whole)
@@ -584,21 +482,16 @@ class JobsThread:
     def _send(self, eff: Send) -> None:
         if self.links is None:
             return
-        from meshjobs.frames import FrameType
-
         ftype = FrameType[eff.ftype]
         raw = msgpack.packb(eff.body, use_bin_type=True)
-        if len(raw) <= _CHUNK_BYTES:
+        if self._chunker.fits(raw):
             self.links.send(eff.to, ftype, eff.body, table=eff.table)
             return
         # Too large for one frame (a table snapshot, a large batch of entries): in parts, as
         # one table batch, so that a part that cannot be queued drops the rest.
-        parts = -(-len(raw) // _CHUNK_BYTES)
-        if parts > limits.frame_parts_max:
+        try:
+            parts = self._chunker.split(raw)
+        except ValueError:
             log.error("frame_too_large", to=eff.to, ftype=eff.ftype, bytes=len(raw))
             return
-        seq = next(self._seq)
-        self.links.send_batch(eff.to, [
-            (ftype, {"seq": seq, "part": k, "parts": parts,
-                     "data": raw[k * _CHUNK_BYTES:(k + 1) * _CHUNK_BYTES]})
-            for k in range(parts)], table=True)
+        self.links.send_batch(eff.to, [(ftype, part) for part in parts], table=True)

@@ -64,9 +64,7 @@ TERM_MAGIC = b"MJT1"
 _TERM_HEADER = struct.Struct("<4sII")  # magic, body length, crc32 of body
 _TERM_BODY = struct.Struct("<QB")  # term, has a vote; the vote's UTF-8 bytes follow
 
-# Commands at least this large are written apart from their header instead of being joined to it,
-# so a big entry is not copied once more only to save a write call.
-_JOIN_BYTES_MAX = 64 * 1024
+_JOIN_BYTES_MAX = limits.journal_join_bytes_max
 
 _fdatasync = getattr(os, "fdatasync", os.fsync)
 

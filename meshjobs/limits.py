@@ -7,12 +7,16 @@ size, a count or a time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 # --- Job specs (checked by control.py before anything is stored or proposed) --------------------
 job_id_chars_max = 128  # a job id: [A-Za-z0-9._-], 1..128 characters
 argv_items_max = 4096  # arguments of one job's program
 argv_bytes_max = 256 * 1024  # all arguments together, UTF-8
 env_items_max = 256  # extra environment variables of one job
 env_bytes_max = 64 * 1024  # all of them together
+env_name_chars_max = 256  # the name of one of them
 tags_max = 32  # tags of one job
 tag_chars_max = 64  # one tag
 pool_chars_max = 64  # a pool name
@@ -77,6 +81,14 @@ http_log_window_s = 10  # ...of this length; the rest are counted and summed up 
 ctl_commit_ms_max = 10_000  # a change not committed by then is answered 503 (no leader/quorum)
 ctl_pending_max = 100_000  # changes waiting for their commit at once; more are answered 503
 ctl_queue_max = 10_000  # requests queued from HTTP to the jobs thread
+# The shortest wait of HTTP for an answer of the jobs thread: a change may wait up to
+# ctl_commit_ms_max for its commit, so the HTTP side waits that long plus this slack.
+http_ctl_slack_ms = 2_000
+http_shutdown_s = 1.0  # at stop, requests being answered get this long to finish
+http_login_fields_max = 8  # fields of a login form (token, next and a few a browser may add)
+http_json_thread_bytes_min = 1 << 20  # a JSON body this large is parsed off the event loop
+http_fqdn_s_max = 2.0  # looking up this machine's fully qualified name (a resolver may hang)
+history_since_chars_max = 32  # a history query's since= (seconds since the epoch, a number)
 rid_chars_max = 128  # a request id (idempotency key)
 rids_remembered_max = 100_000  # request ids the table remembers to dedupe retried changes
 forgotten_ids_max = 100_000  # tombstones of forgotten job ids the table keeps (oldest dropped first)
@@ -119,6 +131,9 @@ item_drain_reads_max = 64  # reads of each output pipe once the item's group is 
 
 # --- The journal and snapshots -----------------------------------------------------------------
 journal_record_bytes_max = 256 * 1024 * 1024  # one journal record (one committed entry)
+# Commands at least this large are written apart from their header instead of being joined to
+# it, so a big entry is not copied once more only to save a write call.
+journal_join_bytes_max = 64 * 1024
 entry_bytes_max = 64 * 1024 * 1024  # one proposed entry
 snapshot_bytes_max = 16 * 1024 * 1024 * 1024  # one full dump of the table
 log_compaction_entries_min = 20_000  # compact the log past this many entries
@@ -149,6 +164,11 @@ link_silent_ms_max = 10_000  # a connection that received nothing for this long 
 link_hello_ms_max = 5_000  # a new connection must complete its handshake within this
 link_pending_conns_max = 64  # accepted connections that have not completed their handshake
 link_io_bytes = 256 * 1024  # one recv or send call on a member link
+link_reads_per_turn_max = 16  # reads of one connection per loop turn (no busy peer starves the rest)
+link_tick_s = 0.05  # the links loop wakes at least this often to run its timers
+link_discover_s_max = 5.0  # a joining worker's ask for the fleet's voters waits this long for the answer
+link_voters_send_s_max = 1.0  # sending the voters to a joining worker blocks at most this long
+link_discover_read_bytes = 64 * 1024  # one recv of that answer
 
 # --- Live item output (GET /jobs/{id}/items/{n}/stdout, F_LOG_GET/F_LOG_PUT, itemlogs.py) -----
 log_frame_bytes_max = 256 * 1024  # output bytes in one F_LOG_PUT (one read of a spool file)
@@ -160,6 +180,7 @@ log_inbox_max = 256  # F_LOG_GET frames queued to the item-log thread; more are 
 log_start_wait_s_max = 60  # ?follow=1 waits this long for an item that has not started
 log_settle_ms_max = 5_000  # an answer without follow waits this long for output between spool and blob
 log_follow_s_max = 24 * 3600  # a follow ends after this long (a client resumes with ?offset=)
+item_logs_idle_s = 0.5  # the item-log thread wakes this often when idle (to notice stop)
 
 # --- The fleet ---------------------------------------------------------------------------------
 member_dead_ms = 3_000  # a member not heard from for this long has its leases revoked
@@ -177,6 +198,10 @@ member_names_max = 4_096  # distinct member names the table shares one string fo
 have_ms = 250  # members report what they have (F_JOB_HAVE) this often
 frame_parts_max = 256  # a body too large for one frame travels in at most this many parts
 frame_assemblies_max = 8  # bodies in parts being put back together at once
+# A body whose msgpack is larger than this travels in parts of this size (frames.Chunker); the
+# room left in its frame is for the part's own fields, the header and the tag.
+frame_part_room_bytes = 64 * 1024
+frame_part_bytes = frame_bytes_max - frame_part_room_bytes
 
 # --- Blob copies and fetches between members (blobmover.py) -----------------------------------
 blob_frame_bytes = 1 << 20  # blob bytes in one F_BLOB_PUT frame (one chunk)
@@ -193,6 +218,12 @@ blob_mover_queue_max = 1024  # frames and copy requests queued to the mover; als
 blob_mover_queue_bytes_max = 64 << 20  # chunk bytes queued to the mover
 blob_copy_wait_ms = 600_000  # a copy not acknowledged by then is forgotten (the node asks again)
 join_s_max = 60  # a worker member keeps trying to reach the member it joins through this long
+join_retry_s = 0.5  # and tries again this often
+http_start_s_max = 10  # meshd stops (exit 2) if HTTP does not listen within this of its start
+thread_join_s_max = 10  # at a clean stop, each thread gets this long to end
+# Raft election timeouts (seconds, drawn between the two): a voter alone elects itself at once.
+raft_election_s = (0.4, 0.8)
+raft_election_alone_s = (0.05, 0.1)
 # One sealed frame on the Raft port (raftlink.py): a batch of entries up to about twice the
 # largest entry (pysyncobj adds entries to a message until it holds a batch's worth), in msgpack.
 raft_message_bytes_max = 3 * entry_bytes_max
@@ -208,6 +239,8 @@ raft_send_queue_bytes_max = 2 * raft_message_bytes_max
 raft_ping_s = 1.0  # an idle Raft connection carries a ping this often
 raft_idle_s_max = 3.5  # a Raft connection that brings nothing for this long is closed
 raft_connect_retry_s = 0.25  # a voter dials a voter it is not connected to this often
+raft_read_bytes = 1 << 18  # one recv on the Raft port
+raft_reads_per_event_max = 16  # recvs per poll event, so that one busy peer cannot starve the others
 fleet_ask_ms = 2_000  # the fleet view asked of the leader; unanswered by then, a member gives its own
 ctl_resend_ms = 500  # a forwarded change not answered by then is sent to the leader again
 py_request_bytes_max = 64 << 20  # an item's stdin payload handed to a python worker
@@ -217,6 +250,7 @@ py_frame_overhead_bytes_max = 1 << 20  # a python frame's fields around its payl
 py_worker_start_s_max = 30  # a python worker not ready this long after its spawn is killed
 py_worker_respawn_ms = 1_000  # a python worker that failed to start is replaced after this
 py_workers_max = 256  # worker processes of one member's python pools together
+py_read_bytes = 1 << 20  # one read of a python worker's answer pipe; a frame may take many
 ctl_batch_max = 1024  # control changes the leader puts in one entry
 state_resend_ms = 1_000  # a worker behind what was sent, not moving this long, is sent it again
 http_store_batch_max = 4_096  # distinct inline payloads of a submit stored per write transaction
@@ -233,6 +267,10 @@ events_check_ms = 500  # an /events stream looks this often for its client gone 
 cli_wait_retry_s_max = 120  # `job wait` without --timeout asks members that cannot answer this long in a row
 cli_wait_backoff_s_base = 0.2  # the first retry of `job wait` waits this long, then twice as long...
 cli_wait_backoff_s_max = 5  # ...but never longer than this
+cli_wait_poll_s = 30  # one ask of `job wait` waits this long for the job to end (then asks again)
+cli_timeout_slack_s = 5  # meshctl waits for a change ctl_commit_ms_max and this much more
+cli_copy_chunk_bytes = 1 << 20  # one read of a blob meshctl copies to a file or stdout
+cli_error_bytes_max = 64 * 1024  # of an error answer, meshctl reads this much for its message
 
 # --- Many jobs at once (cancel, forget, tone, status by ids or a filter) ----------------------
 bulk_jobs_max = 500  # jobs one bulk request names or touches (more ids: 400; a filter: a page)
@@ -309,3 +347,87 @@ watch_id_hash_chars = 16  # hex digits of the digest that ends every derived job
 watch_state_name_bytes_max = 255  # NAME_MAX: a file whose state file name is longer is not run
 watch_xattr_bytes_max = 1024  # a state kept in an xattr (ext4 keeps one block for all of a file's)
 watch_tick_s_max = 1.0  # a running watcher looks at its refresh and rescan times at least this often
+
+
+# --- How the limits relate ----------------------------------------------------------------------
+# Checked when this module is imported: a change of one limit that contradicts another stops
+# every program at once, instead of showing as a frame that never fits or a timer that never
+# fires. Each relation: what it says, the limit that breaks it when grown (tests/test_limits.py
+# grows each in a copy of the values and sees it refused), and the check.
+RELATIONS: tuple[tuple[str, str, Callable[[dict[str, Any]], bool]], ...] = (
+    ("a part of a body in parts, with its room, fits one frame", "frame_part_bytes",
+     lambda v: v["frame_part_bytes"] + v["frame_part_room_bytes"] <= v["frame_bytes_max"]),
+    ("a blob chunk with its fields fits one frame", "blob_frame_bytes",
+     lambda v: v["blob_frame_bytes"] + v["frame_part_room_bytes"] <= v["frame_bytes_max"]),
+    ("a piece of live output with its fields fits one frame", "log_frame_bytes_max",
+     lambda v: v["log_frame_bytes_max"] + v["frame_part_room_bytes"] <= v["frame_bytes_max"]),
+    ("a handshake frame is no larger than a frame", "link_handshake_bytes_max",
+     lambda v: v["link_handshake_bytes_max"] <= v["frame_bytes_max"]),
+    ("a whole frame fits the bytes queued to a peer", "frame_bytes_max",
+     lambda v: v["frame_bytes_max"] <= v["link_queue_bytes_max"]),
+    ("a blob window's chunks fit the bytes in flight to a peer", "blob_window_frames",
+     lambda v: v["blob_frame_bytes"] * v["blob_window_frames"] <= v["blob_inflight_bytes_max"]),
+    ("a Raft batch holds the largest entry (no entry is split)", "entry_bytes_max",
+     lambda v: v["entry_bytes_max"] < v["raft_batch_bytes"]),
+    ("a Raft message holds two batches (pysyncobj fills one past a batch)", "raft_batch_bytes",
+     lambda v: 2 * v["raft_batch_bytes"] <= v["raft_message_bytes_max"]),
+    ("a Raft message fits the bytes queued to a voter", "raft_message_bytes_max",
+     lambda v: v["raft_message_bytes_max"] <= v["raft_send_queue_bytes_max"]),
+    ("a journal record holds the largest entry", "entry_bytes_max",
+     lambda v: v["journal_record_bytes_max"] >= v["entry_bytes_max"]),
+    ("an idle Raft connection pings before it is taken as dead", "raft_ping_s",
+     lambda v: v["raft_ping_s"] < v["raft_idle_s_max"]),
+    ("an idle member link pings before it is taken as silent", "link_idle_ms",
+     lambda v: v["link_idle_ms"] < v["link_silent_ms_max"]),
+    ("members report more often than a silent one is taken as dead", "have_ms",
+     lambda v: v["have_ms"] < v["member_dead_ms"]),
+    ("a member is dead before its copies are lost", "member_dead_ms",
+     lambda v: v["member_dead_ms"] < v["member_lost_ms"]),
+    ("a forwarded change is resent before its commit wait ends", "ctl_resend_ms",
+     lambda v: v["ctl_resend_ms"] < v["ctl_commit_ms_max"]),
+    ("a followed item's output is polled before its ask times out", "log_poll_ms",
+     lambda v: v["log_poll_ms"] < v["log_ask_ms_max"]),
+    ("a redial backoff starts below its cap", "link_connect_backoff_ms_base",
+     lambda v: v["link_connect_backoff_ms_base"] <= v["link_connect_backoff_ms_max"]),
+    ("a retry backoff starts below its cap", "retry_backoff_ms_base",
+     lambda v: v["retry_backoff_ms_base"] <= v["retry_backoff_ms_max"]),
+    ("a dump retry starts below its cap", "dump_retry_ms_min",
+     lambda v: v["dump_retry_ms_min"] <= v["dump_retry_ms_max"]),
+    ("a notice's backoff starts below its cap, within its retry time", "notify_backoff_s_base",
+     lambda v: v["notify_backoff_s_base"] <= v["notify_backoff_s_max"] <= v["notify_retry_s_max"]),
+    ("`job wait`'s backoff starts below its cap", "cli_wait_backoff_s_base",
+     lambda v: v["cli_wait_backoff_s_base"] <= v["cli_wait_backoff_s_max"]),
+    ("a page of jobs by default is no larger than the largest", "jobs_list_default",
+     lambda v: v["jobs_list_default"] <= v["jobs_list_max"]),
+    ("a history read by default is no larger than the largest", "history_read_default",
+     lambda v: v["history_read_default"] <= v["history_read_max"]),
+    ("history keeps by default no more files than it may", "history_keep_files",
+     lambda v: v["history_keep_files"] <= v["history_keep_files_max"]),
+    ("one F_JOB_STATE frame's entries fit the ring that catches workers up", "state_entries_max",
+     lambda v: v["state_entries_max"] <= v["state_ring_entries_max"]),
+    ("one answer of changes fits the ring it resumes from", "events_answer_max",
+     lambda v: v["events_answer_max"] <= v["events_ring_changes_max"]),
+    ("the fewest HTTP connections are no more than the most", "http_conns_min",
+     lambda v: v["http_conns_min"] <= v["http_conns_max"]),
+    ("a login body is no larger than any body", "http_login_body_bytes_max",
+     lambda v: v["http_login_body_bytes_max"] <= v["http_body_bytes_max"]),
+    ("a failed item's stderr tail is within what is read of it", "status_stderr_bytes_max",
+     lambda v: v["status_stderr_bytes_max"] <= v["status_stderr_read_bytes_max"]),
+    ("the links loop runs its timers more often than it pings", "link_tick_s",
+     lambda v: v["link_tick_s"] * 1000 < v["link_idle_ms"]),
+    ("a joining worker tries more than once before it gives up", "join_retry_s",
+     lambda v: v["join_retry_s"] < v["join_s_max"]),
+    ("a result's copies are no more than the holders its row names", "blob_copies",
+     lambda v: 1 <= v["blob_copies"] <= v["result_holders_max"]),
+)
+
+
+def broken(values: dict[str, Any]) -> list[str]:
+    """What each relation of `values` (this module's, or a copy) that does not hold says."""
+    return [says for says, _grown, holds in RELATIONS if not holds(values)]
+
+
+_broken = broken(globals())
+if _broken:  # not `assert`: python -O must not start with limits that contradict each other
+    raise AssertionError("meshjobs.limits contradict each other: " + "; ".join(_broken))
+del _broken

@@ -61,9 +61,9 @@ from meshjobs.frames import (
 _LISTEN = object()
 _WAKE = object()
 # Reads of one connection per loop turn, so that one busy peer cannot starve the others.
-_READS_PER_TURN = 16
+_READS_PER_TURN = limits.link_reads_per_turn_max
 # The loop wakes at least this often to run its timers.
-_TICK_S = 0.05
+_TICK_S = limits.link_tick_s
 
 
 DISCOVER = "*"  # the `to` of a hello that asks "who are you and who are the voters?"
@@ -79,7 +79,7 @@ _HINTS = {
 
 
 def discover(addr: tuple[str, int], self_name: str, boot: str, secret: bytes,
-             timeout_s: float = 5.0) -> dict[str, Any]:
+             timeout_s: float = limits.link_discover_s_max) -> dict[str, Any]:
     """Ask the member at `addr` for its hello and the fleet's voters (blocking; used once when a
     worker member starts with `join`), over a whole handshake: the answer comes only after both
     ends proved they hold the secret. Raises OSError or FrameError when it cannot."""
@@ -106,7 +106,7 @@ def discover(addr: tuple[str, int], self_name: str, boot: str, secret: bytes,
             if left <= 0:
                 raise TimeoutError(f"no answer from {addr[0]}:{addr[1]} within {timeout_s} s")
             sock.settimeout(left)
-            data = sock.recv(min(session.room(), 65536))
+            data = sock.recv(min(session.room(), limits.link_discover_read_bytes))
             if not data:
                 raise ConnectionError(f"{addr[0]}:{addr[1]} closed the connection")
             session.receive_data(data)
@@ -680,7 +680,7 @@ class Links:
         conn.out += conn.session.seal(FrameType.F_VOTERS, {"voters": self._discovery()})
         try:
             conn.sock.setblocking(True)
-            conn.sock.settimeout(1.0)
+            conn.sock.settimeout(limits.link_voters_send_s_max)
             conn.sock.sendall(conn.out)
         except OSError:
             pass

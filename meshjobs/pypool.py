@@ -39,11 +39,11 @@ from typing import Any
 import msgpack
 import structlog
 
-from meshjobs import limits, pyworker
+from meshjobs import limits, pidwatch, pyworker
 from meshjobs.itemenv import base_env
 
 RunKey = tuple[str, int, int]  # (job_id, index, epoch)
-_READ_BYTES = 1 << 20  # one read of an answer pipe; a frame may take many
+_READ_BYTES = limits.py_read_bytes
 # The folder meshjobs itself was imported from: first on the workers' PYTHONPATH, so a worker runs
 # the same meshjobs as its member whatever the member's cwd or installed copies.
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(pyworker.__file__)))
@@ -238,13 +238,8 @@ class PyPool:
             # before it was ready.
             self._start_failed(None, f"could not spawn {sys.executable}: {e.strerror or e}")
             return
-        try:
-            pidfd = os.pidfd_open(proc.pid)
-        except OSError:
-            # Out of descriptors: the member cannot supervise a worker it cannot watch.
-            _killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
+        # Out of descriptors, the member cannot supervise a worker it cannot watch.
+        pidfd = pidwatch.open_pidfd(proc.pid, proc.wait)
         w = _Worker(proc, pidfd, time.monotonic() + limits.py_worker_start_s_max)
         os.set_blocking(w.r_fd, False)
         os.set_blocking(w.w_fd, False)
@@ -443,10 +438,4 @@ class PyPool:
         w.proc.stdout.close()
 
 
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass  # The whole group is gone already.
-    except PermissionError:
-        pass  # Only members that changed their user remain; the rest got the signal.
+_killpg = pidwatch.killpg

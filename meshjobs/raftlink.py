@@ -68,8 +68,8 @@ from meshjobs.frames import (
 
 log = structlog.get_logger(__name__)
 
-_READ_BYTES = 1 << 18  # one recv
-_READS_PER_EVENT = 16  # recvs per poll event, so that one busy peer cannot starve the others
+_READ_BYTES = limits.raft_read_bytes  # one recv
+_READS_PER_EVENT = limits.raft_reads_per_event_max
 _RW = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
 _RWW = _RW | POLL_EVENT_TYPE.WRITE
 # What each FrameError reason is counted as (the names /metrics has shown since pysyncobj's

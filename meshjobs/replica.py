@@ -39,6 +39,7 @@ thread needs no lock to read it.
 from __future__ import annotations
 
 import os
+import select
 import threading
 import time
 from collections.abc import Callable
@@ -631,3 +632,109 @@ def fail_stop(log: Any, why: str, exc: BaseException | None = None,
                      what_to_do=fix_hint(exc, path) if code == EXIT_DISK else None)
     finally:
         exit_fn(code)
+
+
+# --- A worker member's stand-in ---------------------------------------------------------------
+
+class _Journal:
+    """A worker member's journal: it has none (its table is re-learned from the leader)."""
+
+    dirty = False
+
+    def sync(self) -> None:
+        pass
+
+
+class WorkerReplica:
+    """What the jobs thread needs of a replica, for a member that does not vote."""
+
+    dump_damage = None
+
+    def __init__(self) -> None:
+        self.journal = _Journal()
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self.notifier = self
+
+    def notify(self) -> None:
+        try:
+            os.write(self._w, b"!")
+        except BlockingIOError:
+            pass
+
+    def tick(self, timeout_s: float) -> None:
+        pass
+
+    def wait(self, timeout_s: float) -> None:
+        ready, _, _ = select.select([self._r], [], [], timeout_s)
+        if ready:
+            try:
+                while os.read(self._r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+
+    def needs_tick(self) -> bool:
+        return False
+
+    def due_s(self) -> float:
+        return limits.publish_ms / 1000.0  # no Raft timers
+
+    def view(self) -> View:
+        return View()
+
+    def take_applied(self) -> list:
+        return []
+
+    def propose(self, entry: dict) -> None:
+        raise AssertionError("a worker member never proposes")
+
+    def log_proposals(self) -> None:
+        pass  # never proposes
+
+    def send_commit_notice(self) -> None:
+        pass  # no Raft log, nothing to tell
+
+    def compact_when_large(self) -> None:
+        pass  # no Raft log
+
+    def journal_sync(self) -> None:
+        pass
+
+    def close(self) -> None:
+        os.close(self._r)
+        os.close(self._w)
+
+
+class _Assembler:
+    """Frames too large for one link frame travel in parts; this puts them back together,
+    bounded in count and bytes (a peer cannot make us hold more)."""
+
+    def __init__(self) -> None:
+        self._parts: dict[tuple[str, int], tuple[int, list[bytes | None], int]] = {}
+
+    def add(self, peer: str, body: dict) -> Any:
+        seq, part, parts, data = body.get("seq"), body.get("part"), body.get("parts"), body.get("data")
+        if not (type(seq) is int and type(part) is int and type(parts) is int
+                and isinstance(data, bytes) and 0 <= part < parts <= limits.frame_parts_max):
+            return None
+        key = (peer, seq)
+        if key not in self._parts:
+            if len(self._parts) >= limits.frame_assemblies_max:
+                self._parts.pop(next(iter(self._parts)))
+            self._parts[key] = (parts, [None] * parts, 0)
+        n, chunks, size = self._parts[key]
+        if n != parts or chunks[part] is not None:
+            del self._parts[key]
+            return None
+        chunks[part] = data
+        size += len(data)
+        self._parts[key] = (n, chunks, size)
+        if any(c is None for c in chunks):
+            return None
+        del self._parts[key]
+        try:
+            return msgpack.unpackb(b"".join(chunks), raw=False, strict_map_key=False)  # type: ignore[arg-type]
+        except Exception:
+            return None

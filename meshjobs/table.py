@@ -42,8 +42,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import blake3
-
+from blobstore.digest import EMPTY_DIGEST
 from meshjobs import cron, limits, placement, reruns
 from meshjobs.compact import ItemQueue, entry_items
 from meshjobs.control import ITEM_STATES, JOB_FINAL_STATES, ControlError, parse_submit
@@ -67,7 +66,7 @@ TRANSITIONS: dict[str, frozenset[tuple[int, int]]] = {
 }
 
 RC_NONE = -(2**31)  # "no exit code" in the rc array
-_EMPTY = blake3.blake3(b"").digest()  # the digest of the empty payload
+_EMPTY = bytes.fromhex(EMPTY_DIGEST)  # the digest of the empty payload, raw
 # The parent's final states that satisfy each condition of `after` (control.DEP_CONDITIONS).
 DEP_SATISFIED = {
     "ok": frozenset({"done"}),

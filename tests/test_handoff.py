@@ -21,8 +21,9 @@ import pytest
 
 from meshjobs import http
 from meshjobs.control import Answer
-from meshjobs.jobsd import JobsThread, WorkerReplica
+from meshjobs.jobsd import JobsThread
 from meshjobs.node import JobNode, NodeConfig
+from meshjobs.replica import WorkerReplica
 from meshjobs.table import JobTable
 
 WAIT_S = 30.0

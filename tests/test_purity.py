@@ -1,11 +1,13 @@
 """The pure core stays pure: a static check of meshjobs.table, meshjobs.node, meshjobs.control,
 meshjobs.auth (who may ask a member what), meshjobs.watchplan (what `meshctl watch` submits), meshjobs.webui (the web pages), meshjobs.connbook (HTTP connection bookkeeping), meshjobs.frames (the member
-links' handshake and sealing) and meshjobs.raftseam (what the Raft seam lets through).
+links' handshake, sealing and bodies in parts), meshjobs.raftseam (what the Raft seam lets
+through) and meshjobs.sim (the seeded simulator, which makes its generators from its seed).
 
 Rule (STYLE.md): the job node, the job table and control parsing import no `os`, `socket`,
 `threading`, `time`, `random`, `lmdb`, `pysyncobj` or `subprocess`. The node may import `random`
 for the type of its injected generator only: it never calls a module-level `random` function and
-never makes a generator of its own. The check reads the source with `ast`, so it fails as soon as
+never makes a generator of its own; the simulator makes its generators only from a seed
+(`random.Random(seed)`, one argument), never from the system's entropy. The check reads the source with `ast`, so it fails as soon as
 someone adds such an import or use, wherever in the module it is.
 """
 
@@ -19,7 +21,8 @@ import pytest
 import meshjobs
 
 PURE = ("table", "node", "control", "auth", "connbook", "frames", "raftseam", "raftwire", "webui",
-        "bulk", "placement", "fleetctl", "reruns", "cron", "watchplan", "jsonbody", "compact")
+        "bulk", "placement", "fleetctl", "reruns", "cron", "watchplan", "jsonbody", "compact",
+        "sim")
 FORBIDDEN = frozenset({
     "os", "socket", "threading", "time", "random", "lmdb", "pysyncobj", "subprocess",
     # Other ways to reach the world, the clock or entropy from a module that must not.
@@ -41,7 +44,9 @@ PURE_SIBLINGS = frozenset({"meshjobs", "meshjobs.limits", "meshjobs.table", "mes
                            "meshjobs.reruns", "meshjobs.watchplan", "meshjobs.watchplan.config",
                            "meshjobs.watchplan.plan"})
 # What a module may use of `random`: the type name, never a call.
-RANDOM_TYPE_ONLY = {"node": {"Random"}}
+RANDOM_TYPE_ONLY = {"node": {"Random"}, "sim": {"Random"}}
+# Modules that may also make a generator from a seed: `random.Random(x)`, exactly one argument.
+SEEDED_RANDOM = frozenset({"sim"})
 
 
 def violations(source: str, module: str) -> list[str]:
@@ -51,9 +56,13 @@ def violations(source: str, module: str) -> list[str]:
     found: list[str] = []
     aliases: dict[str, str] = {}  # local name -> forbidden module it stands for
     called: set[int] = set()
+    seeded: set[int] = set()  # calls with exactly one positional argument (a seed)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             called.add(id(node.func))
+            if len(node.args) == 1 and not node.keywords and not isinstance(node.args[0],
+                                                                               ast.Starred):
+                seeded.add(id(node.func))
             f = node.func
             name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
             if name in ("__import__", "import_module", "eval", "exec"):
@@ -87,6 +96,9 @@ def violations(source: str, module: str) -> list[str]:
                 continue
             if target == "random" and node.attr in allowed_random and id(node) not in called:
                 continue  # the injected generator's type, in an annotation
+            if (target == "random" and node.attr == "Random" and module in SEEDED_RANDOM
+                    and id(node) in seeded):
+                continue  # a generator made from a seed: replayable
             found.append(f"line {node.lineno}: uses {node.value.id}.{node.attr}")
         elif isinstance(node, ast.Name) and node.id in aliases and id(node) in called:
             found.append(f"line {node.lineno}: calls {node.id}")
@@ -141,6 +153,13 @@ def test_pure_modules_import_no_impure_meshjobs() -> None:
     ("import importlib\n", "table"),
     ("from meshjobs import driver\n", "node"),
     ("from meshjobs.jobsd import JobsThread\n", "node"),
+    ("import random\nrng = random.Random()\n", "sim"),
+    ("import random\nrng = random.Random(*seeds)\n", "sim"),
+    ("import random\nrng = random.Random(x=1)\n", "sim"),
+    ("import random\nx = random.random()\n", "sim"),
+    ("import random\nrandom.seed(1)\n", "sim"),
+    ("import time\n", "sim"),
+    ("from meshjobs import driver\n", "sim"),
 ])
 def test_checker_catches_impurity(source: str, module: str) -> None:
     """The checker itself: each of these impure sources is caught (so the test above can fail)."""
@@ -151,7 +170,44 @@ def test_checker_catches_impurity(source: str, module: str) -> None:
     ("import random\n\ndef f(rng: random.Random) -> None:\n    rng.random()\n", "node"),
     ("from meshjobs import limits\nfrom meshjobs.table import JobTable\n", "node"),
     ("import re\nfrom array import array\n", "table"),
+    ("import random\nrng = random.Random(seed)\nr2 = random.Random(rng.getrandbits(64))\n",
+     "sim"),
 ])
 def test_checker_allows_pure(source: str, module: str) -> None:
     """The checker itself: pure sources, the injected generator's type included, pass."""
     assert violations(source, module) == []
+
+
+# What the pure modules may take of blobstore: its digests (re and blake3), nothing that stores.
+PURE_BLOBSTORE = frozenset({"blobstore.digest"})
+
+
+def test_pure_modules_take_only_digests_of_blobstore() -> None:
+    """Pure core: of blobstore, the pure modules import blobstore.digest only, and it is pure."""
+    imported = set()
+    for module in PURE:
+        for source in sources_of(module):
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("blobstore"):
+                    imported.add(node.module)
+                elif isinstance(node, ast.Import):
+                    imported |= {a.name for a in node.names if a.name.startswith("blobstore")}
+    assert imported <= PURE_BLOBSTORE
+    import blobstore.digest
+    assert violations(Path(blobstore.digest.__file__).read_text(), "digest") == []
+
+
+def test_importing_the_pure_core_loads_no_store_or_raft() -> None:
+    """Pure core: importing the pure modules (blobstore.digest included) loads no LMDB, no
+    pysyncobj and none of blobstore's stores, in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    mods = ", ".join(f"meshjobs.{m}" for m in PURE)
+    code = (f"import sys, {mods}\n"
+            "print(sorted(m for m in ('lmdb', 'pysyncobj', 'blobstore.store', 'blobstore.writers',"
+            " 'blobstore.memory') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(meshjobs.__file__).parent.parent)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

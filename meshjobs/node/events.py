@@ -236,7 +236,8 @@ EVENTS: tuple[type, ...] = (Tick, Ctl, Applied, View, Pressure, DiskFull, BlobBy
 
 # The digest of the empty payload: every member holds it, pinned for good by this owner (see
 # daemon.py), which no reconciliation of pins ever removes.
-EMPTY_DIGEST = blake3.blake3(b"").hexdigest()
+from blobstore.digest import EMPTY_DIGEST as EMPTY_DIGEST  # noqa: E402 (its one definition)
+
 MEMBER_OWNER = "meshd"
 
 
