@@ -19,7 +19,8 @@ import pytest
 import meshjobs
 
 PURE = ("table", "node", "control", "auth", "connbook", "frames", "raftseam", "raftwire", "webui",
-        "bulk", "placement", "fleetctl", "reruns", "cron", "watchplan", "jsonbody", "compact")
+        "bulk", "placement", "fleetctl", "reruns", "cron", "watchplan", "jsonbody", "compact",
+        "blobxfer")
 FORBIDDEN = frozenset({
     "os", "socket", "threading", "time", "random", "lmdb", "pysyncobj", "subprocess",
     # Other ways to reach the world, the clock or entropy from a module that must not.
@@ -28,7 +29,7 @@ FORBIDDEN = frozenset({
 })
 # The pure modules may lean on each other and on the limits, and on nothing else of meshjobs.
 PURE_SIBLINGS = frozenset({"meshjobs", "meshjobs.limits", "meshjobs.table", "meshjobs.control",
-                           "meshjobs.compact",
+                           "meshjobs.compact", "meshjobs.blobxfer",
                            "meshjobs.frames", "meshjobs.bulk", "meshjobs.placement",
                            "meshjobs.cron",
                            "meshjobs.node", "meshjobs.node.events", "meshjobs.node.core",
