@@ -29,7 +29,8 @@ FORBIDDEN = frozenset({
 })
 # The pure modules may lean on each other and on the limits, and on nothing else of meshjobs.
 PURE_SIBLINGS = frozenset({"meshjobs", "meshjobs.limits", "meshjobs.table", "meshjobs.control",
-                           "meshjobs.compact", "meshjobs.blobxfer",
+                           "meshjobs.compact", "meshjobs.blobxfer", "meshjobs.blobxfer.wire",
+                           "meshjobs.blobxfer.send", "meshjobs.blobxfer.recv",
                            "meshjobs.frames", "meshjobs.bulk", "meshjobs.placement",
                            "meshjobs.cron",
                            "meshjobs.node", "meshjobs.node.events", "meshjobs.node.core",
