@@ -15,7 +15,9 @@ breaks them:
   partitions (with `PeerLink` events); every body is msgpack round-tripped, as is every entry.
   Frames in flight to or from a member that crashes are lost (its connections die with it).
 - The driver runs fake items that end after a random delay with random output digests; blob
-  copies land after a delay when the target is reachable.
+  copies land after a delay when the target is reachable. With `xfer` set, blobs have bytes
+  and copies run the real transfer protocol (meshjobs/blobxfer/) between the members, its
+  frames in order on each link but lost or late (`_Xfers`).
 - Members crash and restart with a new boot id: a voter keeps its journal (it replays its applied
   prefix, sometimes from a snapshot), a worker starts empty and relearns from the leader. A
   member's blob store may run over (`Pressure`) for a while, and with `disk_full` set its disk
