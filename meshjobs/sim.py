@@ -15,7 +15,9 @@ breaks them:
   partitions (with `PeerLink` events); every body is msgpack round-tripped, as is every entry.
   Frames in flight to or from a member that crashes are lost (its connections die with it).
 - The driver runs fake items that end after a random delay with random output digests; blob
-  copies land after a delay when the target is reachable.
+  copies land after a delay when the target is reachable. With `xfer` set, blobs have bytes
+  and copies run the real transfer protocol (meshjobs/blobxfer/) between the members, its
+  frames in order on each link but lost or late (`_Xfers`).
 - Members crash and restart with a new boot id: a voter keeps its journal (it replays its applied
   prefix, sometimes from a snapshot), a worker starts empty and relearns from the leader. A
   member's blob store may run over (`Pressure`) for a while, and with `disk_full` set its disk
@@ -77,7 +79,7 @@ from typing import Any
 import blake3
 import msgpack
 
-from meshjobs import cron, limits, placement
+from meshjobs import blobxfer, cron, limits, placement
 from meshjobs.control import JOB_FINAL_STATES, Answer
 from meshjobs.node import (
     Applied,
@@ -201,6 +203,11 @@ class SimConfig:
     # resets them (`pool slots`); after healing they are reset. Off by default, and then not
     # drawn at all, so that recorded seeds replay as they did.
     slots: float = 0.0
+    # Blob copies go through the real transfer protocol (meshjobs/blobxfer.py) between the
+    # members' `Transfer`s, their frames through the lossy network, and outputs and inputs get
+    # real bytes (up to `XFER_BLOB_BYTES_MAX`). Off by default, and then not drawn at all, so
+    # that recorded seeds replay as they did.
+    xfer: bool = False
 
 
 # After healing, the fleet has this long to settle before a due time missed is a failure.
@@ -282,11 +289,212 @@ def table_digest(table: JobTable) -> bytes:
     return blake3.blake3(_pack(table.to_state())).digest()
 
 
+# With `xfer`, blobs are this large at most, and travel in frames of XFER_LIMITS.frame_bytes:
+# most go in windows of chunks, the others packed.
+XFER_BLOB_BYTES_MAX = 400
+XFER_LIMITS = blobxfer.XferLimits(frame_bytes=64, inflight_bytes_max=1024)
+XFER_PUMP_MS = 20  # a member with a transfer under way pumps (and ticks) this often
+
+
+class _XferSource:
+    """What a member's protocol reads of its simulated store: the bytes of the blobs it holds."""
+
+    def __init__(self, xfers: _Xfers, name: str) -> None:
+        self._x = xfers
+        self._name = name
+
+    def has(self, d: str) -> bool:
+        return d in self._x.sim.blobs[self._name]
+
+    def size(self, d: str) -> int | None:
+        return len(self._x.content[d]) if self.has(d) else None
+
+    def read(self, d: str) -> bytes | None:
+        return self._x.content[d] if self.has(d) else None
+
+    def open(self, d: str) -> Any:
+        if not self.has(d):
+            return None
+        data = self._x.content[d]
+        return (data[i:i + 48] for i in range(0, len(data), 48))
+
+    def wanted(self, d: str) -> bool:
+        return False  # fetches stay modelled (FetchBlobs); only copies run the protocol
+
+
+class _Xfers:
+    """Blob copies through the pure transfer protocol: each member incarnation has a
+    `blobxfer.Transfer` over its simulated store; their frames cross the lossy network (dropped,
+    duplicated, delayed, reordered, cut), and what the protocol asks is done here as the mover
+    does it. Checked: a chunk is written only where its spool ends; bytes are kept only when
+    they hash to their digest; an acknowledgement is sent only for blobs durable on the member
+    that sends it; a copy is reported done only when its blobs are durable on its target."""
+
+    def __init__(self, sim: Sim, receiver_cls: type[blobxfer.Receiver]) -> None:
+        self.sim = sim
+        self.receiver_cls = receiver_cls
+        self.content: dict[str, bytes] = {}
+        self.x: dict[str, tuple[int, blobxfer.Transfer]] = {}  # member -> (inc, its protocol)
+        self.spools: dict[tuple[str, int], dict[blobxfer.AsmKey, bytearray]] = {}
+        self.pumps: set[tuple[str, int]] = set()  # incarnations with a pump scheduled
+        self.link_at: dict[tuple[str, str], int] = {}  # the last frame's arrival on each link
+
+    def new_blob(self, rng: random.Random) -> str:
+        data = rng.randbytes(rng.randint(1, XFER_BLOB_BYTES_MAX))
+        d = blake3.blake3(data).hexdigest()
+        self.content[d] = data
+        return d
+
+    def _of(self, name: str) -> blobxfer.Transfer:
+        inc = self.sim.members[name].inc
+        got = self.x.get(name)
+        if got is None or got[0] != inc:
+            # A new incarnation: what the old one had under way died with it.
+            if got is not None:
+                self.spools.pop((name, got[0]), None)
+            got = self.x[name] = (inc, blobxfer.Transfer(
+                _XferSource(self, name), XFER_LIMITS, receiver_cls=self.receiver_cls))
+        return got[1]
+
+    def copy(self, m: _Member, eff: CopyBlobs) -> bool:
+        """Start `eff` through the protocol; False when a blob has no bytes (made before `xfer`
+        bytes existed), which leaves the copy to the model."""
+        if not all(d in self.content for d in eff.digests):
+            return False
+        self.sim.count("xfer_copies")
+        self._do(m.name, self._of(m.name).copy(eff.to, eff.owner, eff.digests, self.sim.now))
+        self._pump_soon(m.name)
+        return True
+
+    def due(self, kind: str, p: Any) -> None:
+        sim = self.sim
+        if kind == "xpump":
+            name, inc = p
+            self.pumps.discard(p)
+            m = sim.members[name]
+            if not m.alive or m.inc != inc:
+                return
+            x = self._of(name)
+            peers = {n: {"up": sim._reachable(name, n), "queued": 0, "waiting": 0}
+                     for n in MEMBERS if n != name}
+            actions, busy = x.pump(sim.now, lambda: peers, 2)
+            self._do(name, actions)
+            self._do(name, x.tick(sim.now))
+            if busy or x.busy():
+                self._pump_soon(name)
+            return
+        src, src_inc, dst, dst_inc, raw = p
+        if (sim.members[src].inc != src_inc or sim.members[dst].inc != dst_inc
+                or not sim._reachable(src, dst)):
+            sim.count("xframes_lost_in_flight")
+            return
+        x = self._of(dst)
+        self._do(dst, x.frame(src, False, _unpack(raw), sim.now))
+        self._do(dst, x.end_turn())
+        self._pump_soon(dst)
+
+    def _pump_soon(self, name: str) -> None:
+        key = (name, self.sim.members[name].inc)
+        if key not in self.pumps:
+            self.pumps.add(key)
+            self.sim._at(self.sim.now + XFER_PUMP_MS, "xpump", key)
+
+    def _net(self, src: str, dst: str, body: dict) -> bool:
+        """A frame from `src` to `dst` through the lossy network; False when the links are down
+        (they do not take it). Frames are not duplicated: the links never do."""
+        sim = self.sim
+        sim.count("xframes_sent")
+        if dst not in sim.members or dst == src:
+            sim.fail(f"{src} sent a blob frame to {dst!r}")
+        if not sim._reachable(src, dst):
+            return False
+        if sim.faulty and sim.rng.random() < sim.cfg.frame_drop:
+            sim.count("xframes_dropped")
+            return True
+        # The links are streams: a frame may be lost (with its connection) or late, but the
+        # frames that arrive arrive in order, each once.
+        delay = sim.rng.randint(1, sim.cfg.frame_delay_ms_max)
+        if sim.faulty and sim.rng.random() < sim.cfg.frame_late:
+            delay = sim.rng.randint(delay, sim.cfg.frame_late_ms_max)
+        at = self.link_at[(src, dst)] = max(sim.now + delay, self.link_at.get((src, dst), 0))
+        sim._at(at, "xframe", (src, sim.members[src].inc, dst, sim.members[dst].inc,
+                               _pack(body)))
+        return True
+
+    def _keep(self, name: str, d: str, data: bytes) -> None:
+        """The store keeps `data` as blob `d` (the paired check of what the protocol passed)."""
+        if blake3.blake3(data).hexdigest() != d:
+            self.sim.fail(f"{name} kept bytes that are not blob {d[:12]}")
+        self.sim.blobs[name].add(d)
+
+    def _do(self, name: str, actions: list[blobxfer.Action]) -> None:
+        """Execute the protocol's actions for `name` as its mover would, checking them."""
+        sim = self.sim
+        x = self._of(name)
+        spools = self.spools.setdefault((name, sim.members[name].inc), {})
+        todo = list(actions)
+        while todo:
+            a = todo.pop(0)
+            more: list[blobxfer.Action] = []
+            if isinstance(a, blobxfer.SendFrames):
+                taken = 0
+                for body in a.bodies:
+                    if not self._net(name, a.to, body):
+                        break
+                    taken += 1
+                more = x.taken(a.ticket, taken, sim.now)
+            elif isinstance(a, blobxfer.Send):
+                acked = a.body.get("ack")
+                if acked is not None:
+                    late = [d for d in acked if d not in sim.blobs[name]]
+                    if late:
+                        sim.fail(f"{name} acknowledged blob {late[0][:12]} before it was "
+                                 "durable")
+                self._net(name, a.to, a.body)
+            elif isinstance(a, blobxfer.SpoolWrite):
+                spool = spools.setdefault(a.key, bytearray())
+                if a.off != len(spool):
+                    sim.fail(f"{name} wrote a chunk of {a.d[:12]} at offset {a.off} to a spool "
+                             f"of {len(spool)} bytes")
+                spool += a.data
+            elif isinstance(a, blobxfer.Unspool):
+                spools.pop(a.key, None)
+            elif isinstance(a, blobxfer.Keep):
+                got = None
+                if a.spooled:
+                    spool = spools.pop(a.key, None)
+                    if spool is None:
+                        continue
+                    got = blake3.blake3(spool).hexdigest()
+                    if got == a.d:
+                        self._keep(name, a.d, bytes(spool))
+                spools.pop(a.key, None)
+                more = x.kept(a, got, a.d in sim.blobs[name])
+            elif isinstance(a, blobxfer.KeepBatch):
+                for b in a.blobs:
+                    self._keep(name, b.d, b.data)
+                more = x.batch_kept(a.ticket, [b.d for b in a.blobs])
+            elif isinstance(a, blobxfer.CopyDone):
+                if a.to not in sim.gone:
+                    lost = [d for d in a.digests if d not in sim.blobs[a.to]]
+                    if lost:
+                        sim.fail(f"{name} was told blob {lost[0][:12]} is on {a.to}, which does "
+                                 "not hold it")
+                sim.count("copies_done")
+                sim.members[name].inbox.append(BlobsCopied(a.to, a.digests))
+            elif isinstance(a, blobxfer.Found | blobxfer.PeerMissing):
+                sim.count("xfer_found")
+            else:
+                sim.fail(f"{name}'s blob protocol made an unknown action {a!r:.200}")
+            todo[:0] = more
+
+
 class Sim:
     """The whole simulated fleet. `run()` drives it; tests may build one to plant bugs."""
 
     def __init__(self, seed: int, config: SimConfig | None = None,
-                 table_cls: type[JobTable] = JobTable, node_cls: type[JobNode] = JobNode) -> None:
+                 table_cls: type[JobTable] = JobTable, node_cls: type[JobNode] = JobNode,
+                 receiver_cls: type[blobxfer.Receiver] = blobxfer.Receiver) -> None:
         self.seed = seed
         self.cfg = config or SimConfig()
         self.rng = random.Random(seed)
@@ -301,6 +509,7 @@ class Sim:
         self._seq = 0
         self.members = {n: _Member(n, "voter" if n in VOTERS else "worker") for n in MEMBERS}
         self.blobs: dict[str, set[str]] = {n: set() for n in MEMBERS}  # durable over crashes
+        self.xfers = _Xfers(self, receiver_cls) if self.cfg.xfer else None
         self.cuts: dict[int, frozenset] = {}  # partition id -> pairs of members cut apart
         self.keep_jobs = self.rng.choice([None, None, 20])
         # Raft, modelled.
@@ -519,6 +728,8 @@ class Sim:
         missing = [d for d in eff.digests if d not in self.blobs[m.name]]
         if missing:
             self.fail(f"{m.name} asked to copy blobs it does not hold: {missing[:2]}")
+        if self.xfers is not None and self.xfers.copy(m, eff):
+            return
         if self._reachable(m.name, eff.to) and not (self.faulty and
                                                     self.rng.random() < self.cfg.frame_drop):
             self._at(self.now + self.rng.randint(5, 400), "copied",
@@ -1065,6 +1276,12 @@ class Sim:
                 self.count("frames_late")
             self._at(self.now + delay, "frame", (m.name, m.inc, dst.name, dst.inc, eff.ftype, raw))
 
+    def _new_blob(self, rng: random.Random) -> str:
+        """A new blob's digest; with `xfer`, of real bytes the transfers carry."""
+        if self.xfers is None:
+            return rng.randbytes(32).hex()
+        return self.xfers.new_blob(rng)
+
     def _run(self, m: _Member, eff: Run) -> None:
         key = (eff.job_id, eff.index, eff.epoch)
         if key in m.running:
@@ -1077,8 +1294,8 @@ class Sim:
         r = self.rng.random()
         state = "done" if r < 0.7 else "failed" if r < 0.92 else "timeout"
         rc = {"done": 0, "failed": self.rng.randint(1, 3), "timeout": None}[state]
-        out: str | None = self.rng.randbytes(32).hex()
-        err = self.rng.randbytes(32).hex() if self.rng.random() < 0.3 else None
+        out: str | None = self._new_blob(self.rng)
+        err = self._new_blob(self.rng) if self.rng.random() < 0.3 else None
         error = None
         if state == "failed" and self.rng.random() < 0.25:
             # The program could not start: no exit code, no outputs, and the driver's reason.
@@ -1135,6 +1352,9 @@ class Sim:
                 self.count("fetches_done")
             elif kind == "heal":
                 self.cuts.pop(p, None)
+            elif kind in ("xframe", "xpump"):
+                assert self.xfers is not None
+                self.xfers.due(kind, p)
             elif kind == "disk_off":
                 m = self.members[p[0]]
                 if m.inc == p[1] and m.disk_full:
@@ -1231,7 +1451,7 @@ class Sim:
             spec["user"] = "nobody" if cid % 2 else "1000:1000"
         items: list[str | None] = [None] * n
         if rng.random() < self.cfg.inputs:
-            items = [rng.randbytes(32).hex() if rng.random() < 0.7 else None for _ in range(n)]
+            items = [self._new_blob(rng) if rng.random() < 0.7 else None for _ in range(n)]
         if self.cfg.reruns and rng.random() < self.cfg.reruns:
             spec["restart"] = rng.randint(1, 2)
             spec["restart_delay_s"] = rng.randint(0, 1500) / 1000
@@ -1654,10 +1874,11 @@ class Sim:
 
 
 def run(seed: int, config: SimConfig | None = None, table_cls: type[JobTable] = JobTable,
-        node_cls: type[JobNode] = JobNode) -> Report:
+        node_cls: type[JobNode] = JobNode,
+        receiver_cls: type[blobxfer.Receiver] = blobxfer.Receiver) -> Report:
     """Simulate one fleet from `seed`: the safety phase, then the liveness phase. Raises
     SimFailure (naming the seed) when a check fails."""
-    sim = Sim(seed, config, table_cls, node_cls)
+    sim = Sim(seed, config, table_cls, node_cls, receiver_cls)
     try:
         for _ in range(sim.cfg.steps):
             sim.step()

@@ -22,7 +22,7 @@ import meshjobs
 
 PURE = ("table", "node", "control", "auth", "connbook", "frames", "raftseam", "raftwire", "webui",
         "bulk", "placement", "fleetctl", "reruns", "cron", "watchplan", "jsonbody", "compact",
-        "sim")
+        "sim", "blobxfer")
 FORBIDDEN = frozenset({
     "os", "socket", "threading", "time", "random", "lmdb", "pysyncobj", "subprocess",
     # Other ways to reach the world, the clock or entropy from a module that must not.
@@ -31,7 +31,8 @@ FORBIDDEN = frozenset({
 })
 # The pure modules may lean on each other and on the limits, and on nothing else of meshjobs.
 PURE_SIBLINGS = frozenset({"meshjobs", "meshjobs.limits", "meshjobs.table", "meshjobs.control",
-                           "meshjobs.compact",
+                           "meshjobs.compact", "meshjobs.blobxfer", "meshjobs.blobxfer.wire",
+                           "meshjobs.blobxfer.send", "meshjobs.blobxfer.recv",
                            "meshjobs.frames", "meshjobs.bulk", "meshjobs.placement",
                            "meshjobs.cron",
                            "meshjobs.node", "meshjobs.node.events", "meshjobs.node.core",
