@@ -1,7 +1,10 @@
 """The OpenAPI 3.1 description of a member's HTTP API, served at /openapi.json.
 
 Rule: every route that meshjobs/http.py serves is described here with its parameters, body and
-answers; tests/test_http.py checks that the two agree.
+answers; tests/test_http.py checks that the two agree. The paths and operations are written
+here; the schemas of the main bodies (jobs, items, specs, errors, the fleet) are generated from
+the typed models of meshjobs/apimodels.py, and tests/test_api_shapes.py checks a real member's
+answers against them.
 """
 
 from __future__ import annotations
@@ -9,8 +12,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from meshjobs import limits
-from meshjobs.control import ITEM_STATES, JOB_STATES
+from meshjobs import apimodels, limits
+from meshjobs.control import JOB_STATES
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _JOB = {"$ref": "#/components/schemas/Job"}
@@ -56,229 +59,8 @@ _NOT_JSON = _err("A body whose Content-Type is not application/json.")
 _OCTETS = {"application/octet-stream": {"schema": {"type": "string", "contentMediaType":
                                                    "application/octet-stream"}}}
 
-_SCHEMAS: dict[str, Any] = {
-    "Error": {
-        "type": "object",
-        "required": ["error"],
-        "properties": {"error": {"type": "string", "description": "What went wrong and what to do."}},
-    },
-    "ItemPayload": {
-        "description": "One item's stdin: text (sent as UTF-8), raw bytes in base64, or a stored blob.",
-        "oneOf": [
-            {"type": "string"},
-            {"type": "object", "required": ["b64"], "additionalProperties": False,
-             "properties": {"b64": {"type": "string", "contentEncoding": "base64"}}},
-            {"type": "object", "required": ["blob"], "additionalProperties": False,
-             "properties": {"blob": {"$ref": "#/components/schemas/Digest"}}},
-        ],
-    },
-    "Digest": {"type": "string", "pattern": "^[0-9a-f]{64}$",
-               "description": "A blob's blake3-256 digest, lowercase hex."},
-    "SubmitSpec": {
-        "type": "object",
-        "required": ["argv"],
-        "additionalProperties": False,
-        "properties": {
-            "argv": {"type": "array", "minItems": 1, "maxItems": limits.argv_items_max,
-                     "items": {"type": "string"}, "description": "The program and its arguments."},
-            "id": {"type": ["string", "null"], "description": "The job id; made up when absent."},
-            "pool": {"type": ["string", "null"], "default": "default",
-                     "description": "The pool; \"POOL@MEMBER\" also names the member(s), as "
-                                    "`member` does (both parts needed)."},
-            "priority": {"type": ["integer", "null"], "minimum": -limits.priority_abs_max,
-                         "maximum": limits.priority_abs_max, "default": 0},
-            "retries": {"type": ["integer", "null"], "minimum": 0, "maximum": limits.retries_max,
-                        "default": 0},
-            "runtime_s": {"type": ["number", "null"], "exclusiveMinimum": 0,
-                          "maximum": limits.runtime_s_max},
-            "hold": {"type": ["boolean", "null"], "default": False},
-            "tags": {"type": ["array", "null"], "maxItems": limits.tags_max,
-                     "items": {"type": "string", "maxLength": limits.tag_chars_max}},
-            "env": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
-            "cwd": {"type": ["string", "null"], "description": "An absolute path: the items' working "
-                    "directory (null: the member's own folder). meshctl sends its own folder "
-                    "unless --cwd or --no-cwd. Missing on the member: the item fails."},
-            "user": {"type": ["string", "null"], "maxLength": max(limits.user_chars_max,
-                                                                2 * len(str(limits.uid_max)) + 1),
-                     "pattern": r"^([A-Za-z0-9._][A-Za-z0-9._-]{0,31}|[0-9]+(:[0-9]+)?)$",
-                     "description": "Run the items as this user: a name, or UID or UID:GID "
-                                    f"(0 to {limits.uid_max}; an all-digit value is a uid). The "
-                                    "member that runs an item resolves it; it must run as root "
-                                    "(else the item fails, or a fleet of one answers 400). null: "
-                                    "the pool's default user ([pools.X] user), or meshd's own."},
-            "inherit_env": {"type": ["boolean", "null"], "default": False,
-                            "description": "Give items meshd's whole environment (its secrets "
-                                           "too) rather than the minimal one."},
-            "max_leases": {"type": ["integer", "null"], "minimum": 1,
-                           "maximum": limits.max_leases_max,
-                           "description": "At most this many items of the job run at once."},
-            "items": {"type": ["array", "null"], "minItems": 1, "maxItems": limits.items_max,
-                      "items": {"$ref": "#/components/schemas/ItemPayload"},
-                      "description": "One entry per item; absent: one item with empty stdin."},
-            "names": {"type": ["array", "null"], "minItems": 1, "maxItems": limits.items_max,
-                      "items": {"type": "string", "minLength": 1,
-                                "maxLength": limits.item_name_chars_max, "pattern": "^[^/]+$"},
-                      "description": "The input file name of each item (one per item, no '/', "
-                                     "not . or ..): `job results --out` names files after them."},
-            "after": {"type": ["array", "null"], "maxItems": limits.deps_max,
-                      "items": {"$ref": "#/components/schemas/After"},
-                      "description": "Jobs this one waits for (each named once; all must hold; "
-                                     "they must exist, and the job's own id is refused). Until "
-                                     "then the job is `waiting` and nothing of it runs; when a "
-                                     "condition can no longer hold it ends `dep_failed`. A "
-                                     "string is short for an object: \"ID\" or \"ID:COND\"."},
-            "member": {"type": ["string", "null"], "minLength": 1,
-                       "maxLength": limits.member_selector_chars_max,
-                       "pattern": r"^[A-Za-z0-9._\-*?\[\]!]+$",
-                       "description": "Where the items run: a member name, a glob over member "
-                                      "names (fnmatch: gpu-*, node-?, rack[12]-*), or * to run "
-                                      "the job once on every member of the pool (fan-out: one "
-                                      "item per member; at most one item may be given). The "
-                                      "fan-out's members are those alive and offering the pool "
-                                      "when the leader takes the submit, fixed then. Items wait "
-                                      "while no such member is alive (`waiting_for` says so); "
-                                      "they never go to another member."},
-            "notify": {"type": ["string", "null"], "format": "uri",
-                       "maxLength": limits.notify_url_chars_max,
-                       "description": "A finish hook: when the job ends, the leader POSTs its "
-                                      "final record (JSON) to this http:// or https:// URL, "
-                                      "retried with backoff for up to "
-                                      f"{limits.notify_retry_s_max} s, with an Idempotency-Key "
-                                      "header (job id and version). At least once: after a "
-                                      "failover the new leader may send it again."},
-        },
-    },
-    "After": {
-        "description": "One parent of a job and what it must do: ok (it ended done; the "
-                       "default), end (it ended, any way), fail (it ended failed, timed out, "
-                       "cancelled or dep_failed).",
-        "oneOf": [
-            {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,128}(:(ok|end|fail))?$"},
-            {"type": "object", "required": ["id"], "additionalProperties": False,
-             "properties": {"id": {"type": "string"},
-                            "on": {"enum": ["ok", "end", "fail"], "default": "ok"}}},
-        ],
-    },
-    "Tone": {
-        "type": "object",
-        "minProperties": 1,
-        "additionalProperties": False,
-        "properties": {
-            "priority": {"type": "integer", "minimum": -limits.priority_abs_max,
-                         "maximum": limits.priority_abs_max},
-            "hold": {"type": "boolean"},
-            "max_leases": {"type": ["integer", "null"], "minimum": 1,
-                           "maximum": limits.max_leases_max,
-                           "description": "null: no limit."},
-        },
-    },
-    "Item": {
-        "type": "object",
-        "required": ["index", "state"],
-        "properties": {
-            "index": {"type": "integer"},
-            "state": {"enum": list(ITEM_STATES)},
-            "attempts": {"type": "integer"},
-            "member": {"type": ["string", "null"]},
-            "epoch": {"type": ["integer", "null"]},
-            "rc": {"type": ["integer", "null"]},
-            "signal": {"type": ["integer", "null"]},
-            "stdout": {"oneOf": [{"$ref": "#/components/schemas/Digest"}, {"type": "null"}]},
-            "stderr": {"oneOf": [{"$ref": "#/components/schemas/Digest"}, {"type": "null"}]},
-            "error": {"type": ["string", "null"], "maxLength": limits.item_error_chars_max,
-                      "description": "Why the item's last try failed, when the member could "
-                                     "say (its program could not start, its input was "
-                                     "missing); null otherwise."},
-            "copies": {"type": "array", "items": {"type": "string"},
-                       "description": "The members other than `member` that held a copy of "
-                                      "the outputs when the result was committed."},
-            "for_member": {"type": "string",
-                           "description": "Only for a fan-out (member *): the member this "
-                                          "item runs on, and only there."},
-        },
-    },
-    "Job": {
-        "type": "object",
-        "required": ["id", "state"],
-        "properties": {
-            "id": {"type": "string"},
-            "state": {"enum": list(JOB_STATES)},
-            "version": {"type": "integer", "minimum": 0,
-                        "description": "Grows with every committed change of the job (its "
-                                       "last change's log index, the same on every member): "
-                                       "pass it as ?since= to wait for the next change."},
-            "priority": {"type": "integer"},
-            "hold": {"type": "boolean"},
-            "tags": {"type": "array", "items": {"type": "string"}},
-            "pool": {"type": "string"},
-            "argv": {"type": "array", "items": {"type": "string"}},
-            "cwd": {"type": ["string", "null"]},
-            "user": {"type": ["string", "null"],
-                     "description": "The user the job asked for; null: the pool's default."},
-            "inherit_env": {"type": "boolean"},
-            "items_total": {"type": "integer"},
-            "items_done": {"type": "integer"},
-            "items_failed": {"type": "integer"},
-            "submitted_at": {},
-            "finished_at": {},
-            "items": {"type": "array", "items": {"$ref": "#/components/schemas/Item"},
-                      "description": "Only with ?items=1."},
-            "names": {"type": "array", "items": {"type": "string"},
-                      "description": "Only with ?items=1, for a job submitted with names: the "
-                                     "input file name of each item, in item order."},
-            "after": {"type": "array", "description": "Only for a job submitted with after: "
-                                                      "its parents, as {id, on}.",
-                      "items": {"type": "object", "properties": {
-                          "id": {"type": "string"}, "on": {"enum": ["ok", "end", "fail"]}}}},
-            "waiting_on": {"type": "array", "description": "Only with after: the parents not "
-                                                           "ended yet, as {id, on} (empty once "
-                                                           "the job may run).",
-                           "items": {"type": "object", "properties": {
-                               "id": {"type": "string"},
-                               "on": {"enum": ["ok", "end", "fail"]}}}},
-            "member": {"type": "string", "description": "Only for a job submitted with a "
-                                                        "member selector: the selector."},
-            "members": {"type": "array", "items": {"type": "string"},
-                        "description": "Only for a fan-out (member *): item i runs on "
-                                       "members[i], fixed at the submit."},
-            "pending_members": {"type": "array", "items": {"type": "string"},
-                                "description": "Only for a fan-out: the members whose item "
-                                               "waits for a lease."},
-            "waiting_for": {"type": "string",
-                            "description": "Only when a placed job's items wait because no "
-                                           "member they may go to is alive (as the leader "
-                                           "sees it): why, in words."},
-        },
-    },
-    "Forgotten": {
-        "type": "object",
-        "required": ["id", "forgotten"],
-        "additionalProperties": False,
-        "properties": {"id": {"type": "string"}, "forgotten": {"const": True}},
-    },
-    "Fleet": {
-        "type": "object",
-        "required": ["term", "leader", "members"],
-        "properties": {
-            "term": {"type": "integer"},
-            "leader": {"type": ["string", "null"]},
-            "members": {"type": "array", "items": {
-                "type": "object", "required": ["name", "role", "alive"],
-                "properties": {"name": {"type": "string"},
-                               "role": {"enum": ["leader", "follower", "worker"]},
-                               "alive": {"type": "boolean"},
-                               "drained": {"type": "boolean", "description": "Drained by "
-                                           "command: it gets no new leases."},
-                               "stopping": {"type": "boolean", "description": "Ordered to "
-                                            "stop: it exits once its running items end."}}}},
-        },
-    },
-    "Health": {
-        "type": "object",
-        "properties": {"ok": {"type": "boolean"}, "member": {"type": "string"},
-                       "leader": {"type": ["string", "null"]}},
-    },
-}
+# The schemas of the bodies: generated from the typed models (meshjobs/apimodels.py).
+_SCHEMAS: dict[str, Any] = apimodels.schemas()
 
 _PATHS: dict[str, Any] = {
     "/jobs": {
@@ -846,41 +628,6 @@ _RERUN_PATHS: dict[str, Any] = {
                       "400": _BAD, "404": _NO_JOB, "409": _CONFLICT, "503": _BUSY},
     }},
 }
-_SCHEMAS["Rerun"] = {"type": "object", "additionalProperties": False, "properties": {
-    "failed_only": {"type": "boolean", "default": False,
-                    "description": "Only the items that failed, timed out or were cancelled."}}}
-_SCHEMAS["SubmitSpec"]["properties"].update({
-    "restart": {"oneOf": [{"type": "integer", "minimum": 1, "maximum": limits.restart_max},
-                          {"const": "forever"}, {"type": "null"}],
-                "description": "Run the whole job again each time it ends done: N more times, "
-                               "or forever. A cancel stops it."},
-    "resubmit": {"type": ["integer", "null"], "minimum": 1, "maximum": limits.resubmit_max,
-                 "description": "Run the whole job again when it ends done or failed (placed "
-                                "afresh on the fleet), up to N times. Per item: retries."},
-    "restart_delay_s": {"type": ["number", "null"], "minimum": 0,
-                        "maximum": limits.restart_delay_s_max,
-                        "description": "Seconds between a run's end and its automatic re-run "
-                                       "(needs restart or resubmit)."},
-    "stdout": {"type": ["string", "null"], "maxLength": limits.output_path_chars_max,
-               "description": "Also write each item's stdout to this path on the member that "
-                              "runs it: absolute, or under the job's cwd; {index} is the "
-                              "item's index; no '..'. Written as the item's user. A failed "
-                              "write is the item's error; the output is kept all the same."},
-    "stderr": {"type": ["string", "null"], "maxLength": limits.output_path_chars_max,
-               "description": "As stdout, for stderr."},
-})
-_SCHEMAS["Job"]["properties"].update({
-    "run": {"type": "integer", "description": "Only for a job that ran again or may: which "
-                                              "run this is (1: the first)."},
-    "restarts": {"type": "integer", "description": "Automatic restarts so far."},
-    "resubmits": {"type": "integer", "description": "Automatic resubmits so far."},
-    "rerun_due_at": {"type": ["number", "null"],
-                     "description": "When the next automatic re-run is due (seconds), if one is."},
-    "rerun_due_why": {"enum": ["restart", "resubmit", None]},
-    "previous_runs": {"type": "array", "description": "The earlier runs (the last "
-                      f"{limits.job_runs_kept_max}): run, state, finished_at, item counts and "
-                      "then (rerun, restart or resubmit).", "items": {"type": "object"}},
-})
 _BULK_SCHEMAS["History"]["properties"]["records"]["items"]["properties"]["why"] = {
     "enum": ["forget", "expire", "rerun", "restart", "resubmit"],
     "description": "forget or expire: the job was dropped; rerun, restart or resubmit: the "
