@@ -332,10 +332,289 @@ class Health(TypedDict):
     jobs: int
 
 
+# --- many jobs at once (POST /jobs/cancel, /jobs/forget, /jobs/tone, /jobs/status) ------------
+
+@with_config(ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1}))
+class Filter(TypedDict, total=False):
+    """Jobs that match every key given."""
+
+    tag: Annotated[str, Field(min_length=1, max_length=limits.tag_chars_max)]
+    state: Literal["queued", "held", "running", "done", "failed", "cancelled"]
+    pool: str
+    member: Annotated[str, Field(description="Jobs with an item that ran or runs on this "
+                                             "member.")]
+
+
+_IDS = Annotated[list[str], Field(min_length=1, max_length=limits.bulk_jobs_max)]
+_AFTER = Annotated[str, Field(description="The `next` cursor of the answer before: the "
+                                          "filter's next page.")]
+_DRY_RUN = Annotated[bool, Field(description="Answer what would change; change nothing.")]
+
+
+@with_config(_CLOSED)
+class BulkStatus(TypedDict, total=False):
+    """Either ids or filter, not both."""
+
+    ids: _IDS
+    filter: Filter
+    after: _AFTER
+
+
+@with_config(_CLOSED)
+class BulkChange(TypedDict, total=False):
+    """Either ids or filter, not both (cancel, forget)."""
+
+    ids: _IDS
+    filter: Filter
+    after: _AFTER
+    dry_run: _DRY_RUN
+
+
+@with_config(_CLOSED)
+class ToneSet(TypedDict, total=False):
+    priority: int
+    hold: bool
+    max_leases: Annotated[int | None, Field(ge=1)]
+
+
+@with_config(_CLOSED)
+class BulkTone(TypedDict, total=False):
+    """Either ids or filter, not both."""
+
+    ids: _IDS
+    filter: Filter
+    after: _AFTER
+    dry_run: _DRY_RUN
+    set: ToneSet
+
+
+@with_config(_CLOSED)
+class BulkResult(TypedDict):
+    id: str
+    answer: Literal["changed", "would_change", "already_final", "no_such_job", "refused",
+                    "found"]
+    state: NotRequired[Annotated[str, Field(description="The job's state now, if it exists.")]]
+    error: NotRequired[Annotated[str, Field(description="Why it was refused.")]]
+    job: NotRequired[Job]
+
+
+@with_config(_CLOSED)
+class BulkAnswer(TypedDict):
+    """One result per job."""
+
+    action: Literal["cancel", "forget", "tone", "status"]
+    dry_run: bool
+    matched: int
+    counts: dict[str, int]
+    next: Annotated[str | None, Field(description="The cursor of the filter's next page (pass "
+                                                  "it as `after`).")]
+    results: list[BulkResult]
+
+
+# --- history (GET /history) ---------------------------------------------------------------------
+
+@with_config(_CLOSED)
+class ItemsSummary(TypedDict):
+    states: Annotated[dict[str, int], Field(description="How many items ended in each state.")]
+    members: Annotated[list[str], Field(description="The members that ran them.")]
+
+
+@with_config(_CLOSED)
+class FinalJob(Job):
+    """A job's final record, as the history keeps it: the record and a summary of its items."""
+
+    items_summary: ItemsSummary
+
+
+@with_config(_CLOSED)
+class HistoryRecord(TypedDict):
+    at: Annotated[float, Field(description="When the job was dropped (seconds).")]
+    why: Annotated[Literal["forget", "expire", "rerun", "restart", "resubmit"], Field(
+        description="forget or expire: the job was dropped; rerun, restart or resubmit: the "
+                    "record is of its earlier run, which ended (the job runs again).")]
+    index: Annotated[int, Field(description="The log index of the entry.")]
+    member: str
+    job: FinalJob
+
+
+@with_config(_CLOSED)
+class History(TypedDict):
+    order: Literal["newest_first"]
+    member: str
+    records: list[HistoryRecord]
+    skipped_lines: Annotated[int, Field(description="Damaged lines skipped (a torn last line "
+                                                    "after a crash).")]
+    more: bool
+    dropped: Annotated[int, Field(description="Records this member dropped since it started "
+                                              "(writer queue full).")]
+
+
+# --- pools and members (GET /pools, POST /pools/{pool}/..., POST /members/{name}/...) -----------
+
+class _PoolState(TypedDict):
+    held: Annotated[bool, Field(description="Held fleet-wide.")]
+    held_on: list[str]
+    drained: Annotated[bool, Field(description="Drained fleet-wide.")]
+    drained_on: list[str]
+    slots_set: Annotated[int | None, Field(description="Slots set fleet-wide (meshctl pool "
+                                                       "slots).")]
+    slots_set_on: Annotated[dict[str, int], Field(description="Slots set per member.")]
+
+
+@with_config(_CLOSED)
+class PoolOrder(_PoolState):
+    """The answer of a pool order: the pool's state now."""
+
+    pool: str
+    action: str
+    member: str | None
+
+
+@with_config(_CLOSED)
+class PoolOnMember(TypedDict):
+    slots: int
+    running: int
+    free: int
+    slots_set: int | None
+    held: bool
+    drained: bool
+    member_drained: bool
+    stopping: bool
+    alive: bool | None
+
+
+@with_config(_CLOSED)
+class PoolRow(_PoolState):
+    pool: str
+    slots: Annotated[int, Field(description="Slots of the alive members.")]
+    free: Annotated[int, Field(description="Slots taking work now.")]
+    running: Annotated[int, Field(description="Items leased.")]
+    pending: Annotated[int, Field(description="Items waiting for a slot.")]
+    members: dict[str, PoolOnMember]
+
+
+@with_config(_CLOSED)
+class Pools(TypedDict):
+    leader: str | None
+    partial: NotRequired[Annotated[bool, Field(description=(
+        "This member's own view: the leader's could not be had."))]]
+    pools: list[PoolRow]
+
+
+@with_config(_CLOSED)
+class PoolOrderBody(TypedDict, total=False):
+    member: Annotated[str, Field(description="Only on this member.")]
+
+
+@with_config(_CLOSED)
+class PoolSlotsBody(TypedDict):
+    slots: Annotated[int | None, Field(ge=0, le=limits.pool_slots_max)]
+    member: NotRequired[Annotated[str, Field(description="Only on this member.")]]
+
+
+@with_config(_CLOSED)
+class MemberOrderBody(TypedDict, total=False):
+    """drain and undrain take no keys."""
+
+
+@with_config(_CLOSED)
+class MemberStopBody(TypedDict, total=False):
+    grace_s: Annotated[float, Field(ge=0, le=limits.stop_grace_s_max)]
+
+
+@with_config(_CLOSED)
+class MemberOrder(TypedDict):
+    name: str
+    action: str
+    drained: bool
+    stopping: bool
+
+
+# --- schedules (/cron) --------------------------------------------------------------------------
+
+CatchUp = Literal["latest", "none"]
+Overlap = Literal["allow", "skip"]
+
+
+@with_config(_CLOSED)
+class CronPut(TypedDict):
+    spec: Annotated[str, Field(max_length=limits.cron_spec_chars_max, description=(
+        "Five cron fields (minute hour day-of-month month day-of-week, UTC; *, lists, ranges, "
+        "steps, names like mon or jan; when both day fields are restricted either matches), "
+        "`@every 30s` (s, m, h, d: due at the multiples since the epoch), or @hourly, @daily, "
+        "@weekly, @monthly, @yearly."))]
+    job: Annotated[SubmitSpec, Field(description="The job spec of each run: as POST /jobs "
+                                                 "takes, without id, items, names or after.")]
+    catch_up: NotRequired[Annotated[CatchUp, Field(json_schema_extra={"default": "latest"})]]
+    overlap: NotRequired[Annotated[Overlap, Field(json_schema_extra={"default": "allow"})]]
+    replace: NotRequired[Annotated[bool, Field(json_schema_extra={"default": True}, description=(
+        "false: a different schedule of this name is a 409, not replaced."))]]
+
+
+@with_config(_CLOSED)
+class Cron(TypedDict):
+    name: str
+    spec: str
+    job: Annotated[dict[str, Any], Field(description="The job spec of each run.")]
+    catch_up: CatchUp
+    overlap: Overlap
+    paused: bool
+    created_at: float
+    next_due: Annotated[float | None, Field(description="The next due time (seconds since the "
+                                                        "epoch); null when paused.")]
+    last_due: float | None
+    last_job: Annotated[str | None, Field(description="The id of the last run fired.")]
+    fired: int
+    skipped: Annotated[int, Field(description="Runs passed over (overlap skip).")]
+    version: int
+
+
+@with_config(_CLOSED)
+class CronList(TypedDict):
+    crons: Annotated[list[Cron], Field(description="Every schedule, oldest first.")]
+
+
+@with_config(_CLOSED)
+class CronRemoved(TypedDict):
+    name: str
+    removed: Literal[True]
+
+
+# --- logging in, blobs --------------------------------------------------------------------------
+
+class Login(TypedDict):
+    token: str
+
+
+class LoginForm(TypedDict):
+    token: str
+    next: NotRequired[str]
+
+
+class LoggedIn(TypedDict, total=False):
+    name: str
+    role: Literal["read", "submit", "admin"]
+    csrf: Annotated[str, Field(description="The X-Meshjobs-Csrf value of this session.")]
+
+
+class LoggedOut(TypedDict, total=False):
+    logged_out: bool
+
+
+@with_config(_CLOSED)
+class BlobCheck(TypedDict):
+    digest: Digest
+    state: Literal["good", "damaged"]
+    repaired: NotRequired[bool]
+
+
 # --- schemas ------------------------------------------------------------------------------------
 
-MODELS: tuple[Any, ...] = (Error, Forgotten, SubmitSpec, Tone, Rerun, Item, Job, Fleet, Health,
-                           Digest, ItemPayload, After)
+MODELS: tuple[Any, ...] = (
+    Error, Forgotten, SubmitSpec, Tone, Rerun, Item, Job, Fleet, Health, Digest, ItemPayload,
+    After, BulkStatus, BulkChange, BulkTone, BulkAnswer, History, PoolOrder, Pools, PoolOrderBody,
+    PoolSlotsBody, MemberOrderBody, MemberStopBody, MemberOrder, CronPut, Cron, CronList,
+    CronRemoved, Login, LoginForm, LoggedIn, LoggedOut, BlobCheck)
 REF = "#/components/schemas/{model}"
 
 
@@ -344,6 +623,11 @@ class _NoTitles(GenerateJsonSchema):
 
     def field_title_should_be_set(self, schema: Any) -> bool:
         return False
+
+
+def ref(model: Any) -> dict[str, str]:
+    """A reference to a model's schema in the document."""
+    return {"$ref": REF.format(model=model.__name__)}
 
 
 def schemas() -> dict[str, Any]:

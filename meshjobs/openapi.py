@@ -12,11 +12,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from meshjobs import apimodels, limits
+from meshjobs import apimodels as api
+from meshjobs import limits
 from meshjobs.control import JOB_STATES
 
-_ERROR = {"$ref": "#/components/schemas/Error"}
-_JOB = {"$ref": "#/components/schemas/Job"}
+_ERROR = api.ref(api.Error)
+_JOB = api.ref(api.Job)
 
 
 def _json(schema: dict, description: str) -> dict:
@@ -60,7 +61,7 @@ _OCTETS = {"application/octet-stream": {"schema": {"type": "string", "contentMed
                                                    "application/octet-stream"}}}
 
 # The schemas of the bodies: generated from the typed models (meshjobs/apimodels.py).
-_SCHEMAS: dict[str, Any] = apimodels.schemas()
+_SCHEMAS: dict[str, Any] = api.schemas()
 
 _PATHS: dict[str, Any] = {
     "/jobs": {
@@ -97,7 +98,7 @@ _PATHS: dict[str, Any] = {
             "operationId": "submitJob",
             "parameters": [_IDEMPOTENCY_KEY],
             "requestBody": {"required": True, "content": {"application/json": {
-                "schema": {"$ref": "#/components/schemas/SubmitSpec"}}}},
+                "schema": api.ref(api.SubmitSpec)}}},
             "responses": {
                 "201": _json(_JOB, "The job was created."),
                 "200": _json(_JOB, "The same submission was seen before (same Idempotency-Key)."),
@@ -143,7 +144,7 @@ _PATHS: dict[str, Any] = {
             "summary": "Forget a finished or cancelled job: it leaves the table for good.",
             "operationId": "forgetJob",
             "parameters": [_JOB_ID, _IDEMPOTENCY_KEY],
-            "responses": {"200": _json({"$ref": "#/components/schemas/Forgotten"},
+            "responses": {"200": _json(api.ref(api.Forgotten),
                                        "The job is forgotten."), "400": _BAD,
                           "404": _NO_JOB, "409": _CONFLICT, "503": _BUSY},
         },
@@ -220,7 +221,7 @@ _PATHS: dict[str, Any] = {
             "operationId": "toneJob",
             "parameters": [_JOB_ID, _IDEMPOTENCY_KEY],
             "requestBody": {"required": True, "content": {"application/json": {
-                "schema": {"$ref": "#/components/schemas/Tone"}}}},
+                "schema": api.ref(api.Tone)}}},
             "responses": {"200": _json(_JOB, "The job."), "400": _BAD, "404": _NO_JOB,
                           "409": _CONFLICT, "503": _BUSY},
         },
@@ -236,18 +237,14 @@ _PATHS: dict[str, Any] = {
                            "(fewer bytes than Content-Length): ask ?check=1 to learn why.",
             "operationId": "getBlob",
             "parameters": [{"name": "digest", "in": "path", "required": True,
-                            "schema": {"$ref": "#/components/schemas/Digest"}},
+                            "schema": api.ref(api.Digest)},
                            {"name": "check", "in": "query",
                             "description": "1: read the blob whole and answer its state as JSON.",
                             "schema": {"enum": ["0", "1", "true", "false"]}}],
             "responses": {"200": {"description": "The bytes, or with ?check=1 the state: "
                                                  "{digest, state: good|damaged, repaired?}.",
-                                  "content": {**_OCTETS, "application/json": {"schema": {
-                                      "type": "object", "required": ["digest", "state"],
-                                      "properties": {
-                                          "digest": {"$ref": "#/components/schemas/Digest"},
-                                          "state": {"enum": ["good", "damaged"]},
-                                          "repaired": {"type": "boolean"}}}}}},
+                                  "content": {**_OCTETS, "application/json": {
+                                      "schema": api.ref(api.BlobCheck)}}},
                           "400": _BAD, "404": _err("No such blob on this member."),
                           "500": _err("The blob is damaged on this member and no other member "
                                       "had a good copy.")},
@@ -296,7 +293,7 @@ _PATHS: dict[str, Any] = {
             "parameters": [{"name": "format", "in": "query", "schema": {"enum": ["json", "html"]}}],
             "responses": {"200": {"description": "The fleet (its page for a browser).",
                                   "content": {"application/json": {
-                                      "schema": {"$ref": "#/components/schemas/Fleet"}},
+                                      "schema": api.ref(api.Fleet)},
                                       "text/html": {"schema": {"type": "string"}}}},
                           "400": _BAD, "503": _BUSY},
         },
@@ -318,7 +315,7 @@ _PATHS: dict[str, Any] = {
                             "schema": {"type": "string", "enum": ["0", "1"]},
                             "description": "1: answer 503 when this member is cut off from the "
                                            "leader, so that its reads may be stale."}],
-            "responses": {"200": _json({"$ref": "#/components/schemas/Health"}, "Healthy."),
+            "responses": {"200": _json(api.ref(api.Health), "Healthy."),
                           "503": _err("The member does not answer in time, or (fresh=1) it is "
                                       "cut off from the leader.")},
         },
@@ -353,16 +350,10 @@ _PATHS: dict[str, Any] = {
                        "the X-Meshjobs-Csrf header of this member's pages.",
             "operationId": "login",
             "requestBody": {"required": True, "content": {
-                "application/json": {"schema": {"type": "object", "required": ["token"],
-                                                "properties": {"token": {"type": "string"}}}},
-                "application/x-www-form-urlencoded": {"schema": {
-                    "type": "object", "required": ["token"],
-                    "properties": {"token": {"type": "string"}, "next": {"type": "string"}}}}}},
+                "application/json": {"schema": api.ref(api.Login)},
+                "application/x-www-form-urlencoded": {"schema": api.ref(api.LoginForm)}}},
             "responses": {
-                "200": _json({"type": "object", "properties": {
-                    "name": {"type": "string"}, "role": {"enum": ["read", "submit", "admin"]},
-                    "csrf": {"type": "string", "description": "The X-Meshjobs-Csrf value of "
-                             "this session."}}}, "Logged in (JSON); the cookie is set."),
+                "200": _json(api.ref(api.LoggedIn), "Logged in (JSON); the cookie is set."),
                 "303": {"description": "Logged in (form); the cookie is set, on to `next`."},
                 "400": _err("A broken form or JSON, or this member has no [auth] table."),
                 "401": _UNAUTHORIZED,
@@ -375,7 +366,7 @@ _PATHS: dict[str, Any] = {
         "post": {
             "summary": "End this browser's session and drop its cookie.",
             "operationId": "logout",
-            "responses": {"200": _json({"type": "object"}, "Logged out.")},
+            "responses": {"200": _json(api.ref(api.LoggedOut), "Logged out.")},
         },
     },
     "/openapi.json": {
@@ -399,38 +390,8 @@ _OPEN = {("/healthz", "get"), ("/login", "get"), ("/login", "post"), ("/logout",
 
 # --- many jobs at once (POST /jobs/cancel, /jobs/forget, /jobs/tone, /jobs/status) and history --
 
-_FILTER = {
-    "type": "object", "additionalProperties": False, "minProperties": 1,
-    "description": "Jobs that match every key given.",
-    "properties": {
-        "tag": {"type": "string", "minLength": 1, "maxLength": limits.tag_chars_max},
-        "state": {"enum": ["queued", "held", "running", "done", "failed", "cancelled"]},
-        "pool": {"type": "string"},
-        "member": {"type": "string", "description": "Jobs with an item that ran or runs on "
-                                                    "this member."},
-    },
-}
-
-
-def _bulk_body(action: str) -> dict:
-    props: dict[str, Any] = {
-        "ids": {"type": "array", "minItems": 1, "maxItems": limits.bulk_jobs_max,
-                "items": {"type": "string"}},
-        "filter": _FILTER,
-        "after": {"type": "string", "description": "The `next` cursor of the answer before: "
-                                                   "the filter's next page."},
-    }
-    if action != "status":
-        props["dry_run"] = {"type": "boolean", "description": "Answer what would change; "
-                                                             "change nothing."}
-    if action == "tone":
-        props["set"] = {"type": "object", "additionalProperties": False, "properties": {
-            "priority": {"type": "integer"}, "hold": {"type": "boolean"},
-            "max_leases": {"type": ["integer", "null"], "minimum": 1}}}
-    return {"type": "object", "additionalProperties": False, "properties": props,
-            "description": "Either ids or filter, not both."}
-
-
+_BULK_BODY = {"cancel": api.ref(api.BulkChange), "forget": api.ref(api.BulkChange),
+              "tone": api.ref(api.BulkTone), "status": api.ref(api.BulkStatus)}
 _BULK_SUMMARY = {
     "cancel": "Cancel many jobs: by ids or a filter (submit role).",
     "forget": "Forget many ended jobs: by ids or a filter (admin role).",
@@ -449,8 +410,8 @@ _BULK_PATHS: dict[str, Any] = {
         "operationId": f"bulk{action.capitalize()}",
         "parameters": [] if action == "status" else [_IDEMPOTENCY_KEY],
         "requestBody": {"required": True, "content": {"application/json": {
-            "schema": _bulk_body(action)}}},
-        "responses": {"200": _json({"$ref": "#/components/schemas/BulkAnswer"},
+            "schema": _BULK_BODY[action]}}},
+        "responses": {"200": _json(api.ref(api.BulkAnswer),
                                    "One result per job."),
                       "400": _BAD, "413": _err(f"A body over {limits.bulk_body_bytes_max} "
                                                "bytes."), "503": _BUSY},
@@ -466,14 +427,14 @@ _BULK_PATHS["/history"] = {"get": {
         {"name": "limit", "in": "query", "schema": {
             "type": "integer", "minimum": 1, "maximum": limits.history_read_max, "default": 100}},
     ],
-    "responses": {"200": _json({"$ref": "#/components/schemas/History"}, "The records."),
+    "responses": {"200": _json(api.ref(api.History), "The records."),
                   "400": _BAD, "404": _err("This member keeps no history.")},
 }}
 _BULK_PATHS["/pools"] = {"get": {
     "summary": "Every pool, fleet-wide (the leader's view): slots, free, running, pending, and "
                "whether it is held or drained, fleet-wide or on which members.",
     "operationId": "pools",
-    "responses": {"200": _json({"$ref": "#/components/schemas/Pools"}, "The pools."),
+    "responses": {"200": _json(api.ref(api.Pools), "The pools."),
                   "503": _BUSY},
 }}
 _ORDER_WORDS = {
@@ -491,10 +452,9 @@ for _action, _words in _ORDER_WORDS.items():
         "parameters": [{"name": "pool", "in": "path", "required": True,
                         "schema": {"type": "string", "maxLength": limits.pool_chars_max}},
                        _IDEMPOTENCY_KEY],
-        "requestBody": {"required": False, "content": {"application/json": {"schema": {
-            "type": "object", "additionalProperties": False, "properties": {
-                "member": {"type": "string", "description": "Only on this member."}}}}}},
-        "responses": {"200": _json({"$ref": "#/components/schemas/PoolOrder"}, "Applied."),
+        "requestBody": {"required": False, "content": {"application/json": {
+            "schema": api.ref(api.PoolOrderBody)}}},
+        "responses": {"200": _json(api.ref(api.PoolOrder), "Applied."),
                       "400": _BAD, "404": _err("No such pool or member in the fleet."),
                       "409": _err("Too many orders kept: lift some first."), "503": _BUSY},
     }}
@@ -510,12 +470,9 @@ _BULK_PATHS["/pools/{pool}/slots"] = {"post": {
     "parameters": [{"name": "pool", "in": "path", "required": True,
                     "schema": {"type": "string", "maxLength": limits.pool_chars_max}},
                    _IDEMPOTENCY_KEY],
-    "requestBody": {"required": True, "content": {"application/json": {"schema": {
-        "type": "object", "additionalProperties": False, "required": ["slots"], "properties": {
-            "slots": {"type": ["integer", "null"], "minimum": 0,
-                      "maximum": limits.pool_slots_max},
-            "member": {"type": "string", "description": "Only on this member."}}}}}},
-    "responses": {"200": _json({"$ref": "#/components/schemas/PoolOrder"}, "Applied."),
+    "requestBody": {"required": True, "content": {"application/json": {
+        "schema": api.ref(api.PoolSlotsBody)}}},
+    "responses": {"200": _json(api.ref(api.PoolOrder), "Applied."),
                   "400": _BAD, "404": _err("No such pool or member in the fleet."),
                   "409": _err("Too many orders kept: lift some first."), "503": _BUSY},
 }}
@@ -533,80 +490,13 @@ for _action, _words in _MEMBER_WORDS.items():
         "parameters": [{"name": "name", "in": "path", "required": True,
                         "schema": {"type": "string", "maxLength": limits.pool_chars_max}},
                        _IDEMPOTENCY_KEY],
-        "requestBody": {"required": False, "content": {"application/json": {"schema": {
-            "type": "object", "additionalProperties": False, "properties": {
-                **({"grace_s": {"type": "number", "minimum": 0,
-                                "maximum": limits.stop_grace_s_max}} if _action == "stop"
-                   else {})}}}}},
-        "responses": {"200": _json({"type": "object", "properties": {
-            "name": {"type": "string"}, "action": {"type": "string"},
-            "drained": {"type": "boolean"}, "stopping": {"type": "boolean"}}}, "Applied."),
+        "requestBody": {"required": False, "content": {"application/json": {"schema": api.ref(
+            api.MemberStopBody if _action == "stop" else api.MemberOrderBody)}}},
+        "responses": {"200": _json(api.ref(api.MemberOrder), "Applied."),
                       "400": _BAD, "404": _err("No such member in the fleet."),
                       "409": _err("The member has not reported to the leader (stop), or too "
                                   "many orders are kept."), "503": _BUSY},
     }}
-_POOL_STATE = {
-    "held": {"type": "boolean", "description": "Held fleet-wide."},
-    "held_on": {"type": "array", "items": {"type": "string"}},
-    "drained": {"type": "boolean", "description": "Drained fleet-wide."},
-    "drained_on": {"type": "array", "items": {"type": "string"}},
-    "slots_set": {"type": ["integer", "null"], "description": "Slots set fleet-wide "
-                                                              "(meshctl pool slots)."},
-    "slots_set_on": {"type": "object", "additionalProperties": {"type": "integer"},
-                     "description": "Slots set per member."},
-}
-_BULK_SCHEMAS: dict[str, Any] = {
-    "PoolOrder": {"type": "object", "properties": {
-        "pool": {"type": "string"}, "action": {"type": "string"},
-        "member": {"type": ["string", "null"]}, **_POOL_STATE}},
-    "Pools": {"type": "object", "properties": {
-        "leader": {"type": ["string", "null"]},
-        "partial": {"type": "boolean", "description": "This member's own view: the leader's "
-                                                      "could not be had."},
-        "pools": {"type": "array", "items": {"type": "object", "properties": {
-            "pool": {"type": "string"},
-            "slots": {"type": "integer", "description": "Slots of the alive members."},
-            "free": {"type": "integer", "description": "Slots taking work now."},
-            "running": {"type": "integer", "description": "Items leased."},
-            "pending": {"type": "integer", "description": "Items waiting for a slot."},
-            **_POOL_STATE,
-            "members": {"type": "object", "additionalProperties": {"type": "object"}},
-        }}},
-    }},
-    "BulkAnswer": {"type": "object", "properties": {
-        "action": {"enum": ["cancel", "forget", "tone", "status"]},
-        "dry_run": {"type": "boolean"},
-        "matched": {"type": "integer"},
-        "counts": {"type": "object", "additionalProperties": {"type": "integer"}},
-        "next": {"type": ["string", "null"], "description": "The cursor of the filter's next "
-                                                            "page (pass it as `after`)."},
-        "results": {"type": "array", "items": {"type": "object", "properties": {
-            "id": {"type": "string"},
-            "answer": {"enum": ["changed", "would_change", "already_final", "no_such_job",
-                                "refused", "found"]},
-            "state": {"type": "string", "description": "The job's state now, if it exists."},
-            "error": {"type": "string", "description": "Why it was refused."},
-            "job": _JOB,
-        }, "required": ["id", "answer"]}},
-    }},
-    "History": {"type": "object", "properties": {
-        "order": {"const": "newest_first"},
-        "member": {"type": "string"},
-        "records": {"type": "array", "items": {"type": "object", "properties": {
-            "at": {"type": "number", "description": "When the job was dropped (seconds)."},
-            "why": {"enum": ["forget", "expire"]},
-            "index": {"type": "integer", "description": "The log index of the entry."},
-            "member": {"type": "string"},
-            "job": {"type": "object", "description": "The job's final record, with "
-                                                     "items_summary (states, members)."},
-        }}},
-        "skipped_lines": {"type": "integer", "description": "Damaged lines skipped (a torn "
-                                                            "last line after a crash)."},
-        "more": {"type": "boolean"},
-        "dropped": {"type": "integer", "description": "Records this member dropped since it "
-                                                      "started (writer queue full)."},
-    }},
-}
 
 
 # --- re-running finished jobs (POST /jobs/{id}/rerun, restart, resubmit, output paths) -----------
@@ -623,20 +513,16 @@ _RERUN_PATHS: dict[str, Any] = {
         "operationId": "rerunJob",
         "parameters": [_JOB_ID, _IDEMPOTENCY_KEY],
         "requestBody": {"required": False, "content": {"application/json": {
-            "schema": {"$ref": "#/components/schemas/Rerun"}}}},
+            "schema": api.ref(api.Rerun)}}},
         "responses": {"200": _json(_JOB, "The job, queued again (run: its run number)."),
                       "400": _BAD, "404": _NO_JOB, "409": _CONFLICT, "503": _BUSY},
     }},
 }
-_BULK_SCHEMAS["History"]["properties"]["records"]["items"]["properties"]["why"] = {
-    "enum": ["forget", "expire", "rerun", "restart", "resubmit"],
-    "description": "forget or expire: the job was dropped; rerun, restart or resubmit: the "
-                   "record is of its earlier run, which ended (the job runs again)."}
 _CRON_NAME = {
     "name": "name", "in": "path", "required": True, "description": "A schedule's name.",
     "schema": {"type": "string", "pattern": f"^[A-Za-z0-9._-]{{1,{limits.cron_name_chars_max}}}$"},
 }
-_CRON = {"$ref": "#/components/schemas/Cron"}
+_CRON = api.ref(api.Cron)
 _NO_CRON = _err("No schedule of this name.")
 
 
@@ -650,8 +536,7 @@ def _cron_change(summary: str, op_id: str) -> dict:
 _CRON_PATHS: dict[str, Any] = {
     "/cron": {"get": {
         "summary": "The schedules (read role).", "operationId": "listCron",
-        "responses": {"200": _json({"type": "object", "properties": {
-            "crons": {"type": "array", "items": _CRON}}}, "Every schedule, oldest first."),
+        "responses": {"200": _json(api.ref(api.CronList), "Every schedule, oldest first."),
             "503": _BUSY}}},
     "/cron/{name}": {
         "get": {"summary": "One schedule (read role).", "operationId": "getCron",
@@ -670,25 +555,8 @@ _CRON_PATHS: dict[str, Any] = {
                            f"{limits.cron_schedules_max} schedules.",
             "operationId": "putCron",
             "parameters": [_CRON_NAME, _IDEMPOTENCY_KEY],
-            "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                "type": "object", "additionalProperties": False, "required": ["spec", "job"],
-                "properties": {
-                    "spec": {"type": "string", "maxLength": limits.cron_spec_chars_max,
-                             "description": "Five cron fields (minute hour day-of-month month "
-                                            "day-of-week, UTC; *, lists, ranges, steps, names "
-                                            "like mon or jan; when both day fields are "
-                                            "restricted either matches), `@every 30s` (s, m, "
-                                            "h, d: due at the multiples since the epoch), or "
-                                            "@hourly, @daily, @weekly, @monthly, @yearly."},
-                    "job": {"description": "The job spec of each run: as POST /jobs takes, "
-                                           "without id, items, names or after.",
-                            "$ref": "#/components/schemas/SubmitSpec"},
-                    "catch_up": {"enum": ["latest", "none"], "default": "latest"},
-                    "overlap": {"enum": ["allow", "skip"], "default": "allow"},
-                    "replace": {"type": "boolean", "default": True,
-                                "description": "false: a different schedule of this name is "
-                                               "a 409, not replaced."},
-                }}}}},
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": api.ref(api.CronPut)}}},
             "responses": {"201": _json(_CRON, "Added."),
                           "200": _json(_CRON, "Replaced, or the same as before."),
                           "400": _BAD, "409": _err("A different schedule of this name (with "
@@ -697,30 +565,13 @@ _CRON_PATHS: dict[str, Any] = {
                           "503": _BUSY}},
         "delete": {"summary": "Remove a schedule; its runs stay (submit role).",
                    "operationId": "deleteCron", "parameters": [_CRON_NAME, _IDEMPOTENCY_KEY],
-                   "responses": {"200": _json({"type": "object", "properties": {
-                       "name": {"type": "string"}, "removed": {"const": True}}}, "Removed."),
+                   "responses": {"200": _json(api.ref(api.CronRemoved), "Removed."),
                        "400": _BAD, "404": _NO_CRON, "503": _BUSY}},
     },
     "/cron/{name}/pause": _cron_change("Fire no runs of a schedule (submit role).", "pauseCron"),
     "/cron/{name}/resume": _cron_change("Fire a schedule's runs again from the next due time "
                                         "on; none missed while paused (submit role).",
                                         "resumeCron"),
-}
-_CRON_SCHEMAS: dict[str, Any] = {
-    "Cron": {"type": "object", "properties": {
-        "name": {"type": "string"}, "spec": {"type": "string"},
-        "job": {"type": "object", "description": "The job spec of each run."},
-        "catch_up": {"enum": ["latest", "none"]}, "overlap": {"enum": ["allow", "skip"]},
-        "paused": {"type": "boolean"},
-        "created_at": {"type": "number"},
-        "next_due": {"type": ["number", "null"], "description": "The next due time (seconds "
-                                                               "since the epoch); null when paused."},
-        "last_due": {"type": ["number", "null"]},
-        "last_job": {"type": ["string", "null"], "description": "The id of the last run fired."},
-        "fired": {"type": "integer"}, "skipped": {"type": "integer",
-                                                  "description": "Runs passed over (overlap skip)."},
-        "version": {"type": "integer"},
-    }},
 }
 
 
@@ -758,5 +609,5 @@ def openapi_document() -> dict[str, Any]:
             "origin and carry the X-Meshjobs-Csrf header of its pages.",
         },
         "paths": paths,
-        "components": {"schemas": copy.deepcopy({**_SCHEMAS, **_BULK_SCHEMAS, **_CRON_SCHEMAS})},
+        "components": {"schemas": copy.deepcopy(_SCHEMAS)},
     }

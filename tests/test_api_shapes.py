@@ -95,6 +95,43 @@ def test_real_answers_match_the_document(meshd):
     answer(meshd, "GET", "/jobs?state=nope", "/jobs", 400)
 
 
+@pytest.mark.fleet
+def test_real_answers_of_the_other_routes_match_the_document(meshd):
+    """Rule: the answers of many jobs at once, pools, members, schedules, history and logout
+    validate against the schemas the document gives for them."""
+    answer(meshd, "POST", "/jobs", "/jobs", 201, {"id": "a", "argv": ["true"], "tags": ["x"]})
+    meshd.wait_job("a")
+    answer(meshd, "GET", "/pools", "/pools", 200)
+    for action, body in (("hold", {}), ("release", {"member": "m1"}), ("drain", None),
+                         ("undrain", {})):
+        answer(meshd, "POST", f"/pools/default/{action}", f"/pools/{{pool}}/{action}", 200,
+               body)
+    answer(meshd, "POST", "/pools/default/slots", "/pools/{pool}/slots", 200, {"slots": 3})
+    answer(meshd, "POST", "/pools/default/slots", "/pools/{pool}/slots", 200, {"slots": None})
+    answer(meshd, "GET", "/pools", "/pools", 200)
+    for action in ("drain", "undrain"):
+        answer(meshd, "POST", f"/members/m1/{action}", f"/members/{{name}}/{action}", 200, {})
+    answer(meshd, "POST", "/jobs/status", "/jobs/status", 200, {"ids": ["a", "zz"]})
+    answer(meshd, "POST", "/jobs/cancel", "/jobs/cancel", 200,
+           {"filter": {"tag": "x"}, "dry_run": True})
+    answer(meshd, "POST", "/jobs/tone", "/jobs/tone", 200,
+           {"ids": ["a"], "set": {"priority": 2}})
+    answer(meshd, "POST", "/jobs/forget", "/jobs/forget", 200, {"ids": ["a"]})
+    history = answer(meshd, "GET", "/history", "/history", 200)
+    assert history["records"][0]["job"]["id"] == "a"
+    spec = {"spec": "@every 30s", "job": {"argv": ["true"]}, "overlap": "skip"}
+    answer(meshd, "PUT", "/cron/c1", "/cron/{name}", 201, spec)
+    answer(meshd, "GET", "/cron", "/cron", 200)
+    answer(meshd, "GET", "/cron/c1", "/cron/{name}", 200)
+    answer(meshd, "POST", "/cron/c1/pause", "/cron/{name}/pause", 200)
+    answer(meshd, "POST", "/cron/c1/resume", "/cron/{name}/resume", 200)
+    answer(meshd, "DELETE", "/cron/c1", "/cron/{name}", 200)
+    answer(meshd, "GET", "/cron/c1", "/cron/{name}", 404)
+    answer(meshd, "POST", "/logout", "/logout", 200)
+    blob = answer(meshd, "GET", "/blobs/" + "0" * 64 + "?check=1", "/blobs/{digest}", 404)
+    assert "error" in blob
+
+
 def test_an_answer_with_a_key_the_models_lack_is_refused():
     """Rule: the answer schemas forbid keys they do not name, and require the keys every record
     has, so an answer that drifts from the models fails the test above."""
@@ -121,4 +158,25 @@ def test_the_document_schemas_are_the_models():
     generated = apimodels.schemas()
     for name, schema in generated.items():
         assert DOC["components"]["schemas"][name] == schema, name
-    assert {"Job", "Item", "SubmitSpec", "Forgotten", "Error", "Fleet", "Health"} <= set(generated)
+    assert {"Job", "Item", "SubmitSpec", "Forgotten", "Error", "Fleet", "Health", "BulkAnswer",
+            "Pools", "History", "Cron"} <= set(generated)
+
+
+def test_every_body_schema_is_a_model():
+    """Every request and JSON answer body of the document is a reference to a model's schema
+    (or a list of them), none written by hand in the paths."""
+    def refs_only(schema: dict, where: str) -> None:
+        if schema.get("type") == "array":
+            schema = schema["items"]
+        assert set(schema) == {"$ref"} or schema.get("type") in ("string", "object"), where
+        if "$ref" not in schema:
+            assert "properties" not in schema, where
+
+    for path, ops in DOC["paths"].items():
+        for method, op in ops.items():
+            for ctype, media in op.get("requestBody", {}).get("content", {}).items():
+                refs_only(media["schema"], f"{method} {path} body {ctype}")
+            for status, resp in op["responses"].items():
+                media = resp.get("content", {}).get("application/json")
+                if media is not None:
+                    refs_only(media["schema"], f"{method} {path} {status}")
