@@ -3,7 +3,7 @@
 Rule: every route that meshjobs/http.py serves is described here with its parameters, body and
 answers; tests/test_http.py checks that the two agree. The paths and operations are written
 here; the schemas of the main bodies (jobs, items, specs, errors, the fleet) are generated from
-the typed models of meshjobs/apimodels.py, and tests/test_api_shapes.py checks a real member's
+the typed models of meshjobs/apimodels/, and tests/test_api_shapes.py checks a real member's
 answers against them.
 """
 
@@ -60,7 +60,7 @@ _NOT_JSON = _err("A body whose Content-Type is not application/json.")
 _OCTETS = {"application/octet-stream": {"schema": {"type": "string", "contentMediaType":
                                                    "application/octet-stream"}}}
 
-# The schemas of the bodies: generated from the typed models (meshjobs/apimodels.py).
+# The schemas of the bodies: generated from the typed models (meshjobs/apimodels/).
 _SCHEMAS: dict[str, Any] = api.schemas()
 
 _PATHS: dict[str, Any] = {

@@ -1,6 +1,6 @@
 """A real member's answers are what /openapi.json says they are.
 
-The schemas of the document are generated from the typed models (meshjobs/apimodels.py); here
+The schemas of the document are generated from the typed models (meshjobs/apimodels/); here
 a real meshd's answers to the main routes (submit, get, list, cancel, tone, rerun, forget, fleet,
 health, errors) are validated against the schema the document gives for that route and status.
 An answer that grows a key the models lack, or loses one they require, fails here.
@@ -46,7 +46,7 @@ def answer(meshd, method: str, path: str, doc_path: str, status: int, body: Any 
 @pytest.mark.fleet
 def test_real_answers_match_the_document(meshd):
     """Rule: every main route's answer from a real meshd validates against the schema the
-    OpenAPI document gives for it (generated from meshjobs/apimodels.py), including the keys
+    OpenAPI document gives for it (generated from meshjobs/apimodels/), including the keys
     that only some jobs have (names, after, member selector, restarts, output paths)."""
     plain = answer(meshd, "POST", "/jobs", "/jobs", 201,
                    {"id": "plain", "argv": ["true"], "tags": ["t"], "env": {"A": "1"}})
