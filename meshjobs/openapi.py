@@ -10,6 +10,7 @@ answers against them.
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
 from meshjobs import apimodels as api
@@ -60,8 +61,9 @@ _NOT_JSON = _err("A body whose Content-Type is not application/json.")
 _OCTETS = {"application/octet-stream": {"schema": {"type": "string", "contentMediaType":
                                                    "application/octet-stream"}}}
 
-# The schemas of the bodies: generated from the typed models (meshjobs/apimodels/).
-_SCHEMAS: dict[str, Any] = api.schemas()
+# The schemas of the bodies are generated from the typed models (meshjobs/apimodels/), once,
+# when the document is first asked for (it takes a moment: not at every import of http.py).
+_schemas = functools.cache(api.schemas)
 
 _PATHS: dict[str, Any] = {
     "/jobs": {
@@ -609,5 +611,5 @@ def openapi_document() -> dict[str, Any]:
             "origin and carry the X-Meshjobs-Csrf header of its pages.",
         },
         "paths": paths,
-        "components": {"schemas": copy.deepcopy(_SCHEMAS)},
+        "components": {"schemas": copy.deepcopy(_schemas())},
     }
