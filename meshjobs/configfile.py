@@ -167,7 +167,8 @@ class ItemsTable(_Table):
 class ConfigFile(_Table):
     """The whole file. Every key may be absent here; config.py says which are needed."""
 
-    name: str | None = Field(None, pattern=POOL_RE.pattern,
+    # An empty name is the host's name, as it always was.
+    name: str | None = Field(None, pattern="^$|" + POOL_RE.pattern,
                              description="the member's name: " + NAME_HINT)
     data: str | None = Field(None, min_length=1, description="a folder path")
     http: Annotated[HttpTable, BeforeValidator(_http_addr)] | None = Field(
