@@ -290,7 +290,12 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
             raise ConfigError(f"no config file at {path}") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path} is not valid TOML: {e}") from None
-    file, found = configfile.read(raw)
+    # What the command line overrides is checked there (below), not in the file, as before.
+    given_now = {k for k, v in (overrides or {}).items() if v is not None}
+    checked = {k: v for k, v in raw.items() if k not in given_now - {"http"}}
+    if "http" in given_now and isinstance(raw.get("http"), str):
+        del checked["http"]
+    file, found = configfile.read(checked)
     problems = _Problems(found)
     if path is not None and "name" not in raw and not (overrides or {}).get("name"):
         problems.add(f"{path}: `name` is required (the member's name, unique in the fleet)")
