@@ -168,7 +168,6 @@ def parse_addr(value: Any, key: str) -> tuple[str, int]:
     return host, p
 
 
-
 class _Problems:
     """Every problem of a file, kept to be reported together."""
 
@@ -203,7 +202,7 @@ def _pools(tables: dict[str, configfile.PoolTable], problems: _Problems) -> dict
     pools = {}
     for name, p in tables.items():
         if not POOL_RE.fullmatch(name):
-            problems.add(f"pool name {name!r}: use letters, digits, '.', '_' or '-'")
+            problems.add(f"pool name {name[:80]!r}: use letters, digits, '.', '_' or '-'")
             continue
         kind = p.kind or "command"
         slots = p.slots if p.slots is not None else (os.cpu_count() or 1)
@@ -314,7 +313,7 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
                 given[k] = v
     name = given["name"] or socket.gethostname() or "meshd"
     if not isinstance(name, str) or not POOL_RE.fullmatch(name):
-        problems.add(f"name {name!r}: use letters, digits, '.', '_' or '-'")
+        problems.add(f"name {str(name)[:80]!r}: use letters, digits, '.', '_' or '-'")
     data = given["data"] if given["data"] is not None else DEFAULT_DATA
     if not isinstance(data, str) or not data:
         problems.add("data must be a folder path")
