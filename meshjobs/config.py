@@ -2,7 +2,9 @@
 
 Every key is optional but `name` (in a file); with no file at all, meshd runs a fleet of one on
 127.0.0.1 with its data folder in the current directory and a `default` pool of kind `command`
-with one slot per core. Errors say which key is wrong and what it should be.
+with one slot per core. Errors say which key is wrong and what it should be: all of them at
+once (the file's shape is checked by the typed models of meshjobs/configfile.py, what keys mean
+together here).
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshjobs import limits
+from meshjobs import configfile, limits
 from meshjobs.control import POOL_RE, ControlError, parse_user
-from meshjobs.itemenv import DEFAULT_PASS, PASS_RE
+from meshjobs.itemenv import DEFAULT_PASS
 from meshjobs.node import Pool
 
 DEFAULT_DATA = "meshjobs-data"
@@ -27,21 +29,25 @@ DEFAULT_GC_GRACE_S = 3600.0  # [blobs] gc_grace_s: an unpinned blob lives this l
 DEFAULT_GC_EVERY_S = 60.0  # [blobs] gc_every_s: how often unpinned blobs are collected
 DEFAULT_KEEP_S = 7 * 86400.0  # [retention] keep_s: finished jobs are forgotten after this
 DEFAULT_KEEP_JOBS = 100_000  # [retention] keep_jobs: and at most this many are kept
-TOP_KEYS = {"name", "data", "http", "peer", "raft", "secret_file", "fleet", "pools", "blobs",
-            "retention", "log", "auth", "items", "history"}
+# The keys of each table: the typed models of the file's shape (meshjobs/configfile.py).
+TOP_KEYS = set(configfile.ConfigFile.model_fields)
 # `http` is either the address ("host:port") or a table with the address and these keys.
-HTTP_KEYS = {"addr", "listen", "tls_cert", "tls_key", "names", "conns_max", "header_timeout_s",
-             "idle_timeout_s", "body_timeout_s"}
-AUTH_KEYS = {"tokens", "allow_anonymous", "anonymous_role", "metrics"}
+HTTP_KEYS = set(configfile.HttpTable.model_fields)
+AUTH_KEYS = set(configfile.AuthTable.model_fields)
 ROLES = ("read", "submit", "admin")  # each role may do what the ones before it may
-TOKEN_KEYS = {"name", "role", "sha256"}
+TOKEN_KEYS = set(configfile.TokenTable.model_fields)
 LOOPBACK_NAMES = ("localhost", "ip6-localhost")
-POOL_KEYS = {"kind", "slots", "runtime_s", "hold", "drain", "user"}
+POOL_KEYS = set(configfile.PoolTable.model_fields)
 POOL_KINDS = ("command", "python")  # python: slots pre-forked meshjobs.pyworker processes
 
 
 class ConfigError(Exception):
-    """A configuration meshd cannot run with; the message says which key and why."""
+    """A configuration meshd cannot run with; the message says which key and why (every
+    problem found, one a line, when there are several: `problems`)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems if problems is not None else [message]
 
 
 @dataclass(frozen=True)
@@ -162,38 +168,54 @@ def parse_addr(value: Any, key: str) -> tuple[str, int]:
     return host, p
 
 
-def _pools(raw: Any) -> dict[str, Pool]:
-    if not isinstance(raw, dict) or not raw:
-        raise ConfigError("[pools] must have at least one [pools.NAME] table")
+class _Problems:
+    """Every problem of a file, kept to be reported together."""
+
+    def __init__(self, found: list[str] | None = None) -> None:
+        self.found: list[str] = list(found or [])
+
+    def add(self, message: str) -> None:
+        self.found.append(message)
+
+    def check(self, fn: Any, *args: Any, default: Any = None) -> Any:
+        """fn(*args), or `default` with its ConfigError kept."""
+        try:
+            return fn(*args)
+        except ConfigError as e:
+            self.found.extend(e.problems)
+            return default
+
+    def raise_any(self, path: str | None) -> None:
+        if not self.found:
+            return
+        if len(self.found) == 1:
+            raise ConfigError(self.found[0], self.found)
+        where = path or "the configuration"
+        raise ConfigError(f"{where} has {len(self.found)} problems; fix each of them:\n"
+                          + "\n".join(f"  - {p}" for p in self.found), self.found)
+
+
+def _pools(tables: dict[str, configfile.PoolTable], problems: _Problems) -> dict[str, Pool]:
+    if not tables:
+        problems.add("[pools] must have at least one [pools.NAME] table")
+        return {}
     pools = {}
-    for name, p in raw.items():
+    for name, p in tables.items():
         if not POOL_RE.fullmatch(name):
-            raise ConfigError(f"pool name {name!r}: use letters, digits, '.', '_' or '-'")
-        if not isinstance(p, dict):
-            raise ConfigError(f"[pools.{name}] must be a table")
-        unknown = set(p) - POOL_KEYS
-        if unknown:
-            raise ConfigError(f"[pools.{name}]: unknown key(s) {', '.join(sorted(unknown))}")
-        kind = p.get("kind", "command")
-        if kind not in POOL_KINDS:
-            raise ConfigError(f"[pools.{name}] kind must be one of {', '.join(POOL_KINDS)}, not {kind!r}")
-        slots = p.get("slots", os.cpu_count() or 1)
-        if isinstance(slots, bool) or not isinstance(slots, int) or not 0 <= slots <= 100_000:
-            raise ConfigError(f"[pools.{name}] slots must be an integer 0..100000, not {slots!r}")
-        runtime = p.get("runtime_s")
-        if runtime is not None and (isinstance(runtime, bool) or not isinstance(runtime, (int, float))
-                                    or runtime <= 0):
-            raise ConfigError(f"[pools.{name}] runtime_s must be a positive number of seconds")
-        if p.get("drain") or p.get("hold"):
+            problems.add(f"pool name {name[:80]!r}: use letters, digits, '.', '_' or '-'")
+            continue
+        kind = p.kind or "command"
+        slots = p.slots if p.slots is not None else (os.cpu_count() or 1)
+        if p.drain or p.hold:
             slots = 0  # a draining or held pool takes no new items
         pools[name] = Pool(name=name, kind=kind, slots=slots,
-                           runtime_s=None if runtime is None else float(runtime),
-                           user=_pool_user(name, kind, p.get("user")))
+                           runtime_s=None if p.runtime_s is None else float(p.runtime_s),
+                           user=problems.check(_pool_user, name, kind, p.user))
     workers = python_workers(pools)
     if workers > limits.py_workers_max:
         # Each slot of a python pool is a resident process, not a fork per item.
-        raise ConfigError(f"[pools]: python pools have {workers} slots together, over "
-                          f"{limits.py_workers_max} worker processes (py_workers_max)")
+        problems.add(f"[pools]: python pools have {workers} slots together, over "
+                     f"{limits.py_workers_max} worker processes (py_workers_max)")
     return pools
 
 
@@ -227,137 +249,37 @@ def python_workers(pools: dict[str, Pool]) -> int:
     return sum(p.slots for p in pools.values() if p.kind == "python")
 
 
-def _number(table: dict, key: str, where: str, default: Any, integer: bool = False,
-            allow_none: bool = False) -> Any:
-    value = table.get(key, default)
-    if value is None and allow_none:
-        return None
-    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok or value < 0:
-        kind = "a non-negative integer" if integer else "a non-negative number"
-        raise ConfigError(f"[{where}] {key} must be {kind}, not {value!r}")
-    return value
-
-
-def _section(raw: dict, name: str, keys: set[str]) -> dict:
-    sec = raw.get(name, {})
-    if not isinstance(sec, dict):
-        raise ConfigError(f"[{name}] must be a table")
-    unknown = set(sec) - keys
-    if unknown:
-        raise ConfigError(f"[{name}]: unknown key(s) {', '.join(sorted(unknown))}")
-    return sec
-
-
-def _http_table(raw: dict) -> dict:
-    """The [http] table (a bare `http = "host:port"` is its `addr`)."""
-    value = raw.get("http")
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        return {"addr": value}
-    if not isinstance(value, dict):
-        raise ConfigError('http must be "host:port" or an [http] table')
-    unknown = set(value) - HTTP_KEYS
-    if unknown:
-        raise ConfigError(f"[http]: unknown key(s) {', '.join(sorted(unknown))}")
-    table = dict(value)
-    if "listen" in table:
-        if "addr" in table:
-            raise ConfigError("[http]: give the address once, as addr (listen is another name for it)")
-        table["addr"] = table.pop("listen")
-    return table
-
-
-def _tls_file(table: dict, key: str, base: str) -> str | None:
-    value = table.get(key)
+def _tls_file(value: str | None, key: str, base: str) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"[http] {key} must be the path of a PEM file")
     path = value if os.path.isabs(value) else os.path.join(base, value)
     if not os.path.isfile(path):
         raise ConfigError(f"[http] {key}: no file at {path}")
     return path
 
 
-def _http_names(table: dict) -> tuple[str, ...]:
-    names = table.get("names", [])
-    if not isinstance(names, list) or not all(
-            isinstance(n, str) and n and len(n) <= 253 and " " not in n for n in names):
-        raise ConfigError('[http] names must be a list of host names, e.g. ["meshd.example.org"]')
-    return tuple(n.lower() for n in names)
-
-
-def _auth(raw: dict) -> Auth:
-    if "auth" not in raw:
+def _auth(table: configfile.AuthTable | None, problems: _Problems) -> Auth:
+    if table is None:
         return Auth()
-    sec = _section(raw, "auth", AUTH_KEYS)
-    tokens_raw = sec.get("tokens", [])
-    if not isinstance(tokens_raw, list) or not all(isinstance(t, dict) for t in tokens_raw):
-        raise ConfigError('[auth] tokens must be a list of { name = "...", role = "read|submit|admin", '
-                          'sha256 = "<hex sha256 of the token>" } tables')
-    tokens = []
-    for k, t in enumerate(tokens_raw):
-        unknown = set(t) - TOKEN_KEYS
-        if unknown:
-            raise ConfigError(f"[auth] tokens[{k}]: unknown key(s) {', '.join(sorted(unknown))}")
-        name = t.get("name")
-        if not isinstance(name, str) or not POOL_RE.fullmatch(name):
-            raise ConfigError(f"[auth] tokens[{k}]: name must be letters, digits, '.', '_' or '-'")
-        role = t.get("role")
-        if role not in ROLES:
-            raise ConfigError(f"[auth] tokens[{k}] ({name}): role must be one of {', '.join(ROLES)}, "
-                              f"not {role!r}")
-        digest = t.get("sha256")
-        try:
-            raw_digest = bytes.fromhex(digest) if isinstance(digest, str) else b""
-        except ValueError:
-            raw_digest = b""
-        if len(raw_digest) != 32:
-            raise ConfigError(f"[auth] tokens[{k}] ({name}): sha256 must be the 64 hex characters of "
-                              "the token's SHA-256 (e.g. `printf %s TOKEN | sha256sum`)")
-        tokens.append(Token(name, role, raw_digest))
+    tokens = tuple(Token(t.name, t.role, bytes.fromhex(t.sha256)) for t in table.tokens or ())
     if len({t.name for t in tokens}) != len(tokens):
-        raise ConfigError("[auth] tokens: every token needs its own name")
+        problems.add("[auth] tokens: every token needs its own name")
     if len({t.sha256 for t in tokens}) != len(tokens):
-        raise ConfigError("[auth] tokens: two tokens have the same sha256")
-    allow = sec.get("allow_anonymous", False)
-    if not isinstance(allow, bool):
-        raise ConfigError("[auth] allow_anonymous must be true or false")
-    anon_role = sec.get("anonymous_role", "admin")
-    if anon_role not in ROLES:
-        raise ConfigError(f"[auth] anonymous_role must be one of {', '.join(ROLES)}")
-    metrics = sec.get("metrics", "open")
-    if metrics not in ("open", "read"):
-        raise ConfigError('[auth] metrics must be "open" or "read"')
-    return Auth(configured=True, tokens=tuple(tokens), allow_anonymous=allow,
-                anonymous_role=anon_role, metrics=metrics)
+        problems.add("[auth] tokens: two tokens have the same sha256")
+    return Auth(configured=True, tokens=tokens,
+                allow_anonymous=bool(table.allow_anonymous),
+                anonymous_role=table.anonymous_role or "admin",
+                metrics=table.metrics or "open")
 
-def _env_pass(raw: dict) -> tuple[str, ...]:
-    """[items] env_pass: a list of variable names, each optionally ending in `*` (a prefix)."""
-    items = _section(raw, "items", {"env_pass"})
-    names = items.get("env_pass", DEFAULT_PASS)
-    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
-        raise ConfigError(f'[items] env_pass must be a list of variable names, like ["PATH", '
-                          f'"HOME", "LC_*"], not {names!r:.80}')
-    if len(names) > limits.env_pass_names_max:
-        raise ConfigError(f"[items] env_pass names {len(names)} variables, over "
-                          f"{limits.env_pass_names_max} (env_pass_names_max)")
-    for n in names:
-        if n == "*":
-            raise ConfigError('[items] env_pass: "*" would pass meshd\'s whole environment (its '
-                              "secrets too): name the variables items need")
-        if not PASS_RE.fullmatch(n) or len(n) > 256:
-            raise ConfigError(f"[items] env_pass: {n[:80]!r} is not a variable name: use letters, "
-                              "digits and '_', not starting with a digit; a trailing '*' "
-                              "passes every variable it is a prefix of")
-    return tuple(names)
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
     """Read the TOML file at `path` (None: the defaults of a fleet of one), then apply overrides
-    given on meshd's command line (name, data, http, raft, peer)."""
+    given on meshd's command line (name, data, http, raft, peer). A file with problems raises
+    one ConfigError naming every problem found."""
     raw: dict[str, Any] = {}
     if path is not None:
         try:
@@ -367,134 +289,119 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
             raise ConfigError(f"no config file at {path}") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path} is not valid TOML: {e}") from None
-        if "name" not in raw and not (overrides or {}).get("name"):
-            raise ConfigError(f"{path}: `name` is required (the member's name, unique in the fleet)")
-        unknown = set(raw) - TOP_KEYS
-        if unknown:
-            raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}")
-    http_table = _http_table(raw)
+    # What the command line overrides is checked there (below), not in the file, as before.
+    given_now = {k for k, v in (overrides or {}).items() if v is not None}
+    checked = {k: v for k, v in raw.items() if k not in given_now - {"http"}}
+    if "http" in given_now and isinstance(raw.get("http"), str):
+        del checked["http"]
+    file, found = configfile.read(checked)
+    problems = _Problems(found)
+    if path is not None and "name" not in raw and not (overrides or {}).get("name"):
+        problems.add(f"{path}: `name` is required (the member's name, unique in the fleet)")
+    http_t = file.http or configfile.HttpTable()
+    http_addr = http_t.addr
+    if http_t.listen is not None:
+        if http_t.addr is not None:
+            problems.add("[http]: give the address once, as addr (listen is another name for it)")
+        http_addr = http_t.listen
+    given = {"name": file.name, "data": file.data, "raft": file.raft, "peer": file.peer}
     for k, v in (overrides or {}).items():
         if v is not None:
             if k == "http":
-                http_table["addr"] = v
+                http_addr = v
             else:
-                raw[k] = v
-    name = raw.get("name") or socket.gethostname() or "meshd"
+                given[k] = v
+    name = given["name"] or socket.gethostname() or "meshd"
     if not isinstance(name, str) or not POOL_RE.fullmatch(name):
-        raise ConfigError(f"name {name!r}: use letters, digits, '.', '_' or '-'")
-    data = raw.get("data", DEFAULT_DATA)
+        problems.add(f"name {str(name)[:80]!r}: use letters, digits, '.', '_' or '-'")
+    data = given["data"] if given["data"] is not None else DEFAULT_DATA
     if not isinstance(data, str) or not data:
-        raise ConfigError("data must be a folder path")
+        problems.add("data must be a folder path")
+        data = DEFAULT_DATA
     if path is not None and not os.path.isabs(data):
         data = os.path.join(os.path.dirname(os.path.abspath(path)), data)
-    secret_file = raw.get("secret_file", "fleet.secret")
-    if not isinstance(secret_file, str) or not secret_file:
-        raise ConfigError("secret_file must be a file name")
-    fleet = raw.get("fleet", {})
-    if not isinstance(fleet, dict):
-        raise ConfigError("[fleet] must be a table")
-    unknown = set(fleet) - {"voters", "join", "dead_ms", "lost_ms", "blob_copies"}
-    if unknown:
-        raise ConfigError(f"[fleet]: unknown key(s) {', '.join(sorted(unknown))}")
-    raw_voters = fleet.get("voters", [])
-    if not isinstance(raw_voters, list) or not all(isinstance(v, dict) for v in raw_voters):
-        raise ConfigError("fleet.voters must be a list of { name, raft, peer, http } tables")
+    secret_file = _or(file.secret_file, "fleet.secret")
+    fleet = file.fleet or configfile.FleetTable()
     voters = []
-    for k, v in enumerate(raw_voters):
-        vname = v.get("name")
-        if not isinstance(vname, str) or not POOL_RE.fullmatch(vname):
-            raise ConfigError(f"fleet.voters[{k}]: name must be a member name")
-        if "raft" not in v or "peer" not in v:
-            raise ConfigError(f"fleet.voters[{k}] ({vname}) needs raft and peer addresses")
-        voters.append(Voter(vname, parse_addr(v["raft"], f"fleet.voters[{k}].raft"),
-                            parse_addr(v["peer"], f"fleet.voters[{k}].peer"),
-                            parse_addr(v["http"], f"fleet.voters[{k}].http") if "http" in v else None))
-    if len({v.name for v in voters}) != len(voters):
-        raise ConfigError("fleet.voters: every voter needs its own name")
-    if voters and len(voters) not in (1, 3, 5, 7):
-        raise ConfigError(f"fleet.voters: use 3 or 5 voters (an odd number), not {len(voters)}")
-    join = parse_addr(fleet["join"], "fleet.join") if fleet.get("join") is not None else None
+    for k, v in enumerate(fleet.voters or ()):
+        where = f"[fleet] voters[{k}]"
+        addrs = [problems.check(parse_addr, v.raft, f"{where}.raft"),
+                 problems.check(parse_addr, v.peer, f"{where}.peer"),
+                 problems.check(parse_addr, v.http, f"{where}.http") if v.http is not None
+                 else None]
+        if addrs[0] is not None and addrs[1] is not None:
+            voters.append(Voter(v.name, addrs[0], addrs[1], addrs[2]))
+    names = [v.name for v in fleet.voters or ()]
+    if len(set(names)) != len(names):
+        problems.add("fleet.voters: every voter needs its own name")
+    if names and len(names) not in (1, 3, 5, 7):
+        problems.add(f"fleet.voters: use 3 or 5 voters (an odd number), not {len(names)}")
+    join = problems.check(parse_addr, fleet.join, "fleet.join") if fleet.join is not None else None
     me = next((v for v in voters if v.name == name), None)
+    raft_addr, peer_addr = given["raft"], given["peer"]
     if me is not None:
         # A voter's own addresses come from its entry unless the file or command line says more.
-        raw.setdefault("raft", me.raft_addr)
-        raw.setdefault("peer", f"{me.peer[0]}:{me.peer[1]}")
+        raft_addr = _or(raft_addr, me.raft_addr)
+        peer_addr = _or(peer_addr, f"{me.peer[0]}:{me.peer[1]}")
         if me.http is not None:
-            http_table.setdefault("addr", f"{me.http[0]}:{me.http[1]}")
-    dead_ms = _number(fleet, "dead_ms", "fleet", limits.member_dead_ms, integer=True)
-    blob_copies = _number(fleet, "blob_copies", "fleet", limits.blob_copies, integer=True)
-    if dead_ms < 100 or not 1 <= blob_copies <= 7:
-        raise ConfigError("[fleet] dead_ms must be at least 100 and blob_copies 1..7")
-    lost_ms = _number(fleet, "lost_ms", "fleet", limits.member_lost_ms, integer=True)
+            http_addr = _or(http_addr, f"{me.http[0]}:{me.http[1]}")
+    dead_ms = _or(fleet.dead_ms, limits.member_dead_ms)
+    blob_copies = _or(fleet.blob_copies, limits.blob_copies)
+    lost_ms = _or(fleet.lost_ms, limits.member_lost_ms)
     if lost_ms < dead_ms:
-        raise ConfigError(f"[fleet] lost_ms ({lost_ms}) must be at least dead_ms ({dead_ms}): a "
-                          "member is lost (its outputs copied again) only after it is dead")
-    pools = _pools(raw["pools"]) if "pools" in raw else {
-        "default": Pool(name="default", kind="command", slots=os.cpu_count() or 1)}
-    blobs = _section(raw, "blobs", {"mem_max", "gc_grace_s", "gc_every_s", "disk_free_min"})
-    retention = _section(raw, "retention", {"keep_s", "keep_jobs"})
-    keep_s = _number(retention, "keep_s", "retention", DEFAULT_KEEP_S)
-    keep_jobs = _number(retention, "keep_jobs", "retention", DEFAULT_KEEP_JOBS, integer=True)
-    history = _section(raw, "history", {"bytes_max", "keep"})
-    history_bytes_max = _number(history, "bytes_max", "history", limits.history_bytes_max,
-                                integer=True)
-    history_keep = _number(history, "keep", "history", limits.history_keep_files, integer=True)
-    if history_bytes_max and history_bytes_max < limits.history_line_bytes_max:
-        raise ConfigError(f"[history] bytes_max must be 0 (no history) or at least "
-                          f"{limits.history_line_bytes_max} (one record), not {history_bytes_max}")
-    if history_keep > limits.history_keep_files_max:
-        raise ConfigError(f"[history] keep must be at most {limits.history_keep_files_max}, "
-                          f"not {history_keep}")
-    http = parse_addr(http_table.get("addr", DEFAULT_HTTP), "http")
+        problems.add(f"[fleet] lost_ms ({lost_ms}) must be at least dead_ms ({dead_ms}): a "
+                     "member is lost (its outputs copied again) only after it is dead")
+    if "pools" in raw and file.pools is not None:
+        pools = _pools(file.pools, problems)
+    else:
+        pools = {"default": Pool(name="default", kind="command", slots=os.cpu_count() or 1)}
+    blobs = file.blobs or configfile.BlobsTable()
+    retention = file.retention or configfile.RetentionTable()
+    keep_s = _or(retention.keep_s, DEFAULT_KEEP_S)
+    keep_jobs = _or(retention.keep_jobs, DEFAULT_KEEP_JOBS)
+    history = file.history or configfile.HistoryTable()
+    http = problems.check(parse_addr, _or(http_addr, DEFAULT_HTTP), "http",
+                          default=("127.0.0.1", 0))
     base = os.path.dirname(os.path.abspath(path)) if path is not None else os.getcwd()
-    tls_cert = _tls_file(http_table, "tls_cert", base)
-    tls_key = _tls_file(http_table, "tls_key", base)
-    if (tls_cert is None) != (tls_key is None):
-        raise ConfigError("[http] tls_cert and tls_key go together: give both, or neither")
-    conns_max = http_table.get("conns_max")
-    if conns_max is not None and (isinstance(conns_max, bool) or not isinstance(conns_max, int)
-                                  or not 1 <= conns_max <= limits.http_conns_max):
-        raise ConfigError(f"[http] conns_max must be an integer 1..{limits.http_conns_max}")
-    header_s = float(_number(http_table, "header_timeout_s", "http", limits.http_header_s_max))
-    idle_s = float(_number(http_table, "idle_timeout_s", "http", limits.http_idle_s_max))
-    body_s = float(_number(http_table, "body_timeout_s", "http", limits.http_body_s_max))
-    if not 0 < body_s <= 86400:
-        raise ConfigError("[http] body_timeout_s must be in (0, 86400] seconds")
-    if not 0 < header_s <= 3600 or not 0 < idle_s <= 86400:
-        raise ConfigError("[http] header_timeout_s must be in (0, 3600] and idle_timeout_s in "
-                          "(0, 86400] seconds")
-    auth = _auth(raw)
-    if not auth.configured and not is_loopback(http[0]):
-        raise ConfigError(
+    tls_cert = problems.check(_tls_file, http_t.tls_cert, "tls_cert", base)
+    tls_key = problems.check(_tls_file, http_t.tls_key, "tls_key", base)
+    if (http_t.tls_cert is None) != (http_t.tls_key is None):
+        problems.add("[http] tls_cert and tls_key go together: give both, or neither")
+    auth = _auth(file.auth, problems)
+    if "auth" not in raw and not is_loopback(http[0]):
+        problems.add(
             f"HTTP would listen on {http[0]}, beyond loopback, with no [auth] table: anyone who "
             "reaches it could run commands. Add [auth] tokens (see docs/security.md), or set "
             "[auth] allow_anonymous = true if a firewall or proxy guards it, or bind 127.0.0.1")
-    if auth.configured and not auth.tokens and not auth.allow_anonymous:
-        raise ConfigError("[auth] has no tokens and allow_anonymous = false: nobody could use the "
-                          "HTTP API. Add a token, or set allow_anonymous = true")
+    if file.auth is not None and not auth.tokens and not auth.allow_anonymous:
+        problems.add("[auth] has no tokens and allow_anonymous = false: nobody could use the "
+                     "HTTP API. Add a token, or set allow_anonymous = true")
+    peer = problems.check(parse_addr, _or(peer_addr, DEFAULT_PEER), "peer")
+    raft = problems.check(parse_addr, _or(raft_addr, DEFAULT_RAFT), "raft")
+    problems.raise_any(path)
+    items = file.items or configfile.ItemsTable()
     return Config(
         auth=auth,
         http_tls_cert=tls_cert,
         http_tls_key=tls_key,
-        http_names=_http_names(http_table),
-        http_conns_max=conns_max,
-        http_header_timeout_s=header_s,
-        http_idle_timeout_s=idle_s,
-        http_body_timeout_s=body_s,
-        blob_mem_max_bytes=_number(blobs, "mem_max", "blobs", DEFAULT_BLOB_MEM_MAX, integer=True),
-        blob_gc_grace_s=float(_number(blobs, "gc_grace_s", "blobs", DEFAULT_GC_GRACE_S)),
-        blob_gc_every_s=max(0.5, float(_number(blobs, "gc_every_s", "blobs", DEFAULT_GC_EVERY_S))),
-        disk_free_min_bytes=_number(blobs, "disk_free_min", "blobs", None, integer=True,
-                                    allow_none=True),
+        http_names=tuple(n.lower() for n in http_t.names or ()),
+        http_conns_max=http_t.conns_max,
+        http_header_timeout_s=float(_or(http_t.header_timeout_s, limits.http_header_s_max)),
+        http_idle_timeout_s=float(_or(http_t.idle_timeout_s, limits.http_idle_s_max)),
+        http_body_timeout_s=float(_or(http_t.body_timeout_s, limits.http_body_s_max)),
+        blob_mem_max_bytes=_or(blobs.mem_max, DEFAULT_BLOB_MEM_MAX),
+        blob_gc_grace_s=float(_or(blobs.gc_grace_s, DEFAULT_GC_GRACE_S)),
+        blob_gc_every_s=max(0.5, float(_or(blobs.gc_every_s, DEFAULT_GC_EVERY_S))),
+        disk_free_min_bytes=blobs.disk_free_min,
         keep_s=float(keep_s) if keep_s else None,
         keep_jobs=keep_jobs if keep_jobs else None,
-        history_bytes_max=history_bytes_max,
-        history_keep=history_keep,
+        history_bytes_max=_or(history.bytes_max, limits.history_bytes_max),
+        history_keep=_or(history.keep, limits.history_keep_files),
         name=name,
         data=os.path.abspath(data),
         http=http,
-        peer=parse_addr(raw.get("peer", DEFAULT_PEER), "peer"),
-        raft=parse_addr(raw.get("raft", DEFAULT_RAFT), "raft"),
+        peer=peer,
+        raft=raft,
         secret_file=secret_file,
         voters=voters,
         join=join,
@@ -502,5 +409,5 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         lost_ms=lost_ms,
         blob_copies=blob_copies,
         pools=pools,
-        item_env_pass=_env_pass(raw),
+        item_env_pass=tuple(items.env_pass) if items.env_pass is not None else DEFAULT_PASS,
     )

@@ -1,19 +1,24 @@
 """The OpenAPI 3.1 description of a member's HTTP API, served at /openapi.json.
 
 Rule: every route that meshjobs/http.py serves is described here with its parameters, body and
-answers; tests/test_http.py checks that the two agree.
+answers; tests/test_http.py checks that the two agree. The paths and operations are written
+here; the schemas of the main bodies (jobs, items, specs, errors, the fleet) are generated from
+the typed models of meshjobs/apimodels/, and tests/test_api_shapes.py checks a real member's
+answers against them.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
+from meshjobs import apimodels as api
 from meshjobs import limits
-from meshjobs.control import ITEM_STATES, JOB_STATES
+from meshjobs.control import JOB_STATES
 
-_ERROR = {"$ref": "#/components/schemas/Error"}
-_JOB = {"$ref": "#/components/schemas/Job"}
+_ERROR = api.ref(api.Error)
+_JOB = api.ref(api.Job)
 
 
 def _json(schema: dict, description: str) -> dict:
@@ -56,229 +61,9 @@ _NOT_JSON = _err("A body whose Content-Type is not application/json.")
 _OCTETS = {"application/octet-stream": {"schema": {"type": "string", "contentMediaType":
                                                    "application/octet-stream"}}}
 
-_SCHEMAS: dict[str, Any] = {
-    "Error": {
-        "type": "object",
-        "required": ["error"],
-        "properties": {"error": {"type": "string", "description": "What went wrong and what to do."}},
-    },
-    "ItemPayload": {
-        "description": "One item's stdin: text (sent as UTF-8), raw bytes in base64, or a stored blob.",
-        "oneOf": [
-            {"type": "string"},
-            {"type": "object", "required": ["b64"], "additionalProperties": False,
-             "properties": {"b64": {"type": "string", "contentEncoding": "base64"}}},
-            {"type": "object", "required": ["blob"], "additionalProperties": False,
-             "properties": {"blob": {"$ref": "#/components/schemas/Digest"}}},
-        ],
-    },
-    "Digest": {"type": "string", "pattern": "^[0-9a-f]{64}$",
-               "description": "A blob's blake3-256 digest, lowercase hex."},
-    "SubmitSpec": {
-        "type": "object",
-        "required": ["argv"],
-        "additionalProperties": False,
-        "properties": {
-            "argv": {"type": "array", "minItems": 1, "maxItems": limits.argv_items_max,
-                     "items": {"type": "string"}, "description": "The program and its arguments."},
-            "id": {"type": ["string", "null"], "description": "The job id; made up when absent."},
-            "pool": {"type": ["string", "null"], "default": "default",
-                     "description": "The pool; \"POOL@MEMBER\" also names the member(s), as "
-                                    "`member` does (both parts needed)."},
-            "priority": {"type": ["integer", "null"], "minimum": -limits.priority_abs_max,
-                         "maximum": limits.priority_abs_max, "default": 0},
-            "retries": {"type": ["integer", "null"], "minimum": 0, "maximum": limits.retries_max,
-                        "default": 0},
-            "runtime_s": {"type": ["number", "null"], "exclusiveMinimum": 0,
-                          "maximum": limits.runtime_s_max},
-            "hold": {"type": ["boolean", "null"], "default": False},
-            "tags": {"type": ["array", "null"], "maxItems": limits.tags_max,
-                     "items": {"type": "string", "maxLength": limits.tag_chars_max}},
-            "env": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
-            "cwd": {"type": ["string", "null"], "description": "An absolute path: the items' working "
-                    "directory (null: the member's own folder). meshctl sends its own folder "
-                    "unless --cwd or --no-cwd. Missing on the member: the item fails."},
-            "user": {"type": ["string", "null"], "maxLength": max(limits.user_chars_max,
-                                                                2 * len(str(limits.uid_max)) + 1),
-                     "pattern": r"^([A-Za-z0-9._][A-Za-z0-9._-]{0,31}|[0-9]+(:[0-9]+)?)$",
-                     "description": "Run the items as this user: a name, or UID or UID:GID "
-                                    f"(0 to {limits.uid_max}; an all-digit value is a uid). The "
-                                    "member that runs an item resolves it; it must run as root "
-                                    "(else the item fails, or a fleet of one answers 400). null: "
-                                    "the pool's default user ([pools.X] user), or meshd's own."},
-            "inherit_env": {"type": ["boolean", "null"], "default": False,
-                            "description": "Give items meshd's whole environment (its secrets "
-                                           "too) rather than the minimal one."},
-            "max_leases": {"type": ["integer", "null"], "minimum": 1,
-                           "maximum": limits.max_leases_max,
-                           "description": "At most this many items of the job run at once."},
-            "items": {"type": ["array", "null"], "minItems": 1, "maxItems": limits.items_max,
-                      "items": {"$ref": "#/components/schemas/ItemPayload"},
-                      "description": "One entry per item; absent: one item with empty stdin."},
-            "names": {"type": ["array", "null"], "minItems": 1, "maxItems": limits.items_max,
-                      "items": {"type": "string", "minLength": 1,
-                                "maxLength": limits.item_name_chars_max, "pattern": "^[^/]+$"},
-                      "description": "The input file name of each item (one per item, no '/', "
-                                     "not . or ..): `job results --out` names files after them."},
-            "after": {"type": ["array", "null"], "maxItems": limits.deps_max,
-                      "items": {"$ref": "#/components/schemas/After"},
-                      "description": "Jobs this one waits for (each named once; all must hold; "
-                                     "they must exist, and the job's own id is refused). Until "
-                                     "then the job is `waiting` and nothing of it runs; when a "
-                                     "condition can no longer hold it ends `dep_failed`. A "
-                                     "string is short for an object: \"ID\" or \"ID:COND\"."},
-            "member": {"type": ["string", "null"], "minLength": 1,
-                       "maxLength": limits.member_selector_chars_max,
-                       "pattern": r"^[A-Za-z0-9._\-*?\[\]!]+$",
-                       "description": "Where the items run: a member name, a glob over member "
-                                      "names (fnmatch: gpu-*, node-?, rack[12]-*), or * to run "
-                                      "the job once on every member of the pool (fan-out: one "
-                                      "item per member; at most one item may be given). The "
-                                      "fan-out's members are those alive and offering the pool "
-                                      "when the leader takes the submit, fixed then. Items wait "
-                                      "while no such member is alive (`waiting_for` says so); "
-                                      "they never go to another member."},
-            "notify": {"type": ["string", "null"], "format": "uri",
-                       "maxLength": limits.notify_url_chars_max,
-                       "description": "A finish hook: when the job ends, the leader POSTs its "
-                                      "final record (JSON) to this http:// or https:// URL, "
-                                      "retried with backoff for up to "
-                                      f"{limits.notify_retry_s_max} s, with an Idempotency-Key "
-                                      "header (job id and version). At least once: after a "
-                                      "failover the new leader may send it again."},
-        },
-    },
-    "After": {
-        "description": "One parent of a job and what it must do: ok (it ended done; the "
-                       "default), end (it ended, any way), fail (it ended failed, timed out, "
-                       "cancelled or dep_failed).",
-        "oneOf": [
-            {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,128}(:(ok|end|fail))?$"},
-            {"type": "object", "required": ["id"], "additionalProperties": False,
-             "properties": {"id": {"type": "string"},
-                            "on": {"enum": ["ok", "end", "fail"], "default": "ok"}}},
-        ],
-    },
-    "Tone": {
-        "type": "object",
-        "minProperties": 1,
-        "additionalProperties": False,
-        "properties": {
-            "priority": {"type": "integer", "minimum": -limits.priority_abs_max,
-                         "maximum": limits.priority_abs_max},
-            "hold": {"type": "boolean"},
-            "max_leases": {"type": ["integer", "null"], "minimum": 1,
-                           "maximum": limits.max_leases_max,
-                           "description": "null: no limit."},
-        },
-    },
-    "Item": {
-        "type": "object",
-        "required": ["index", "state"],
-        "properties": {
-            "index": {"type": "integer"},
-            "state": {"enum": list(ITEM_STATES)},
-            "attempts": {"type": "integer"},
-            "member": {"type": ["string", "null"]},
-            "epoch": {"type": ["integer", "null"]},
-            "rc": {"type": ["integer", "null"]},
-            "signal": {"type": ["integer", "null"]},
-            "stdout": {"oneOf": [{"$ref": "#/components/schemas/Digest"}, {"type": "null"}]},
-            "stderr": {"oneOf": [{"$ref": "#/components/schemas/Digest"}, {"type": "null"}]},
-            "error": {"type": ["string", "null"], "maxLength": limits.item_error_chars_max,
-                      "description": "Why the item's last try failed, when the member could "
-                                     "say (its program could not start, its input was "
-                                     "missing); null otherwise."},
-            "copies": {"type": "array", "items": {"type": "string"},
-                       "description": "The members other than `member` that held a copy of "
-                                      "the outputs when the result was committed."},
-            "for_member": {"type": "string",
-                           "description": "Only for a fan-out (member *): the member this "
-                                          "item runs on, and only there."},
-        },
-    },
-    "Job": {
-        "type": "object",
-        "required": ["id", "state"],
-        "properties": {
-            "id": {"type": "string"},
-            "state": {"enum": list(JOB_STATES)},
-            "version": {"type": "integer", "minimum": 0,
-                        "description": "Grows with every committed change of the job (its "
-                                       "last change's log index, the same on every member): "
-                                       "pass it as ?since= to wait for the next change."},
-            "priority": {"type": "integer"},
-            "hold": {"type": "boolean"},
-            "tags": {"type": "array", "items": {"type": "string"}},
-            "pool": {"type": "string"},
-            "argv": {"type": "array", "items": {"type": "string"}},
-            "cwd": {"type": ["string", "null"]},
-            "user": {"type": ["string", "null"],
-                     "description": "The user the job asked for; null: the pool's default."},
-            "inherit_env": {"type": "boolean"},
-            "items_total": {"type": "integer"},
-            "items_done": {"type": "integer"},
-            "items_failed": {"type": "integer"},
-            "submitted_at": {},
-            "finished_at": {},
-            "items": {"type": "array", "items": {"$ref": "#/components/schemas/Item"},
-                      "description": "Only with ?items=1."},
-            "names": {"type": "array", "items": {"type": "string"},
-                      "description": "Only with ?items=1, for a job submitted with names: the "
-                                     "input file name of each item, in item order."},
-            "after": {"type": "array", "description": "Only for a job submitted with after: "
-                                                      "its parents, as {id, on}.",
-                      "items": {"type": "object", "properties": {
-                          "id": {"type": "string"}, "on": {"enum": ["ok", "end", "fail"]}}}},
-            "waiting_on": {"type": "array", "description": "Only with after: the parents not "
-                                                           "ended yet, as {id, on} (empty once "
-                                                           "the job may run).",
-                           "items": {"type": "object", "properties": {
-                               "id": {"type": "string"},
-                               "on": {"enum": ["ok", "end", "fail"]}}}},
-            "member": {"type": "string", "description": "Only for a job submitted with a "
-                                                        "member selector: the selector."},
-            "members": {"type": "array", "items": {"type": "string"},
-                        "description": "Only for a fan-out (member *): item i runs on "
-                                       "members[i], fixed at the submit."},
-            "pending_members": {"type": "array", "items": {"type": "string"},
-                                "description": "Only for a fan-out: the members whose item "
-                                               "waits for a lease."},
-            "waiting_for": {"type": "string",
-                            "description": "Only when a placed job's items wait because no "
-                                           "member they may go to is alive (as the leader "
-                                           "sees it): why, in words."},
-        },
-    },
-    "Forgotten": {
-        "type": "object",
-        "required": ["id", "forgotten"],
-        "additionalProperties": False,
-        "properties": {"id": {"type": "string"}, "forgotten": {"const": True}},
-    },
-    "Fleet": {
-        "type": "object",
-        "required": ["term", "leader", "members"],
-        "properties": {
-            "term": {"type": "integer"},
-            "leader": {"type": ["string", "null"]},
-            "members": {"type": "array", "items": {
-                "type": "object", "required": ["name", "role", "alive"],
-                "properties": {"name": {"type": "string"},
-                               "role": {"enum": ["leader", "follower", "worker"]},
-                               "alive": {"type": "boolean"},
-                               "drained": {"type": "boolean", "description": "Drained by "
-                                           "command: it gets no new leases."},
-                               "stopping": {"type": "boolean", "description": "Ordered to "
-                                            "stop: it exits once its running items end."}}}},
-        },
-    },
-    "Health": {
-        "type": "object",
-        "properties": {"ok": {"type": "boolean"}, "member": {"type": "string"},
-                       "leader": {"type": ["string", "null"]}},
-    },
-}
+# The schemas of the bodies are generated from the typed models (meshjobs/apimodels/), once,
+# when the document is first asked for (it takes a moment: not at every import of http.py).
+_schemas = functools.cache(api.schemas)
 
 _PATHS: dict[str, Any] = {
     "/jobs": {
@@ -315,7 +100,7 @@ _PATHS: dict[str, Any] = {
             "operationId": "submitJob",
             "parameters": [_IDEMPOTENCY_KEY],
             "requestBody": {"required": True, "content": {"application/json": {
-                "schema": {"$ref": "#/components/schemas/SubmitSpec"}}}},
+                "schema": api.ref(api.SubmitSpec)}}},
             "responses": {
                 "201": _json(_JOB, "The job was created."),
                 "200": _json(_JOB, "The same submission was seen before (same Idempotency-Key)."),
@@ -361,7 +146,7 @@ _PATHS: dict[str, Any] = {
             "summary": "Forget a finished or cancelled job: it leaves the table for good.",
             "operationId": "forgetJob",
             "parameters": [_JOB_ID, _IDEMPOTENCY_KEY],
-            "responses": {"200": _json({"$ref": "#/components/schemas/Forgotten"},
+            "responses": {"200": _json(api.ref(api.Forgotten),
                                        "The job is forgotten."), "400": _BAD,
                           "404": _NO_JOB, "409": _CONFLICT, "503": _BUSY},
         },
@@ -438,7 +223,7 @@ _PATHS: dict[str, Any] = {
             "operationId": "toneJob",
             "parameters": [_JOB_ID, _IDEMPOTENCY_KEY],
             "requestBody": {"required": True, "content": {"application/json": {
-                "schema": {"$ref": "#/components/schemas/Tone"}}}},
+                "schema": api.ref(api.Tone)}}},
             "responses": {"200": _json(_JOB, "The job."), "400": _BAD, "404": _NO_JOB,
                           "409": _CONFLICT, "503": _BUSY},
         },
@@ -454,18 +239,14 @@ _PATHS: dict[str, Any] = {
                            "(fewer bytes than Content-Length): ask ?check=1 to learn why.",
             "operationId": "getBlob",
             "parameters": [{"name": "digest", "in": "path", "required": True,
-                            "schema": {"$ref": "#/components/schemas/Digest"}},
+                            "schema": api.ref(api.Digest)},
                            {"name": "check", "in": "query",
                             "description": "1: read the blob whole and answer its state as JSON.",
                             "schema": {"enum": ["0", "1", "true", "false"]}}],
             "responses": {"200": {"description": "The bytes, or with ?check=1 the state: "
                                                  "{digest, state: good|damaged, repaired?}.",
-                                  "content": {**_OCTETS, "application/json": {"schema": {
-                                      "type": "object", "required": ["digest", "state"],
-                                      "properties": {
-                                          "digest": {"$ref": "#/components/schemas/Digest"},
-                                          "state": {"enum": ["good", "damaged"]},
-                                          "repaired": {"type": "boolean"}}}}}},
+                                  "content": {**_OCTETS, "application/json": {
+                                      "schema": api.ref(api.BlobCheck)}}},
                           "400": _BAD, "404": _err("No such blob on this member."),
                           "500": _err("The blob is damaged on this member and no other member "
                                       "had a good copy.")},
@@ -514,7 +295,7 @@ _PATHS: dict[str, Any] = {
             "parameters": [{"name": "format", "in": "query", "schema": {"enum": ["json", "html"]}}],
             "responses": {"200": {"description": "The fleet (its page for a browser).",
                                   "content": {"application/json": {
-                                      "schema": {"$ref": "#/components/schemas/Fleet"}},
+                                      "schema": api.ref(api.Fleet)},
                                       "text/html": {"schema": {"type": "string"}}}},
                           "400": _BAD, "503": _BUSY},
         },
@@ -536,7 +317,7 @@ _PATHS: dict[str, Any] = {
                             "schema": {"type": "string", "enum": ["0", "1"]},
                             "description": "1: answer 503 when this member is cut off from the "
                                            "leader, so that its reads may be stale."}],
-            "responses": {"200": _json({"$ref": "#/components/schemas/Health"}, "Healthy."),
+            "responses": {"200": _json(api.ref(api.Health), "Healthy."),
                           "503": _err("The member does not answer in time, or (fresh=1) it is "
                                       "cut off from the leader.")},
         },
@@ -571,16 +352,10 @@ _PATHS: dict[str, Any] = {
                        "the X-Meshjobs-Csrf header of this member's pages.",
             "operationId": "login",
             "requestBody": {"required": True, "content": {
-                "application/json": {"schema": {"type": "object", "required": ["token"],
-                                                "properties": {"token": {"type": "string"}}}},
-                "application/x-www-form-urlencoded": {"schema": {
-                    "type": "object", "required": ["token"],
-                    "properties": {"token": {"type": "string"}, "next": {"type": "string"}}}}}},
+                "application/json": {"schema": api.ref(api.Login)},
+                "application/x-www-form-urlencoded": {"schema": api.ref(api.LoginForm)}}},
             "responses": {
-                "200": _json({"type": "object", "properties": {
-                    "name": {"type": "string"}, "role": {"enum": ["read", "submit", "admin"]},
-                    "csrf": {"type": "string", "description": "The X-Meshjobs-Csrf value of "
-                             "this session."}}}, "Logged in (JSON); the cookie is set."),
+                "200": _json(api.ref(api.LoggedIn), "Logged in (JSON); the cookie is set."),
                 "303": {"description": "Logged in (form); the cookie is set, on to `next`."},
                 "400": _err("A broken form or JSON, or this member has no [auth] table."),
                 "401": _UNAUTHORIZED,
@@ -593,7 +368,7 @@ _PATHS: dict[str, Any] = {
         "post": {
             "summary": "End this browser's session and drop its cookie.",
             "operationId": "logout",
-            "responses": {"200": _json({"type": "object"}, "Logged out.")},
+            "responses": {"200": _json(api.ref(api.LoggedOut), "Logged out.")},
         },
     },
     "/openapi.json": {
@@ -617,38 +392,8 @@ _OPEN = {("/healthz", "get"), ("/login", "get"), ("/login", "post"), ("/logout",
 
 # --- many jobs at once (POST /jobs/cancel, /jobs/forget, /jobs/tone, /jobs/status) and history --
 
-_FILTER = {
-    "type": "object", "additionalProperties": False, "minProperties": 1,
-    "description": "Jobs that match every key given.",
-    "properties": {
-        "tag": {"type": "string", "minLength": 1, "maxLength": limits.tag_chars_max},
-        "state": {"enum": ["queued", "held", "running", "done", "failed", "cancelled"]},
-        "pool": {"type": "string"},
-        "member": {"type": "string", "description": "Jobs with an item that ran or runs on "
-                                                    "this member."},
-    },
-}
-
-
-def _bulk_body(action: str) -> dict:
-    props: dict[str, Any] = {
-        "ids": {"type": "array", "minItems": 1, "maxItems": limits.bulk_jobs_max,
-                "items": {"type": "string"}},
-        "filter": _FILTER,
-        "after": {"type": "string", "description": "The `next` cursor of the answer before: "
-                                                   "the filter's next page."},
-    }
-    if action != "status":
-        props["dry_run"] = {"type": "boolean", "description": "Answer what would change; "
-                                                             "change nothing."}
-    if action == "tone":
-        props["set"] = {"type": "object", "additionalProperties": False, "properties": {
-            "priority": {"type": "integer"}, "hold": {"type": "boolean"},
-            "max_leases": {"type": ["integer", "null"], "minimum": 1}}}
-    return {"type": "object", "additionalProperties": False, "properties": props,
-            "description": "Either ids or filter, not both."}
-
-
+_BULK_BODY = {"cancel": api.ref(api.BulkChange), "forget": api.ref(api.BulkChange),
+              "tone": api.ref(api.BulkTone), "status": api.ref(api.BulkStatus)}
 _BULK_SUMMARY = {
     "cancel": "Cancel many jobs: by ids or a filter (submit role).",
     "forget": "Forget many ended jobs: by ids or a filter (admin role).",
@@ -667,8 +412,8 @@ _BULK_PATHS: dict[str, Any] = {
         "operationId": f"bulk{action.capitalize()}",
         "parameters": [] if action == "status" else [_IDEMPOTENCY_KEY],
         "requestBody": {"required": True, "content": {"application/json": {
-            "schema": _bulk_body(action)}}},
-        "responses": {"200": _json({"$ref": "#/components/schemas/BulkAnswer"},
+            "schema": _BULK_BODY[action]}}},
+        "responses": {"200": _json(api.ref(api.BulkAnswer),
                                    "One result per job."),
                       "400": _BAD, "413": _err(f"A body over {limits.bulk_body_bytes_max} "
                                                "bytes."), "503": _BUSY},
@@ -684,14 +429,14 @@ _BULK_PATHS["/history"] = {"get": {
         {"name": "limit", "in": "query", "schema": {
             "type": "integer", "minimum": 1, "maximum": limits.history_read_max, "default": 100}},
     ],
-    "responses": {"200": _json({"$ref": "#/components/schemas/History"}, "The records."),
+    "responses": {"200": _json(api.ref(api.History), "The records."),
                   "400": _BAD, "404": _err("This member keeps no history.")},
 }}
 _BULK_PATHS["/pools"] = {"get": {
     "summary": "Every pool, fleet-wide (the leader's view): slots, free, running, pending, and "
                "whether it is held or drained, fleet-wide or on which members.",
     "operationId": "pools",
-    "responses": {"200": _json({"$ref": "#/components/schemas/Pools"}, "The pools."),
+    "responses": {"200": _json(api.ref(api.Pools), "The pools."),
                   "503": _BUSY},
 }}
 _ORDER_WORDS = {
@@ -709,10 +454,9 @@ for _action, _words in _ORDER_WORDS.items():
         "parameters": [{"name": "pool", "in": "path", "required": True,
                         "schema": {"type": "string", "maxLength": limits.pool_chars_max}},
                        _IDEMPOTENCY_KEY],
-        "requestBody": {"required": False, "content": {"application/json": {"schema": {
-            "type": "object", "additionalProperties": False, "properties": {
-                "member": {"type": "string", "description": "Only on this member."}}}}}},
-        "responses": {"200": _json({"$ref": "#/components/schemas/PoolOrder"}, "Applied."),
+        "requestBody": {"required": False, "content": {"application/json": {
+            "schema": api.ref(api.PoolOrderBody)}}},
+        "responses": {"200": _json(api.ref(api.PoolOrder), "Applied."),
                       "400": _BAD, "404": _err("No such pool or member in the fleet."),
                       "409": _err("Too many orders kept: lift some first."), "503": _BUSY},
     }}
@@ -728,12 +472,9 @@ _BULK_PATHS["/pools/{pool}/slots"] = {"post": {
     "parameters": [{"name": "pool", "in": "path", "required": True,
                     "schema": {"type": "string", "maxLength": limits.pool_chars_max}},
                    _IDEMPOTENCY_KEY],
-    "requestBody": {"required": True, "content": {"application/json": {"schema": {
-        "type": "object", "additionalProperties": False, "required": ["slots"], "properties": {
-            "slots": {"type": ["integer", "null"], "minimum": 0,
-                      "maximum": limits.pool_slots_max},
-            "member": {"type": "string", "description": "Only on this member."}}}}}},
-    "responses": {"200": _json({"$ref": "#/components/schemas/PoolOrder"}, "Applied."),
+    "requestBody": {"required": True, "content": {"application/json": {
+        "schema": api.ref(api.PoolSlotsBody)}}},
+    "responses": {"200": _json(api.ref(api.PoolOrder), "Applied."),
                   "400": _BAD, "404": _err("No such pool or member in the fleet."),
                   "409": _err("Too many orders kept: lift some first."), "503": _BUSY},
 }}
@@ -751,80 +492,13 @@ for _action, _words in _MEMBER_WORDS.items():
         "parameters": [{"name": "name", "in": "path", "required": True,
                         "schema": {"type": "string", "maxLength": limits.pool_chars_max}},
                        _IDEMPOTENCY_KEY],
-        "requestBody": {"required": False, "content": {"application/json": {"schema": {
-            "type": "object", "additionalProperties": False, "properties": {
-                **({"grace_s": {"type": "number", "minimum": 0,
-                                "maximum": limits.stop_grace_s_max}} if _action == "stop"
-                   else {})}}}}},
-        "responses": {"200": _json({"type": "object", "properties": {
-            "name": {"type": "string"}, "action": {"type": "string"},
-            "drained": {"type": "boolean"}, "stopping": {"type": "boolean"}}}, "Applied."),
+        "requestBody": {"required": False, "content": {"application/json": {"schema": api.ref(
+            api.MemberStopBody if _action == "stop" else api.MemberOrderBody)}}},
+        "responses": {"200": _json(api.ref(api.MemberOrder), "Applied."),
                       "400": _BAD, "404": _err("No such member in the fleet."),
                       "409": _err("The member has not reported to the leader (stop), or too "
                                   "many orders are kept."), "503": _BUSY},
     }}
-_POOL_STATE = {
-    "held": {"type": "boolean", "description": "Held fleet-wide."},
-    "held_on": {"type": "array", "items": {"type": "string"}},
-    "drained": {"type": "boolean", "description": "Drained fleet-wide."},
-    "drained_on": {"type": "array", "items": {"type": "string"}},
-    "slots_set": {"type": ["integer", "null"], "description": "Slots set fleet-wide "
-                                                              "(meshctl pool slots)."},
-    "slots_set_on": {"type": "object", "additionalProperties": {"type": "integer"},
-                     "description": "Slots set per member."},
-}
-_BULK_SCHEMAS: dict[str, Any] = {
-    "PoolOrder": {"type": "object", "properties": {
-        "pool": {"type": "string"}, "action": {"type": "string"},
-        "member": {"type": ["string", "null"]}, **_POOL_STATE}},
-    "Pools": {"type": "object", "properties": {
-        "leader": {"type": ["string", "null"]},
-        "partial": {"type": "boolean", "description": "This member's own view: the leader's "
-                                                      "could not be had."},
-        "pools": {"type": "array", "items": {"type": "object", "properties": {
-            "pool": {"type": "string"},
-            "slots": {"type": "integer", "description": "Slots of the alive members."},
-            "free": {"type": "integer", "description": "Slots taking work now."},
-            "running": {"type": "integer", "description": "Items leased."},
-            "pending": {"type": "integer", "description": "Items waiting for a slot."},
-            **_POOL_STATE,
-            "members": {"type": "object", "additionalProperties": {"type": "object"}},
-        }}},
-    }},
-    "BulkAnswer": {"type": "object", "properties": {
-        "action": {"enum": ["cancel", "forget", "tone", "status"]},
-        "dry_run": {"type": "boolean"},
-        "matched": {"type": "integer"},
-        "counts": {"type": "object", "additionalProperties": {"type": "integer"}},
-        "next": {"type": ["string", "null"], "description": "The cursor of the filter's next "
-                                                            "page (pass it as `after`)."},
-        "results": {"type": "array", "items": {"type": "object", "properties": {
-            "id": {"type": "string"},
-            "answer": {"enum": ["changed", "would_change", "already_final", "no_such_job",
-                                "refused", "found"]},
-            "state": {"type": "string", "description": "The job's state now, if it exists."},
-            "error": {"type": "string", "description": "Why it was refused."},
-            "job": _JOB,
-        }, "required": ["id", "answer"]}},
-    }},
-    "History": {"type": "object", "properties": {
-        "order": {"const": "newest_first"},
-        "member": {"type": "string"},
-        "records": {"type": "array", "items": {"type": "object", "properties": {
-            "at": {"type": "number", "description": "When the job was dropped (seconds)."},
-            "why": {"enum": ["forget", "expire"]},
-            "index": {"type": "integer", "description": "The log index of the entry."},
-            "member": {"type": "string"},
-            "job": {"type": "object", "description": "The job's final record, with "
-                                                     "items_summary (states, members)."},
-        }}},
-        "skipped_lines": {"type": "integer", "description": "Damaged lines skipped (a torn "
-                                                            "last line after a crash)."},
-        "more": {"type": "boolean"},
-        "dropped": {"type": "integer", "description": "Records this member dropped since it "
-                                                      "started (writer queue full)."},
-    }},
-}
 
 
 # --- re-running finished jobs (POST /jobs/{id}/rerun, restart, resubmit, output paths) -----------
@@ -841,55 +515,16 @@ _RERUN_PATHS: dict[str, Any] = {
         "operationId": "rerunJob",
         "parameters": [_JOB_ID, _IDEMPOTENCY_KEY],
         "requestBody": {"required": False, "content": {"application/json": {
-            "schema": {"$ref": "#/components/schemas/Rerun"}}}},
+            "schema": api.ref(api.Rerun)}}},
         "responses": {"200": _json(_JOB, "The job, queued again (run: its run number)."),
                       "400": _BAD, "404": _NO_JOB, "409": _CONFLICT, "503": _BUSY},
     }},
 }
-_SCHEMAS["Rerun"] = {"type": "object", "additionalProperties": False, "properties": {
-    "failed_only": {"type": "boolean", "default": False,
-                    "description": "Only the items that failed, timed out or were cancelled."}}}
-_SCHEMAS["SubmitSpec"]["properties"].update({
-    "restart": {"oneOf": [{"type": "integer", "minimum": 1, "maximum": limits.restart_max},
-                          {"const": "forever"}, {"type": "null"}],
-                "description": "Run the whole job again each time it ends done: N more times, "
-                               "or forever. A cancel stops it."},
-    "resubmit": {"type": ["integer", "null"], "minimum": 1, "maximum": limits.resubmit_max,
-                 "description": "Run the whole job again when it ends done or failed (placed "
-                                "afresh on the fleet), up to N times. Per item: retries."},
-    "restart_delay_s": {"type": ["number", "null"], "minimum": 0,
-                        "maximum": limits.restart_delay_s_max,
-                        "description": "Seconds between a run's end and its automatic re-run "
-                                       "(needs restart or resubmit)."},
-    "stdout": {"type": ["string", "null"], "maxLength": limits.output_path_chars_max,
-               "description": "Also write each item's stdout to this path on the member that "
-                              "runs it: absolute, or under the job's cwd; {index} is the "
-                              "item's index; no '..'. Written as the item's user. A failed "
-                              "write is the item's error; the output is kept all the same."},
-    "stderr": {"type": ["string", "null"], "maxLength": limits.output_path_chars_max,
-               "description": "As stdout, for stderr."},
-})
-_SCHEMAS["Job"]["properties"].update({
-    "run": {"type": "integer", "description": "Only for a job that ran again or may: which "
-                                              "run this is (1: the first)."},
-    "restarts": {"type": "integer", "description": "Automatic restarts so far."},
-    "resubmits": {"type": "integer", "description": "Automatic resubmits so far."},
-    "rerun_due_at": {"type": ["number", "null"],
-                     "description": "When the next automatic re-run is due (seconds), if one is."},
-    "rerun_due_why": {"enum": ["restart", "resubmit", None]},
-    "previous_runs": {"type": "array", "description": "The earlier runs (the last "
-                      f"{limits.job_runs_kept_max}): run, state, finished_at, item counts and "
-                      "then (rerun, restart or resubmit).", "items": {"type": "object"}},
-})
-_BULK_SCHEMAS["History"]["properties"]["records"]["items"]["properties"]["why"] = {
-    "enum": ["forget", "expire", "rerun", "restart", "resubmit"],
-    "description": "forget or expire: the job was dropped; rerun, restart or resubmit: the "
-                   "record is of its earlier run, which ended (the job runs again)."}
 _CRON_NAME = {
     "name": "name", "in": "path", "required": True, "description": "A schedule's name.",
     "schema": {"type": "string", "pattern": f"^[A-Za-z0-9._-]{{1,{limits.cron_name_chars_max}}}$"},
 }
-_CRON = {"$ref": "#/components/schemas/Cron"}
+_CRON = api.ref(api.Cron)
 _NO_CRON = _err("No schedule of this name.")
 
 
@@ -903,8 +538,7 @@ def _cron_change(summary: str, op_id: str) -> dict:
 _CRON_PATHS: dict[str, Any] = {
     "/cron": {"get": {
         "summary": "The schedules (read role).", "operationId": "listCron",
-        "responses": {"200": _json({"type": "object", "properties": {
-            "crons": {"type": "array", "items": _CRON}}}, "Every schedule, oldest first."),
+        "responses": {"200": _json(api.ref(api.CronList), "Every schedule, oldest first."),
             "503": _BUSY}}},
     "/cron/{name}": {
         "get": {"summary": "One schedule (read role).", "operationId": "getCron",
@@ -923,25 +557,8 @@ _CRON_PATHS: dict[str, Any] = {
                            f"{limits.cron_schedules_max} schedules.",
             "operationId": "putCron",
             "parameters": [_CRON_NAME, _IDEMPOTENCY_KEY],
-            "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                "type": "object", "additionalProperties": False, "required": ["spec", "job"],
-                "properties": {
-                    "spec": {"type": "string", "maxLength": limits.cron_spec_chars_max,
-                             "description": "Five cron fields (minute hour day-of-month month "
-                                            "day-of-week, UTC; *, lists, ranges, steps, names "
-                                            "like mon or jan; when both day fields are "
-                                            "restricted either matches), `@every 30s` (s, m, "
-                                            "h, d: due at the multiples since the epoch), or "
-                                            "@hourly, @daily, @weekly, @monthly, @yearly."},
-                    "job": {"description": "The job spec of each run: as POST /jobs takes, "
-                                           "without id, items, names or after.",
-                            "$ref": "#/components/schemas/SubmitSpec"},
-                    "catch_up": {"enum": ["latest", "none"], "default": "latest"},
-                    "overlap": {"enum": ["allow", "skip"], "default": "allow"},
-                    "replace": {"type": "boolean", "default": True,
-                                "description": "false: a different schedule of this name is "
-                                               "a 409, not replaced."},
-                }}}}},
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": api.ref(api.CronPut)}}},
             "responses": {"201": _json(_CRON, "Added."),
                           "200": _json(_CRON, "Replaced, or the same as before."),
                           "400": _BAD, "409": _err("A different schedule of this name (with "
@@ -950,30 +567,13 @@ _CRON_PATHS: dict[str, Any] = {
                           "503": _BUSY}},
         "delete": {"summary": "Remove a schedule; its runs stay (submit role).",
                    "operationId": "deleteCron", "parameters": [_CRON_NAME, _IDEMPOTENCY_KEY],
-                   "responses": {"200": _json({"type": "object", "properties": {
-                       "name": {"type": "string"}, "removed": {"const": True}}}, "Removed."),
+                   "responses": {"200": _json(api.ref(api.CronRemoved), "Removed."),
                        "400": _BAD, "404": _NO_CRON, "503": _BUSY}},
     },
     "/cron/{name}/pause": _cron_change("Fire no runs of a schedule (submit role).", "pauseCron"),
     "/cron/{name}/resume": _cron_change("Fire a schedule's runs again from the next due time "
                                         "on; none missed while paused (submit role).",
                                         "resumeCron"),
-}
-_CRON_SCHEMAS: dict[str, Any] = {
-    "Cron": {"type": "object", "properties": {
-        "name": {"type": "string"}, "spec": {"type": "string"},
-        "job": {"type": "object", "description": "The job spec of each run."},
-        "catch_up": {"enum": ["latest", "none"]}, "overlap": {"enum": ["allow", "skip"]},
-        "paused": {"type": "boolean"},
-        "created_at": {"type": "number"},
-        "next_due": {"type": ["number", "null"], "description": "The next due time (seconds "
-                                                               "since the epoch); null when paused."},
-        "last_due": {"type": ["number", "null"]},
-        "last_job": {"type": ["string", "null"], "description": "The id of the last run fired."},
-        "fired": {"type": "integer"}, "skipped": {"type": "integer",
-                                                  "description": "Runs passed over (overlap skip)."},
-        "version": {"type": "integer"},
-    }},
 }
 
 
@@ -1011,5 +611,5 @@ def openapi_document() -> dict[str, Any]:
             "origin and carry the X-Meshjobs-Csrf header of its pages.",
         },
         "paths": paths,
-        "components": {"schemas": copy.deepcopy({**_SCHEMAS, **_BULK_SCHEMAS, **_CRON_SCHEMAS})},
+        "components": {"schemas": copy.deepcopy(_schemas())},
     }

@@ -1,0 +1,130 @@
+"""Many jobs at once (POST /jobs/cancel, forget, tone, status) and the history."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, NotRequired
+
+from pydantic import ConfigDict, Field, with_config
+
+# pydantic needs typing_extensions' TypedDict before Python 3.12 (and TypeAliasType for named
+# aliases before 3.12's `type` statement).
+from typing_extensions import TypedDict
+
+from meshjobs import limits
+from meshjobs.apimodels.jobs import CLOSED, Job
+
+# --- many jobs at once (POST /jobs/cancel, /jobs/forget, /jobs/tone, /jobs/status) ------------
+
+@with_config(ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1}))
+class Filter(TypedDict, total=False):
+    """Jobs that match every key given."""
+
+    tag: Annotated[str, Field(min_length=1, max_length=limits.tag_chars_max)]
+    state: Literal["queued", "held", "running", "done", "failed", "cancelled"]
+    pool: str
+    member: Annotated[str, Field(description="Jobs with an item that ran or runs on this "
+                                             "member.")]
+
+
+_IDS = Annotated[list[str], Field(min_length=1, max_length=limits.bulk_jobs_max)]
+_AFTER = Annotated[str, Field(description="The `next` cursor of the answer before: the "
+                                          "filter's next page.")]
+_DRY_RUN = Annotated[bool, Field(description="Answer what would change; change nothing.")]
+
+
+@with_config(CLOSED)
+class BulkStatus(TypedDict, total=False):
+    """Either ids or filter, not both."""
+
+    ids: _IDS
+    filter: Filter
+    after: _AFTER
+
+
+@with_config(CLOSED)
+class BulkChange(TypedDict, total=False):
+    """Either ids or filter, not both (cancel, forget)."""
+
+    ids: _IDS
+    filter: Filter
+    after: _AFTER
+    dry_run: _DRY_RUN
+
+
+@with_config(CLOSED)
+class ToneSet(TypedDict, total=False):
+    priority: int
+    hold: bool
+    max_leases: Annotated[int | None, Field(ge=1)]
+
+
+@with_config(CLOSED)
+class BulkTone(TypedDict, total=False):
+    """Either ids or filter, not both."""
+
+    ids: _IDS
+    filter: Filter
+    after: _AFTER
+    dry_run: _DRY_RUN
+    set: ToneSet
+
+
+@with_config(CLOSED)
+class BulkResult(TypedDict):
+    id: str
+    answer: Literal["changed", "would_change", "already_final", "no_such_job", "refused",
+                    "found"]
+    state: NotRequired[Annotated[str, Field(description="The job's state now, if it exists.")]]
+    error: NotRequired[Annotated[str, Field(description="Why it was refused.")]]
+    job: NotRequired[Job]
+
+
+@with_config(CLOSED)
+class BulkAnswer(TypedDict):
+    """One result per job."""
+
+    action: Literal["cancel", "forget", "tone", "status"]
+    dry_run: bool
+    matched: int
+    counts: dict[str, int]
+    next: Annotated[str | None, Field(description="The cursor of the filter's next page (pass "
+                                                  "it as `after`).")]
+    results: list[BulkResult]
+
+
+# --- history (GET /history) ---------------------------------------------------------------------
+
+@with_config(CLOSED)
+class ItemsSummary(TypedDict):
+    states: Annotated[dict[str, int], Field(description="How many items ended in each state.")]
+    members: Annotated[list[str], Field(description="The members that ran them.")]
+
+
+@with_config(CLOSED)
+class FinalJob(Job):
+    """A job's final record, as the history keeps it: the record and a summary of its items."""
+
+    items_summary: ItemsSummary
+
+
+@with_config(CLOSED)
+class HistoryRecord(TypedDict):
+    at: Annotated[float, Field(description="When the job was dropped (seconds).")]
+    why: Annotated[Literal["forget", "expire", "rerun", "restart", "resubmit"], Field(
+        description="forget or expire: the job was dropped; rerun, restart or resubmit: the "
+                    "record is of its earlier run, which ended (the job runs again).")]
+    index: Annotated[int, Field(description="The log index of the entry.")]
+    member: str
+    job: FinalJob
+
+
+@with_config(CLOSED)
+class History(TypedDict):
+    order: Literal["newest_first"]
+    member: str
+    records: list[HistoryRecord]
+    skipped_lines: Annotated[int, Field(description="Damaged lines skipped (a torn last line "
+                                                    "after a crash).")]
+    more: bool
+    dropped: Annotated[int, Field(description="Records this member dropped since it started "
+                                              "(writer queue full).")]
