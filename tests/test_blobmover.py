@@ -23,7 +23,7 @@ from meshjobs import limits
 from meshjobs.blobmover import BlobMover
 from meshjobs.frames import Frame, FrameType
 from meshjobs.links import Links
-from tests.fleet import wait_until
+from tests.helpers import wait_until
 
 SECRET = bytes(range(32))
 WAIT_S = 30.0

@@ -293,7 +293,7 @@ def test_spec_helper_matches_control():
 
 import json  # noqa: E402
 
-from tests.fleet import Meshd, make_fleet, start_all, wait_until  # noqa: E402
+from tests.helpers import Meshd, make_fleet, start_all, wait_until  # noqa: E402
 
 
 @pytest.fixture

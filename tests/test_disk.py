@@ -18,7 +18,7 @@ import uuid
 import pytest
 
 from meshjobs.diskspace import EXIT_DISK, RESERVE_NAME
-from tests.fleet import Meshd
+from tests.helpers import Meshd
 
 pytestmark = pytest.mark.fleet
 
@@ -362,7 +362,7 @@ def test_fleet_shows_a_member_with_a_full_disk_and_leases_it_nothing(tmp_path):
     """In a fleet of three, a voter whose disk reads full is shown with disk_full in the
     leader's /fleet (learnt from the member's reports, or its own row), is given no items, and
     refuses submits asked of it; the other two run the work."""
-    from tests.fleet import make_fleet
+    from tests.helpers import make_fleet
 
     members = make_fleet(str(tmp_path), voters=3)
     full = members[2]

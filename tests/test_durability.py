@@ -8,7 +8,7 @@ import urllib.error
 
 import pytest
 
-from tests.fleet import submit_big_entry
+from tests.helpers import submit_big_entry
 
 pytestmark = pytest.mark.fleet
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fleet import leader_of, make_fleet, shift_clock
+from tests.helpers import leader_of, make_fleet, shift_clock
 from tests.test_fleet import metrics, submit, wait_for
 
 pytestmark = pytest.mark.fleet

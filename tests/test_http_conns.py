@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from meshjobs import limits
 from meshjobs.connbook import ConnBook, LogBudget, conns_limit
-from tests.fleet import WAIT_S_MAX, Meshd, close_all, flood, limit_fds, member_config, wait_closed
+from tests.helpers import WAIT_S_MAX, Meshd, close_all, flood, limit_fds, member_config, wait_closed
 
 PARTIAL_HEAD = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
 LOG_BYTES_MAX = 1 << 20  # a member's whole log during a flood stays under this

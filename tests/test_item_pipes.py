@@ -19,7 +19,7 @@ from blobstore.digest import EMPTY_DIGEST
 from blobstore.store import LmdbBlobStore
 from meshjobs import limits
 from meshjobs.driver import Driver, ItemEnd, RunItem
-from tests.fleet import wait_until
+from tests.helpers import wait_until
 
 WAIT_S = 30.0
 MEMORY = limits.item_output_memory_bytes_max

@@ -17,7 +17,7 @@ from meshjobs import limits
 from meshjobs.frames import Frame, FrameType, LogAsk, LogPiece, log_piece_body
 from meshjobs.itemlogs import ItemLogs
 from meshjobs.links import Links
-from tests.fleet import wait_until
+from tests.helpers import wait_until
 
 SECRET = bytes(range(32))
 WAIT_S = 30.0

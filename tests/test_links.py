@@ -25,7 +25,7 @@ from meshjobs.frames import (
     Session,
 )
 from meshjobs.links import Links, wall_ms
-from tests.fleet import wait_until
+from tests.helpers import wait_until
 
 SECRET = bytes(range(32))
 OTHER = bytes(range(1, 33))

@@ -269,7 +269,7 @@ def test_sigterm_exits_zero_and_cuts_items(meshd, tmp_path):
 
 def test_unreachable_member_exit_4(tmp_path):
     """meshctl against a member that is not running exits 4 with what to do."""
-    from tests.fleet import Meshd, free_port
+    from tests.helpers import Meshd, free_port
     m = Meshd(str(tmp_path / "none"))
     m.url = f"http://127.0.0.1:{free_port()}"
     r = m.ctl("jobs")
@@ -372,7 +372,7 @@ def test_restarted_member_never_says_an_acknowledged_job_is_missing(tmp_path):
     either 503 (its table is still catching up: try again) or the job, never 404: "no such job"
     would end a client's wait (exit 3) for a job that exists. Asked from the moment its HTTP
     port answers, before it is ready."""
-    from tests.fleet import Meshd, free_port, wait_until
+    from tests.helpers import Meshd, free_port, wait_until
 
     m = Meshd(str(tmp_path / "m1"), http=f"127.0.0.1:{free_port()}")
     try:

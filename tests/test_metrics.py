@@ -8,7 +8,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from meshjobs.metrics import RULES, MemberMetrics, http_families, member_families, rule_for
-from tests.fleet import Meshd, member_config, wait_until
+from tests.helpers import Meshd, member_config, wait_until
 
 HISTOGRAMS = ("meshjobs_submit_commit_seconds", "meshjobs_lease_start_seconds",
               "meshjobs_item_run_seconds", "meshjobs_journal_fsync_seconds")

@@ -18,7 +18,7 @@ from blobstore.store import LmdbBlobStore
 from meshjobs import limits
 from meshjobs.config import ConfigError, load_config
 from meshjobs.driver import Driver, ItemEnd, RunItem
-from tests.fleet import Meshd
+from tests.helpers import Meshd
 
 WAIT_S = 30  # the longest a test waits for anything
 

@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from tests.fleet import iptables, leader_of, make_fleet, raft_address, raft_deaf
+from tests.helpers import iptables, leader_of, make_fleet, raft_address, raft_deaf
 from tests.test_fleet import wait_for
 
 pytestmark = pytest.mark.fleet

@@ -15,7 +15,7 @@ import zlib
 import pytest
 
 from meshjobs.frames import HEADER, MAGIC, FrameType, Hello, Role, Session
-from tests.fleet import fleet_running, leader_of, make_fleet, send_and_read
+from tests.helpers import fleet_running, leader_of, make_fleet, send_and_read
 from tests.test_fleet import metrics, submit, wait_for
 
 pytestmark = pytest.mark.fleet

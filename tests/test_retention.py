@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.fleet import Meshd
+from tests.helpers import Meshd
 
 pytestmark = pytest.mark.fleet
 

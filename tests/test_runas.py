@@ -20,7 +20,7 @@ from meshjobs.config import ConfigError, load_config
 from meshjobs.control import ControlError, parse_submit, parse_user
 from meshjobs.driver import Driver, ItemEnd, RunItem
 from meshjobs.runas import can_switch_user
-from tests.fleet import Meshd, make_fleet, member_config
+from tests.helpers import Meshd, make_fleet, member_config
 
 NOBODY = pwd.getpwnam("nobody")
 NO_SUCH_USER = "meshjobs-no-such-user"

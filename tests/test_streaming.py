@@ -12,7 +12,7 @@ import time
 import blake3
 import pytest
 
-from tests.fleet import env_with_path
+from tests.helpers import env_with_path
 
 pytestmark = pytest.mark.fleet
 

@@ -14,7 +14,7 @@ import urllib.parse
 
 import pytest
 
-from tests.fleet import Meshd, env_with_path, make_cert, running, token_line
+from tests.helpers import Meshd, env_with_path, make_cert, running, token_line
 
 pytestmark = pytest.mark.fleet
 

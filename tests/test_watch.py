@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.fleet import env_with_path, wait_until
+from tests.helpers import env_with_path, wait_until
 
 pytestmark = pytest.mark.fleet
 
@@ -268,7 +268,7 @@ def test_killed_at_random_points_and_restarted(meshd, folder, tmp_path) -> None:
 def test_member_restart(tmp_path, folder) -> None:
     """The member stopped and started again under a running watcher: submits and refreshes that
     fail are logged and tried again; every file's job runs once."""
-    from tests.fleet import Meshd, free_port
+    from tests.helpers import Meshd, free_port
     m = Meshd(os.path.join(str(tmp_path), "m1"), http=f"127.0.0.1:{free_port()}")
     try:
         m.start()

@@ -17,7 +17,7 @@ import pytest
 
 from meshjobs import limits, webui
 from meshjobs.control import Answer
-from tests.fleet import Meshd
+from tests.helpers import Meshd
 from tests.test_http import Server, job_record
 
 EVIL = "<script>alert(1)</script>"

@@ -450,7 +450,7 @@ def close_all(socks: list[socket.socket]) -> None:
 
 
 _CLOCK_SHIFT = """\
-# Written by tests/fleet.py's shift_clock: this process's wall clock runs {seconds} s off.
+# Written by tests/helpers.py's shift_clock: this process's wall clock runs {seconds} s off.
 import time as _time
 
 _time_f, _time_ns_f = _time.time, _time.time_ns
