@@ -14,7 +14,7 @@ from meshjobs.control import ControlError, parse_bulk, parse_request
 from meshjobs.node import Ctl, JobNode, NodeConfig, Pool, Propose, Tick, View
 from meshjobs.node.feed import named_jobs
 from meshjobs.table import JobTable
-from tests.test_table import T0, Log, spec
+from tests.helpers import T0, Log, spec
 
 
 def _jobs(log: Log) -> None:

@@ -12,8 +12,15 @@ import time
 import pytest
 
 from meshjobs.frames import HEADER, MAGIC, FrameType, Hello, Role, Session
-from tests.helpers import fleet_running, leader_of, make_fleet, send_and_read
-from tests.test_fleet import metrics, submit, wait_for
+from tests.helpers import (
+    fleet_running,
+    leader_of,
+    make_fleet,
+    metrics,
+    send_and_read,
+    submit,
+    wait_until,
+)
 
 pytestmark = pytest.mark.fleet
 
@@ -69,7 +76,7 @@ def test_hostile_bytes_on_member_ports(three):
         send_and_read(raft, _hello(os.urandom(32), raft_body)[1])  # wrong key
     time.sleep(1.0)
     for m in three:
-        mt = wait_for(lambda m=m: metrics(m), what="metrics")
+        mt = wait_until(lambda m=m: metrics(m), what="metrics")
         assert mt.get('meshjobs_links_dropped_total{reason="magic"}', 0) >= 1, m.name
         assert mt.get('meshjobs_links_dropped_total{reason="length"}', 0) >= 1, m.name
         assert mt.get('meshjobs_links_dropped_total{reason="mac"}', 0) >= 1, m.name

@@ -233,7 +233,7 @@ class InProcess:
     def __init__(self, **kw) -> None:
         from blobstore import MemoryBlobStore
         from meshjobs import http as mhttp
-        from tests.test_http import RecordingControl
+        from tests.helpers import RecordingControl
 
         self.control = RecordingControl()
         self.api = mhttp.HttpApi("127.0.0.1", 0, self.control, MemoryBlobStore(), "m1", **kw)
@@ -364,7 +364,7 @@ def test_tls_handshake_never_started_is_closed(tmp_path) -> None:
     """HTTPS: a connection that never starts its TLS handshake is closed after header_timeout_s,
     and a real HTTPS client is answered."""
     from meshjobs import http as mhttp
-    from tests.test_http import RecordingControl
+    from tests.helpers import RecordingControl
 
     if not os.path.exists("/usr/bin/openssl"):
         pytest.skip("openssl is not installed")

@@ -108,7 +108,7 @@ def test_registries_are_per_member() -> None:
 
 def test_node_counts_jobs_by_state_and_pool() -> None:
     """The node's metrics answer breaks its jobs down by state, then pool (meshjobs_jobs)."""
-    from tests.test_node import Fleet1, submitted
+    from tests.helpers import Fleet1, submitted
 
     f = Fleet1()
     assert f.node.metrics()["jobs_by_state_pool"] == {}
