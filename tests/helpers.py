@@ -35,6 +35,8 @@ from blobstore import BlobCorrupt, MemoryBlobStore
 from meshjobs import http as mhttp
 from meshjobs.control import Answer, ControlError
 from meshjobs.driver import Driver, ItemEnd
+from meshjobs.frames import Frame, FrameType
+from meshjobs.links import Links
 from meshjobs.node import (
     Applied,
     Ctl,
@@ -1123,3 +1125,58 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+# --- Members' links on their own threads (tests of links and of what talks over them) --------
+
+LINKS_SECRET = bytes(range(32))  # the fleet secret of in-process link tests
+LINKS_WAIT_S = 15.0  # the longest a link test waits for a thread to end
+
+
+class LinksMember:
+    """A `Links` named `name` on its own thread, the frames it received and the peer events it
+    saw. A part that talks over the links (item logs, the blob mover) subclasses it: it builds
+    its part with `run=False`, routes frames by overriding `_on_frame`, appends its threads to
+    `threads` and calls `start()`."""
+
+    def __init__(self, name: str, listen: tuple[str, int] = ("127.0.0.1", 0),
+                 boot: str | None = None, secret: bytes = LINKS_SECRET, run: bool = True,
+                 **kw: Any) -> None:
+        self.name = name
+        self.frames: list[tuple[str, Frame]] = []
+        self.events: list[tuple[str, bool, dict]] = []
+        self._mu = threading.Lock()
+        self.links = Links(name, boot or os.urandom(4).hex(), listen, secret,
+                           on_frame=self._on_frame, on_peer=self._on_peer, **kw)
+        self.threads = [threading.Thread(target=self.links.run, name=f"links-{name}", daemon=True)]
+        if run:
+            self.start()
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.links.address
+
+    def _on_frame(self, peer: str, frame: Frame) -> None:
+        with self._mu:
+            self.frames.append((peer, frame))
+
+    def _on_peer(self, peer: str, up: bool, hello: dict) -> None:
+        with self._mu:
+            self.events.append((peer, up, hello))
+
+    def got(self, peer: str, ftype: FrameType) -> list[dict]:
+        with self._mu:
+            return [f.body for p, f in self.frames if p == peer and f.type == ftype]
+
+    def up(self, peer: str) -> bool:
+        return bool(self.links.peers().get(peer, {}).get("up"))
+
+    def stop(self) -> None:
+        self.links.stop()
+        for t in self.threads:
+            t.join(timeout=LINKS_WAIT_S)
+            assert not t.is_alive(), f"{t.name} did not end after stop()"

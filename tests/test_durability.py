@@ -8,7 +8,7 @@ import urllib.error
 
 import pytest
 
-from tests.helpers import submit_big_entry
+from tests.helpers import submit_big_entry, wait_until
 
 pytestmark = pytest.mark.fleet
 
@@ -153,13 +153,8 @@ def test_log_compacted_by_size(meshd):
 
 
 def _wait_metric(m, name: str, at_least: float, timeout_s: float = 60.0) -> float:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = m.metrics().get(f"meshjobs_{name}_total", 0.0)
-        if value >= at_least:
-            return value
-        assert time.monotonic() < deadline, f"{name} stayed at {value}, below {at_least}"
-        time.sleep(0.1)
+    return wait_until(lambda: (v := m.metrics().get(f"meshjobs_{name}_total", 0.0)) >= at_least and v,
+                      timeout_s, what=f"{name} at {at_least} or more")
 
 
 def test_failed_dump_fsync_is_retried_and_compaction_resumes(meshd_factory):

@@ -25,51 +25,13 @@ from meshjobs.frames import (
     Session,
 )
 from meshjobs.links import Links, wall_ms
+from tests.helpers import LINKS_SECRET as SECRET
+from tests.helpers import LinksMember as Member
 from tests.helpers import wait_until
 
-SECRET = bytes(range(32))
 OTHER = bytes(range(1, 33))
 WAIT_S = 15.0
 
-
-
-class Member:
-    """A Links with its thread, the frames it received and the peer events it saw."""
-
-    def __init__(self, name: str, listen: tuple[str, int] = ("127.0.0.1", 0),
-                 boot: str | None = None, **kw: Any) -> None:
-        self.name = name
-        self.frames: list[tuple[str, Frame]] = []
-        self.events: list[tuple[str, bool, dict]] = []
-        self._mu = threading.Lock()
-        self.links = Links(name, boot or os.urandom(4).hex(), listen, SECRET,
-                           on_frame=self._on_frame, on_peer=self._on_peer, **kw)
-        self.thread = threading.Thread(target=self.links.run, name=f"links-{name}", daemon=True)
-        self.thread.start()
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return self.links.address
-
-    def _on_frame(self, peer: str, frame: Frame) -> None:
-        with self._mu:
-            self.frames.append((peer, frame))
-
-    def _on_peer(self, peer: str, up: bool, hello: dict) -> None:
-        with self._mu:
-            self.events.append((peer, up, hello))
-
-    def got(self, peer: str, ftype: FrameType) -> list[dict]:
-        with self._mu:
-            return [f.body for p, f in self.frames if p == peer and f.type == ftype]
-
-    def up(self, peer: str) -> bool:
-        return bool(self.links.peers().get(peer, {}).get("up"))
-
-    def stop(self) -> None:
-        self.links.stop()
-        self.thread.join(timeout=WAIT_S)
-        assert not self.thread.is_alive()
 
 
 @pytest.fixture
