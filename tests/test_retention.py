@@ -4,7 +4,6 @@ their blobs collected once unpinned; pinned blobs survive collection across rest
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
@@ -27,6 +26,18 @@ def _member(tmp_path, keep_s: float | None, gc_grace_s: float = 0.0, keep_jobs: 
         "[retention]\n" + "\n".join(retention) + "\n")
     m = Meshd(str(tmp_path / "m1"), config=str(cfg))
     return m
+
+
+def _collection_ran(m: Meshd) -> None:
+    """Wait for a collection (grace 0) after the member restarted and its leader reconciled the
+    pins: one that removed the output of a job forgotten since. A collection goes over every
+    blob, so a blob it had to keep and kept is checked, not merely not yet looked at."""
+    status, rec = m.request("POST", "/jobs", {"argv": ["echo", f"witness-{os.urandom(8).hex()}"]})
+    assert status == 201, rec
+    witness = m.wait_job(rec["id"])["items"][0]["stdout"]
+    assert m.request("GET", f"/blobs/{witness}")[0] == 200
+    assert m.ctl("job", "forget", rec["id"]).returncode == 0
+    wait_until(lambda: m.request("GET", f"/blobs/{witness}")[0] == 404, what="a collection")
 
 
 def test_old_jobs_are_forgotten_and_their_blobs_collected(tmp_path):
@@ -76,7 +87,7 @@ def test_pinned_blobs_survive_collection_across_restart(tmp_path):
         out, inp = done["items"][0]["stdout"], done["items"][0]["stdin"]
         m.kill9()
         m.start()
-        time.sleep(2.0)  # several collections with a grace of 0
+        _collection_ran(m)
         assert m.request("GET", f"/blobs/{out}") == (200, b"pinned\n")
         assert m.request("GET", f"/blobs/{inp}") == (200, b"in")
         assert m.ctl("job", "forget", rec["id"]).returncode == 0
@@ -99,7 +110,7 @@ def test_empty_blob_is_never_collected(tmp_path):
         assert m.ctl("job", "forget", rec["id"]).returncode == 0
         m.kill9()
         m.start()
-        time.sleep(2.0)  # several collections with a grace of 0, after the leader reconciled pins
+        _collection_ran(m)
         assert m.request("GET", f"/blobs/{empty}") == (200, b"")
     finally:
         m.stop()
