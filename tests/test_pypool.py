@@ -341,7 +341,12 @@ def test_many_items_end_exactly_once(tmp_path: Path, blobs: LmdbBlobStore) -> No
         assert len(seen) == n + 5
         for i in range(5):
             assert h.out(seen[("echoes", i)]) == f"item {i}".encode()
-        time.sleep(0.2)
+        # A second end of any of them would come before the ends of items started after them
+        # on the same workers: one more item per worker, each ending once and last.
+        for i in range(2):
+            h.start("echo", b"last", job_id="last", index=i)
+        last = {(e.job_id, e.index) for e in (h.end(), h.end())}
+        assert last == {("last", 0), ("last", 1)}
         assert h.ends.empty()
         assert h.driver.running() == set()
     finally:

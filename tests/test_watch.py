@@ -253,7 +253,7 @@ def test_killed_at_random_points_and_restarted(meshd, folder, tmp_path) -> None:
         try:
             put(folder, name)
             # The kill point itself is what is drawn: a crash at any moment, not a wait.
-            time.sleep(rng.uniform(0, 1.5))
+            time.sleep(rng.uniform(0, 1.5))  # sleep-ok: a kill at a random moment is the test
         finally:
             stop(proc)
     for _ in range(len(jobs) + 1):  # run_all: one index per scan of a file
