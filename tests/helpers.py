@@ -1,5 +1,28 @@
-"""Real meshd processes for multi-process tests: started on free loopback ports in temporary
-folders, and always stopped by pid (the `meshd` fixture's finalizer), also when a test fails."""
+"""The one shared test module: what two test modules need lives here, and no test module imports
+another (tests/test_toolkit.py checks it).
+
+- Real meshd processes for multi-process tests (`Meshd`, `make_fleet`, `start_all`,
+  `fleet_running`): started on loopback in temporary folders, and always stopped by pid (the
+  `meshd` fixture's finalizer), also when a test fails.
+- Waits: `wait_until` polls a condition (a /metrics counter, a file, a state) up to a bound; tests
+  wait on conditions, never for a fixed time. An absence check first waits for the thing that
+  would have caused the absent effect (a later lease, a later collection, a later turn).
+- In-process harnesses: the job table driven through `apply` (`Log`), the job node as a fleet of
+  one (`Fleet1`), the HTTP API in front of a recording control port (`Server`), the item driver on
+  its thread (`DriverHarness`), members' links on their threads (`LinksMember`).
+
+Ports. A probed free port may be taken by someone else before meshd binds it. So:
+- HTTP: meshd binds port 0 (the default `--http 127.0.0.1:0`, and `http = "127.0.0.1:0"` for
+  workers) and writes the address it bound to `http.addr` in its data folder; `Meshd.wait_ready`
+  reads it from there. Only voters, whose HTTP address is in every voter's config, get a port
+  chosen beforehand.
+- Raft and member-links ports must be known to the peers beforehand, so they are chosen with
+  `free_port()`. A meshd that exits because one of them was taken meanwhile (it says "cannot
+  listen on Raft address", or its log has "Address already in use") is started again on fresh
+  ports: `Meshd.start` does so for a member whose ports are its own (a fleet of one), and
+  `start_all` for a fleet made by `make_fleet` (whose configs it writes again), up to
+  `PORT_TRIES_MAX` times. A restart of a member of a running fleet keeps its ports.
+"""
 
 from __future__ import annotations
 
@@ -58,6 +81,14 @@ START_S_MAX = 30.0  # a member that is not ready by then is a failed start
 WAIT_S_MAX = 30.0  # the longest wait of flood helpers
 ITEM_WAIT_S = 30.0  # the longest a driver test waits for an item to end
 UNTIL_S_MAX = 60.0  # the default bound of wait_until: long enough for an election on a loaded host
+
+
+PORT_TRIES_MAX = 5  # starts on fresh ports after a port was taken between probe and bind
+PORT_TAKEN = ("Address already in use", "cannot listen on")  # what meshd says when it was
+
+
+class PortTaken(RuntimeError):
+    """meshd exited because a port chosen for it was taken before it could bind it."""
 
 
 def free_port() -> int:
@@ -129,11 +160,31 @@ class Meshd:
         self.raft_port = free_port()
         self.raft_host = "127.0.0.1"  # another loopback address (127.0.0.2) is local too
         self.proc: subprocess.Popen | None = None
+        self.log_from = 0  # where this start's lines begin in the log file
+        # For a member of a fleet made by make_fleet: choose fresh ports for the whole fleet and
+        # write its configs again (start_all calls it when a port was taken).
+        self.new_ports: Any = None
         self.url = ""
         self.log_path = os.path.join(os.path.dirname(data.rstrip("/")) or ".",
                                      f"{os.path.basename(data.rstrip('/'))}.log")
 
     def start(self, wait_ready: bool = True) -> Meshd:
+        """Start meshd; with `wait_ready`, wait until it is ready. A member whose ports are its
+        own (not a fleet's) is started again on a fresh Raft port if its port was taken."""
+        for attempt in range(PORT_TRIES_MAX):
+            self._spawn()
+            if not wait_ready:
+                return self
+            try:
+                self.wait_ready()
+                return self
+            except PortTaken:
+                if self.fleet or attempt == PORT_TRIES_MAX - 1:
+                    raise
+                self.raft_port = free_port()
+        raise AssertionError("unreachable")
+
+    def _spawn(self) -> None:
         os.makedirs(self.data, exist_ok=True)
         addr_file = os.path.join(self.data, "http.addr")
         with contextlib.suppress(FileNotFoundError):
@@ -147,34 +198,47 @@ class Meshd:
             args += ["--slots", str(self.slots), "--http", self.http,
                      "--raft", f"{self.raft_host}:{self.raft_port}"]
         log = open(self.log_path, "ab")
+        self.log_from = log.tell()
         self.proc = subprocess.Popen(self.prefix + args, stdout=log, stderr=subprocess.STDOUT, cwd=self.data,
                                      env=env_with_path({"MESHTEST_DATA": self.data, **self.extra_env}),
                                      start_new_session=True)
         log.close()
-        if wait_ready:
-            self.wait_ready(addr_file)
-        return self
+
+    def port_taken(self) -> bool:
+        """Whether this start of meshd exited because a port it was to bind was taken."""
+        if self.proc is None or self.proc.poll() is None:
+            return False
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_from)
+                said = f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return False
+        return any(p in said for p in PORT_TAKEN)
+
+    def is_ready(self) -> bool:
+        """One look: whether meshd wrote its HTTP address and says it is ready. Raises when it
+        exited (PortTaken when a port was taken)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            error = PortTaken if self.port_taken() else RuntimeError
+            raise error(f"meshd exited with {self.proc.returncode}:\n{self.log_tail()}")
+        try:
+            with open(os.path.join(self.data, "http.addr")) as f:
+                addr = f.read().strip()
+        except FileNotFoundError:
+            return False
+        # host:port for HTTP, the whole URL for HTTPS.
+        self.url = addr if "://" in addr else "http://" + addr
+        try:
+            status, body = self.request("GET", "/healthz")
+        except OSError:
+            return False
+        return status == 200 and bool(body.get("ready"))
 
     def wait_ready(self, addr_file: str | None = None) -> None:
-        addr_file = addr_file or os.path.join(self.data, "http.addr")
         deadline = time.monotonic() + START_S_MAX
         while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"meshd exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                with open(addr_file) as f:
-                    addr = f.read().strip()
-                # host:port for HTTP, the whole URL for HTTPS.
-                self.url = addr if "://" in addr else "http://" + addr
-            except FileNotFoundError:
-                time.sleep(0.05)
-                continue
-            try:
-                status, body = self.request("GET", "/healthz")
-            except OSError:
-                time.sleep(0.05)
-                continue
-            if status == 200 and body.get("ready"):
+            if self.is_ready():
                 return
             time.sleep(0.05)
         raise RuntimeError(f"meshd not ready within {START_S_MAX} s:\n{self.log_tail()}")
@@ -504,40 +568,50 @@ def make_fleet(top: str, voters: int = 3, workers: int = 0, slots: int = 2,
                dead_ms: int = 1500, worker_slots: int | None = None,
                extra: str = "", lost_ms: int | None = None) -> list[Meshd]:
     """Configs, data folders and one shared fleet secret for `voters` voters and `workers`
-    worker members on free loopback ports. Nothing is started."""
+    worker members on loopback (ports as the module's docstring says). Nothing is started."""
     secret = os.urandom(32)
-    ports = {f"v{i}": (free_port(), free_port(), free_port()) for i in range(1, voters + 1)}
-    voter_lines = ", ".join(
-        f'{{ name = "{n}", raft = "127.0.0.1:{r}", peer = "127.0.0.1:{p}", http = "127.0.0.1:{h}" }}'
-        for n, (r, p, h) in ports.items())
+    voter_names = [f"v{i}" for i in range(1, voters + 1)]
+    names = voter_names + [f"w{i}" for i in range(1, workers + 1)]
     members = []
-    names = list(ports) + [f"w{i}" for i in range(1, workers + 1)]
     for name in names:
         data = os.path.join(top, name)
         os.makedirs(data, exist_ok=True)
         fd = os.open(os.path.join(data, "fleet.secret"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.write(fd, secret)
         os.close(fd)
-        if name in ports:
-            fleet = f"voters = [ {voter_lines} ]\n"
-            addrs = ""
-            n_slots = slots
-        else:
-            first = next(iter(ports.values()))
-            fleet = f'join = "127.0.0.1:{first[1]}"\n'
-            addrs = f'http = "127.0.0.1:{free_port()}"\npeer = "127.0.0.1:{free_port()}"\n'
-            n_slots = slots if worker_slots is None else worker_slots
-        cfg = os.path.join(top, f"{name}.toml")
-        with open(cfg, "w") as f:
-            lost = f"lost_ms = {lost_ms}\n" if lost_ms is not None else ""
-            f.write(f'name = "{name}"\n{addrs}{extra}\n[fleet]\n{fleet}dead_ms = {dead_ms}\n{lost}'
-                    f"[pools.default]\nslots = {n_slots}\n")
-        m = Meshd(data, name=name, config=cfg)
+        m = Meshd(data, name=name, config=os.path.join(top, f"{name}.toml"))
         m.fleet = True
         m.secret = secret
-        if name in ports:
-            m.raft_port, m.peer_port = ports[name][0], ports[name][1]
         members.append(m)
+
+    def new_ports() -> None:
+        """Choose ports for every voter (raft, peer, http) and worker (peer) and write every
+        member's config with them."""
+        ports = {n: (free_port(), free_port(), free_port()) for n in voter_names}
+        voter_lines = ", ".join(
+            f'{{ name = "{n}", raft = "127.0.0.1:{r}", peer = "127.0.0.1:{p}", http = "127.0.0.1:{h}" }}'
+            for n, (r, p, h) in ports.items())
+        for m in members:
+            if m.name in ports:
+                fleet = f"voters = [ {voter_lines} ]\n"
+                addrs = ""
+                n_slots = slots
+                m.raft_port, m.peer_port = ports[m.name][0], ports[m.name][1]
+            else:
+                first = next(iter(ports.values()))
+                fleet = f'join = "127.0.0.1:{first[1]}"\n'
+                m.peer_port = free_port()
+                addrs = f'http = "127.0.0.1:0"\npeer = "127.0.0.1:{m.peer_port}"\n'
+                n_slots = slots if worker_slots is None else worker_slots
+            assert m.config is not None
+            with open(m.config, "w") as f:
+                lost = f"lost_ms = {lost_ms}\n" if lost_ms is not None else ""
+                f.write(f'name = "{m.name}"\n{addrs}{extra}\n[fleet]\n{fleet}dead_ms = {dead_ms}\n{lost}'
+                        f"[pools.default]\nslots = {n_slots}\n")
+
+    new_ports()
+    for m in members:
+        m.new_ports = new_ports
     return members
 
 
@@ -640,12 +714,31 @@ def raft_deaf(m: Meshd):
 
 
 def start_all(members: list[Meshd]) -> list[Meshd]:
-    """Start every member at once (voters wait for each other), then wait until each is ready."""
-    for m in members:
-        m.start(wait_ready=False)
-    for m in members:
-        m.wait_ready()
-    return members
+    """Start every member at once (voters wait for each other), then wait until each is ready.
+    When one exits because a port was taken, all are stopped and, for a fleet from make_fleet,
+    started again on fresh ports (up to PORT_TRIES_MAX times)."""
+    for attempt in range(PORT_TRIES_MAX):
+        for m in members:
+            m.start(wait_ready=False)
+        try:
+            deadline = time.monotonic() + START_S_MAX
+            waiting = list(members)
+            while waiting:
+                waiting = [m for m in waiting if not m.is_ready()]
+                if waiting and time.monotonic() > deadline:
+                    raise RuntimeError(f"{[m.name for m in waiting]} not ready within "
+                                       f"{START_S_MAX} s:\n{waiting[0].log_tail()}")
+                if waiting:
+                    time.sleep(0.05)
+            return members
+        except PortTaken:
+            renew = members[0].new_ports
+            if attempt == PORT_TRIES_MAX - 1 or renew is None:
+                raise
+            for m in members:
+                m.stop()
+            renew()
+    raise AssertionError("unreachable")
 
 
 def submit_anywhere(members: list[Meshd], spec: dict, timeout_s: float = 60.0) -> tuple[Meshd, str]:

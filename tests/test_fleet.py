@@ -17,7 +17,7 @@ import time
 import pytest
 
 from meshjobs import limits
-from tests.helpers import leader_of, make_fleet, metrics, submit, wait_until
+from tests.helpers import leader_of, make_fleet, metrics, start_all, submit, wait_until
 
 pytestmark = pytest.mark.fleet
 
@@ -31,10 +31,7 @@ def fleet(tmp_path):
     def start(voters: int = 3, workers: int = 0, **kw):
         members = make_fleet(str(tmp_path), voters=voters, workers=workers, **kw)
         made.extend(members)
-        for m in members:
-            m.start(wait_ready=False)
-        for m in members:
-            m.wait_ready()
+        start_all(members)
         return members
 
     yield start

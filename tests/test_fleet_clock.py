@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import leader_of, make_fleet, metrics, shift_clock, submit, wait_until
+from tests.helpers import leader_of, make_fleet, metrics, shift_clock, start_all, submit, wait_until
 
 pytestmark = pytest.mark.fleet
 
@@ -20,10 +20,7 @@ def skewed(tmp_path):
     shift_clock(by_name["v1"], 120)
     shift_clock(by_name["w1"], -120)
     try:
-        for m in members:
-            m.start(wait_ready=False)
-        for m in members:
-            m.wait_ready()
+        start_all(members)
         yield by_name
     finally:
         for m in members:

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import ast
 import os
+import socket
 
 import pytest
+
+from tests.helpers import Meshd, leader_of, listening_addrs, make_fleet, start_all, wait_until
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 SLEEP_OK = "# sleep-ok:"
@@ -112,3 +115,72 @@ def test_the_import_rule_sees(source: str, expected: list) -> None:
 def test_the_sleep_rule_sees(source: str, expected: list) -> None:
     """Rule 2's checker finds a fixed sleep however it is imported, and lets a marked one be."""
     assert bare_sleeps(source) == expected
+
+
+# --- Ports: bound by meshd where they need not be known, retried where they must be -----------
+
+
+def _taken_port() -> socket.socket:
+    """A listening socket on a loopback port: that port is taken for as long as it is open."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    return s
+
+
+def test_meshd_binds_its_http_port_and_the_harness_reads_it(meshd) -> None:
+    """Rule 3: a member's HTTP port is bound by meshd itself (port 0) and read from the
+    http.addr file it writes; no port is probed for it beforehand."""
+    assert meshd.http == "127.0.0.1:0"
+    with open(os.path.join(meshd.data, "http.addr")) as f:
+        assert f"http://{f.read().strip()}" == meshd.url
+    port = int(meshd.url.rsplit(":", 1)[1])
+    assert port != 0 and ("127.0.0.1", port) in listening_addrs(meshd.pid)
+
+
+def test_a_taken_raft_port_is_retried_on_a_fresh_one(meshd_factory) -> None:
+    """Rule 3: a Raft port taken between the probe and meshd's bind makes meshd exit saying so;
+    the harness starts it again on a fresh port instead of failing the test."""
+    with _taken_port() as taken:
+        m = meshd_factory(start=False)
+        m.raft_port = taken.getsockname()[1]
+        m.start()
+        assert m.raft_port != taken.getsockname()[1]
+        assert ("127.0.0.1", m.raft_port) in listening_addrs(m.pid)
+    with open(m.log_path, "rb") as f:
+        assert b"cannot listen on Raft address" in f.read()
+
+
+def _occupy(m: Meshd, key: str, old: int, new: int) -> None:
+    """Give `m` port `new` for `key` in its config instead of `old`."""
+    assert m.config is not None
+    with open(m.config) as f:
+        text = f.read()
+    line = f'{key} = "127.0.0.1:{old}"'
+    assert line in text, (line, text)
+    with open(m.config, "w") as f:
+        f.write(text.replace(line, f'{key} = "127.0.0.1:{new}"'))
+    setattr(m, f"{key}_port", new)
+
+
+@pytest.mark.fleet
+def test_a_taken_fleet_port_restarts_the_fleet_on_fresh_ones(tmp_path) -> None:
+    """Rule 3: in a fleet the ports are in every member's config, so a taken one (a voter's
+    Raft port, a worker's member-links port) restarts the whole fleet on fresh ports."""
+    members = make_fleet(str(tmp_path), voters=1, workers=1)
+    v1, w1 = members
+    try:
+        with _taken_port() as raft, _taken_port() as peer:
+            # The configs as make_fleet wrote them, but with two ports someone else holds.
+            _occupy(v1, "raft", v1.raft_port, raft.getsockname()[1])
+            _occupy(w1, "peer", w1.peer_port, peer.getsockname()[1])
+            start_all(members)
+            assert v1.raft_port != raft.getsockname()[1] and w1.peer_port != peer.getsockname()[1]
+        leader = leader_of(members)
+        assert leader is v1
+        wait_until(lambda: any(x["name"] == "w1" and x["alive"]
+                               for x in v1.request("GET", "/fleet")[1]["members"]),
+                   what="the worker joined")
+    finally:
+        for m in members:
+            m.stop()
