@@ -1223,7 +1223,7 @@ def alive(pid: int) -> bool:
 # --- Members' links on their own threads (tests of links and of what talks over them) --------
 
 LINKS_SECRET = bytes(range(32))  # the fleet secret of in-process link tests
-LINKS_WAIT_S = 15.0  # the longest a link test waits for a thread to end
+LINKS_WAIT_S = 30.0  # the longest a link test waits for a thread to end
 
 
 class LinksMember:

@@ -22,8 +22,7 @@ from blobstore import LmdbBlobStore, hexdigest
 from meshjobs import limits
 from meshjobs.blobmover import BlobMover
 from meshjobs.frames import Frame, FrameType
-from meshjobs.links import Links
-from tests.helpers import wait_until
+from tests.helpers import LinksMember, wait_until
 
 SECRET = bytes(range(32))
 WAIT_S = 30.0
@@ -32,35 +31,25 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 
-class Member:
+class Member(LinksMember):
     """A blob store, its links and its mover, with the links' and the mover's threads."""
 
     def __init__(self, name: str, base: Path, run_mover: bool = True,
                  clock_ms: Callable[[], float] | None = None,
                  wrap: Callable[[LmdbBlobStore], Any] | None = None) -> None:
-        self.name = name
         self.store_path = str(base / name / "blobs")
         self.spool = str(base / name / "spool")
         self.store = LmdbBlobStore(self.store_path)
         self.copied: list[tuple[str, tuple[str, ...]]] = []
-        self._mu = threading.Lock()
-        self.links = Links(name, os.urandom(4).hex(), ("127.0.0.1", 0), SECRET,
-                           on_frame=self._on_frame)
+        super().__init__(name, secret=SECRET, run=False)
         kw = {} if clock_ms is None else {"clock_ms": clock_ms}
         self.mover = BlobMover(name, self.store if wrap is None else wrap(self.store),
                                self.links, self.spool, on_copied=self._on_copied, **kw)
-        self.threads = [threading.Thread(target=self.links.run, name=f"links-{name}",
-                                         daemon=True)]
         if run_mover:
             self.threads.append(threading.Thread(target=self.mover.run, name=f"mover-{name}",
                                                  daemon=True))
-        for t in self.threads:
-            t.start()
+        self.start()
         self.stopped = False
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return self.links.address
 
     def _on_frame(self, peer: str, frame: Frame) -> None:
         if frame.type in (FrameType.F_BLOB_PUT, FrameType.F_BLOB_GET):
@@ -106,10 +95,7 @@ class Member:
             return
         self.stopped = True
         self.mover.stop()
-        self.links.stop()
-        for t in self.threads:
-            t.join(timeout=WAIT_S)
-            assert not t.is_alive(), t.name
+        super().stop()
         self.store.close()
 
 
