@@ -20,7 +20,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import machine  # noqa: E402
-from tests.fleet import make_fleet  # noqa: E402
+from tests.helpers import make_fleet  # noqa: E402
 
 
 def _leader(members, timeout_s: float = 60.0):

@@ -20,7 +20,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import machine  # noqa: E402
-from tests.fleet import make_fleet, start_all, submit_anywhere, wait_until  # noqa: E402
+from tests.helpers import make_fleet, start_all, submit_anywhere, wait_until  # noqa: E402
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import machine  # noqa: E402
-from tests.fleet import make_fleet, raft_address, raft_deaf  # noqa: E402
+from tests.helpers import make_fleet, raft_address, raft_deaf  # noqa: E402
 
 
 def health(m) -> dict:

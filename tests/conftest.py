@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.fleet import Meshd
+from tests.helpers import Meshd
 
 
 @pytest.fixture

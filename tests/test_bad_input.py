@@ -15,7 +15,7 @@ pytestmark = pytest.mark.fleet
 
 @pytest.fixture(scope="module")
 def member(tmp_path_factory):
-    from tests.fleet import Meshd
+    from tests.helpers import Meshd
     m = Meshd(str(tmp_path_factory.mktemp("bad") / "m1"), slots=2)
     m.start()
     status, rec = m.request("POST", "/jobs", {"argv": ["true"], "id": "known"})

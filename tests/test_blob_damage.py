@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from tests.fleet import (
+from tests.helpers import (
     flip_blob_byte,
     holds_bytes,
     make_fleet,

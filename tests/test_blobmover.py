@@ -22,8 +22,7 @@ from blobstore import LmdbBlobStore, hexdigest
 from meshjobs import limits
 from meshjobs.blobmover import BlobMover
 from meshjobs.frames import Frame, FrameType
-from meshjobs.links import Links
-from tests.fleet import wait_until
+from tests.helpers import LinksMember, wait_until
 
 SECRET = bytes(range(32))
 WAIT_S = 30.0
@@ -32,35 +31,25 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 
-class Member:
+class Member(LinksMember):
     """A blob store, its links and its mover, with the links' and the mover's threads."""
 
     def __init__(self, name: str, base: Path, run_mover: bool = True,
                  clock_ms: Callable[[], float] | None = None,
                  wrap: Callable[[LmdbBlobStore], Any] | None = None) -> None:
-        self.name = name
         self.store_path = str(base / name / "blobs")
         self.spool = str(base / name / "spool")
         self.store = LmdbBlobStore(self.store_path)
         self.copied: list[tuple[str, tuple[str, ...]]] = []
-        self._mu = threading.Lock()
-        self.links = Links(name, os.urandom(4).hex(), ("127.0.0.1", 0), SECRET,
-                           on_frame=self._on_frame)
+        super().__init__(name, secret=SECRET, run=False)
         kw = {} if clock_ms is None else {"clock_ms": clock_ms}
         self.mover = BlobMover(name, self.store if wrap is None else wrap(self.store),
                                self.links, self.spool, on_copied=self._on_copied, **kw)
-        self.threads = [threading.Thread(target=self.links.run, name=f"links-{name}",
-                                         daemon=True)]
         if run_mover:
             self.threads.append(threading.Thread(target=self.mover.run, name=f"mover-{name}",
                                                  daemon=True))
-        for t in self.threads:
-            t.start()
+        self.start()
         self.stopped = False
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return self.links.address
 
     def _on_frame(self, peer: str, frame: Frame) -> None:
         if frame.type in (FrameType.F_BLOB_PUT, FrameType.F_BLOB_GET):
@@ -106,10 +95,7 @@ class Member:
             return
         self.stopped = True
         self.mover.stop()
-        self.links.stop()
-        for t in self.threads:
-            t.join(timeout=WAIT_S)
-            assert not t.is_alive(), t.name
+        super().stop()
         self.store.close()
 
 
@@ -138,6 +124,27 @@ def fleet(tmp_path: Path):
             m.stop()
 
 
+def copied_after(a: Member, to: str, owner: str = "job-witness") -> tuple[str, tuple[str, ...]]:
+    """Copy one more small blob from `a` to `to` and wait for its on_copied: acknowledgements
+    come in order on a link, so any later call for a copy asked before would have come by now.
+    Returns that last copy, as a.copies() lists it."""
+    (d,) = a.put_many([b"witness " + os.urandom(8)])
+    done = len(a.copies())
+    a.mover.copy(to, owner, (d,))
+    wait_until(lambda: len(a.copies()) > done, what="the witness copy confirmed")
+    return (to, (d,))
+
+
+def mover_turned(m: Member) -> None:
+    """Wait until `m`'s mover took everything asked of it so far and then ran a turn of its
+    sending (what a wrong extra send would come from): a bad frame given after is counted
+    (`bad_body`), and then a second one, which a later turn takes."""
+    for _ in range(2):
+        n = m.dropped("bad_body")
+        m.mover.frame("witness", FrameType.F_BLOB_PUT, {})
+        wait_until(lambda n=n: m.dropped("bad_body") > n, what="the mover's next turn")
+
+
 def read_all(store: LmdbBlobStore, d: str) -> bytes | None:
     it = store.open(d)
     return None if it is None else b"".join(it)
@@ -151,12 +158,13 @@ def test_copy_arrives_durable_and_pinned(fleet, tmp_path: Path) -> None:
     digests = tuple(a.put(p, tmp_path) for p in payloads)
     a.mover.copy("b", "job-1", digests)
     wait_until(a.copies, what="on_copied")
-    time.sleep(0.3)  # a second call would come from a second acknowledgement
-    assert a.copies() == [("b", digests)]
     st_a, st_b = a.mover.stats(), b.mover.stats()
     assert st_a["copies_completed"] == 1 and st_a["acks_received"] == 3
     assert st_b["blobs_received"] == 3 and st_b["dropped"] == {}
     assert st_a["chunks_sent"] == 1 + 1 + 6
+    # A second call would come from a second acknowledgement, before a later copy's.
+    last = copied_after(a, "b", owner="job-1")
+    assert a.copies() == [("b", digests), last]
     assert os.listdir(b.spool) == []
     b.stop()
     # Reopened from disk: the copies survived the receiver's restart, checked and pinned.
@@ -192,10 +200,10 @@ def test_copy_asked_twice_is_sent_once(fleet, tmp_path: Path) -> None:
     a.mover.copy("b", "job-4", (d,))
     a.mover.copy("b", "job-4", (d,))
     wait_until(a.copies, what="on_copied")
-    time.sleep(0.3)
-    assert a.copies() == [("b", (d,))]
-    assert a.mover.stats()["chunks_sent"] == 4
-    assert b.mover.stats()["chunks_received"] == 4
+    last = copied_after(a, "b")
+    assert a.copies() == [("b", (d,)), last]
+    assert a.mover.stats()["chunks_sent"] == 4 + 1
+    assert b.mover.stats()["chunks_received"] == 4 + 1
 
 
 def test_stale_assembly_is_removed(tmp_path: Path) -> None:
@@ -204,17 +212,21 @@ def test_stale_assembly_is_removed(tmp_path: Path) -> None:
     now = [0.0]
     m = Member("m", tmp_path, clock_ms=lambda: now[0])
     try:
-        data = os.urandom(2 * limits.blob_frame_bytes)
-        d = hexdigest(data)
-        m.mover.frame("p", FrameType.F_BLOB_PUT,
-                      good_chunk(d, data[:limits.blob_frame_bytes], size=len(data), last=False))
-        wait_until(lambda: m.mover.stats()["assemblies"] == 1, what="assembly open")
-        assert len(os.listdir(m.spool)) == 1
+        # A witness assembly, opened 2 ms before the one under test: the look at the
+        # assemblies that drops it is one that found the other 1 ms short of the limit.
+        for n, (ms, tag) in enumerate(((2, b"w"), (0, b"d")), start=1):
+            data = tag + os.urandom(2 * limits.blob_frame_bytes - 1)
+            d = hexdigest(data)
+            m.mover.frame("p", FrameType.F_BLOB_PUT,
+                          good_chunk(d, data[:limits.blob_frame_bytes], size=len(data), last=False))
+            wait_until(lambda n=n: m.mover.stats()["assemblies"] == n, what="assembly open")
+            now[0] += ms
+        assert len(os.listdir(m.spool)) == 2
         now[0] += limits.blob_assembly_idle_ms - 1
-        time.sleep(0.6)
+        wait_until(lambda: m.dropped("stale") == 1, what="the witness assembly dropped")
         assert m.mover.stats()["assemblies"] == 1
         now[0] += 1000  # past the idle limit, and past the mover's next look at its assemblies
-        wait_until(lambda: m.dropped("stale") == 1, what="stale assembly dropped")
+        wait_until(lambda: m.dropped("stale") == 2, what="stale assembly dropped")
         assert m.mover.stats()["assemblies"] == 0 and os.listdir(m.spool) == []
     finally:
         m.stop()
@@ -226,8 +238,8 @@ def test_copy_of_blob_not_held_is_skipped(fleet, tmp_path: Path) -> None:
     missing = hexdigest(b"nobody has this")
     a.mover.copy("b", "job-3", (missing,))
     wait_until(lambda: a.dropped("not_here"), what="not_here counted")
-    time.sleep(0.2)
-    assert a.copies() == []
+    last = copied_after(a, "b")
+    assert a.copies() == [last]
     assert not b.store.has(missing)
 
 
@@ -473,8 +485,6 @@ def test_copy_of_many_small_blobs(fleet) -> None:
     wait_until(a.copies, timeout_s=WAIT_S, what="on_copied for 20,000 small blobs")
     took = time.monotonic() - t0
     print(f"copied {n} small blobs in {took:.2f} s")
-    time.sleep(0.3)
-    assert a.copies() == [("b", digests)]
     st_a, st_b = a.mover.stats(), b.mover.stats()
     assert st_a["blobs_sent"] == n and st_a["acks_received"] == n
     assert st_b["blobs_received"] == n and st_b["dropped"] == {} and st_a["dropped"] == {}
@@ -484,6 +494,8 @@ def test_copy_of_many_small_blobs(fleet) -> None:
     for d, p in zip(digests, payloads, strict=True):
         assert b.store.get(d) == p
     assert b.store.owners() == {"job-many"} and b.store.stats()["pins"] == n
+    last = copied_after(a, "b")
+    assert a.copies() == [("b", digests), last]
 
 
 def test_copy_of_small_and_large_blobs_mixed(fleet, tmp_path: Path) -> None:
@@ -522,18 +534,19 @@ def test_copy_asked_again_while_in_flight_is_not_sent_twice(fleet) -> None:
              what="a full window")
     a.mover.copy("b", "job-w", digests)
     a.mover.copy("b", "job-w", digests[:10])  # another copy of some of the same blobs
-    time.sleep(0.5)
+    mover_turned(a)
     st = a.mover.stats()
     assert st["blobs_sent"] == limits.blob_inflight_max
     assert st["inflight"] == limits.blob_inflight_max
     assert st["sending"] == n - limits.blob_inflight_max
     b.start_mover()
     wait_until(lambda: len(a.copies()) == 2, what="both copies confirmed")
-    time.sleep(0.3)
-    assert sorted(a.copies()) == sorted([("b", digests), ("b", digests[:10])])
     st_a, st_b = a.mover.stats(), b.mover.stats()
     assert st_a["blobs_sent"] == n and st_b["chunks_received"] == n
-    assert st_b["blobs_received"] == n and st_a["dropped"] == {}
+    assert st_b["blobs_received"] == n and st_a["dropped"] == {"bad_body": 2}  # mover_turned's
+    assert sorted(a.copies()[:2]) == sorted([("b", digests), ("b", digests[:10])])
+    last = copied_after(a, "b")
+    assert a.copies()[2:] == [last]
 
 
 def test_fetch_of_small_blob(fleet) -> None:

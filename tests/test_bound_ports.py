@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from tests.fleet import listening_addrs, make_fleet, start_all
+from tests.helpers import listening_addrs, make_fleet, start_all
 
 
 def _http_port(m) -> int:

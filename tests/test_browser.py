@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fleet import Meshd, running, token_line
+from tests.helpers import Meshd, running, token_line
 
 pytestmark = pytest.mark.fleet
 

@@ -14,7 +14,7 @@ from meshjobs.control import ControlError, parse_bulk, parse_request
 from meshjobs.node import Ctl, JobNode, NodeConfig, Pool, Propose, Tick, View
 from meshjobs.node.feed import named_jobs
 from meshjobs.table import JobTable
-from tests.test_table import T0, Log, spec
+from tests.helpers import T0, Log, spec
 
 
 def _jobs(log: Log) -> None:
@@ -293,7 +293,7 @@ def test_spec_helper_matches_control():
 
 import json  # noqa: E402
 
-from tests.fleet import Meshd, make_fleet, start_all, wait_until  # noqa: E402
+from tests.helpers import Meshd, make_fleet, start_all, wait_until  # noqa: E402
 
 
 @pytest.fixture

@@ -24,11 +24,7 @@ from click.testing import CliRunner, Result
 from blobstore import hexdigest
 from meshjobs.cli import cli
 from meshjobs.control import Answer
-
-try:
-    from test_http import LateDamageStore, Server, job_record
-except ImportError:  # tests/ as a package
-    from tests.test_http import LateDamageStore, Server, job_record
+from tests.helpers import LateDamageStore, Server, job_record
 
 
 @pytest.fixture(scope="module")

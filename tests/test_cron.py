@@ -23,7 +23,7 @@ from meshjobs.node import View
 from meshjobs.node.events import spec_digest
 from meshjobs.node.feed import named_jobs
 from meshjobs.table import DONE, JobTable
-from tests.test_table import Log, row
+from tests.helpers import Log, row
 
 JOB = {"argv": ["echo", "hi"], "pool": "default", "priority": 0, "retries": 0, "runtime_s": None,
        "hold": False, "tags": [], "env": {}, "cwd": None, "max_leases": None}
@@ -535,7 +535,7 @@ def test_the_leader_wakes_for_the_next_due_time_never_now() -> None:
 
 
 def _fleet_with_schedule(spec: str = "@every 10s"):
-    from tests.test_node import Fleet1
+    from tests.helpers import Fleet1
 
     f = Fleet1()
     f.ctl(1, {"op": "cron", "action": "add", "name": "n", "rid": "a1", "spec": spec,

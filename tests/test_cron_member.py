@@ -17,7 +17,7 @@ import time
 import pytest
 
 from meshjobs import limits
-from tests.fleet import leader_of, make_fleet, start_all, wait_until
+from tests.helpers import leader_of, make_fleet, start_all, wait_until
 
 pytestmark = pytest.mark.fleet
 

@@ -15,7 +15,7 @@ from meshjobs import limits
 from meshjobs.control import ControlError, parse_after, parse_request, parse_submit
 from meshjobs.node.feed import named_jobs
 from meshjobs.table import CANCELLED, DONE, FAILED, PENDING, TIMEOUT, JobTable
-from tests.test_table import T0, Log, row, spec
+from tests.helpers import T0, Log, row, spec
 
 
 def after(*deps: str) -> list[dict[str, str]]:
@@ -490,7 +490,7 @@ def test_node_leases_a_dependent_only_once_released() -> None:
     no lease proposed with its submit (nor later, while it waits); the entry that ends the
     parent releases it, the next round leases and runs it, and a client waiting on the
     dependent's version (?since=) is answered at its release."""
-    from tests.test_node import Fleet1, submit_req
+    from tests.helpers import Fleet1, submit_req
 
     f = Fleet1(slots=2)
     f.ctl(1, submit_req(rid="r1", job_id="p"))

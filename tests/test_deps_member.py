@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.fleet import EventStream, leader_of, make_fleet, start_all, wait_until
+from tests.helpers import EventStream, leader_of, make_fleet, start_all, wait_until
 
 pytestmark = pytest.mark.fleet
 

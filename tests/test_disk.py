@@ -12,27 +12,16 @@ import contextlib
 import errno
 import os
 import subprocess
-import time
 import uuid
 
 import pytest
 
 from meshjobs.diskspace import EXIT_DISK, RESERVE_NAME
-from tests.fleet import Meshd
+from tests.helpers import Meshd, wait_until
 
 pytestmark = pytest.mark.fleet
 
 MIB = 1 << 20
-
-
-def _wait(cond, what: str, timeout_s: float = 30.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _exited(m: Meshd, timeout_s: float = 30.0) -> int:
@@ -124,7 +113,7 @@ def test_disk_full_failpoint_passes_and_the_member_resumes(meshd_factory):
     m = meshd_factory(env={"MESHJOBS_FAILPOINTS": "disk.full=1..3"})
     status, health = m.request("GET", "/healthz")
     first = health["disk_full"]
-    _wait(lambda: m.request("GET", "/healthz")[1]["disk_full"] is False, "disk_full to clear")
+    wait_until(lambda: m.request("GET", "/healthz")[1]["disk_full"] is False, what="disk_full to clear")
     status, rec = m.request("POST", "/jobs", {"argv": ["sh", "-c", "echo after"]})
     assert status == 201, rec
     assert m.wait_job(rec["id"])["state"] == "done"
@@ -193,13 +182,13 @@ def test_member_starts_on_a_full_disk_read_only_and_resumes(small_disk, tmp_path
         assert not os.path.exists(os.path.join(m.data, RESERVE_NAME))
         assert "Traceback" not in m.log_tail(50000)
         os.unlink(filler)
-        _wait(lambda: not m.request("GET", "/healthz")[1]["disk_full"], "the member to resume")
+        wait_until(lambda: not m.request("GET", "/healthz")[1]["disk_full"], what="the member to resume")
         assert m.request("GET", "/healthz")[1]["disk_free_bytes"] >= 8 * MIB
         status, after = m.request("POST", "/jobs", {"argv": ["sh", "-c", "echo after"]})
         assert status == 201, after
         assert m.wait_job(after["id"])["state"] == "done"
         assert m.request("GET", f"/jobs/{after['id']}/results")[1] == b"after\n"
-        _wait(lambda: os.path.exists(os.path.join(m.data, RESERVE_NAME)), "the reserve again")
+        wait_until(lambda: os.path.exists(os.path.join(m.data, RESERVE_NAME)), what="the reserve again")
     finally:
         m.stop()
 
@@ -215,7 +204,7 @@ def test_disk_free_min_backpressure(small_disk, tmp_path):
                                                   "hold": True, "items": [""] * 3})
         assert status == 201
         filler = _fill(small_disk, leave_bytes=10 * MIB)
-        _wait(lambda: m.request("GET", "/healthz")[1]["disk_full"], "disk_free_min to bite")
+        wait_until(lambda: m.request("GET", "/healthz")[1]["disk_full"], what="disk_free_min to bite")
         status, body = m.request("POST", "/jobs", {"argv": ["true"]})
         assert status == 507 and "disk_free_min" in body["error"], body
         granted = m.metrics().get("meshjobs_table_leases_granted_total", 0)
@@ -231,7 +220,7 @@ def test_disk_free_min_backpressure(small_disk, tmp_path):
         assert job["state"] != "done"
         assert m.metrics().get("meshjobs_table_leases_granted_total", 0) == granted
         os.unlink(filler)
-        _wait(lambda: not m.request("GET", "/healthz")[1]["disk_full"], "the member to resume")
+        wait_until(lambda: not m.request("GET", "/healthz")[1]["disk_full"], what="the member to resume")
         assert m.wait_job(rec["id"])["state"] == "done"
         assert m.request("GET", f"/jobs/{rec['id']}/results")[1] == b"0\n1\n2\n"
     finally:
@@ -252,8 +241,8 @@ def test_disk_filling_under_a_running_member(small_disk, tmp_path):
         assert status == 201
         assert m.wait_job(rec["id"])["state"] == "done"
         _fill(small_disk)
-        _wait(lambda: m.request("GET", "/healthz")[1]["disk_full"], "the member to see its disk")
-        _wait(lambda: not os.path.exists(os.path.join(m.data, RESERVE_NAME)), "the reserve freed")
+        wait_until(lambda: m.request("GET", "/healthz")[1]["disk_full"], what="the member to see its disk")
+        wait_until(lambda: not os.path.exists(os.path.join(m.data, RESERVE_NAME)), what="the reserve freed")
         _read_only_checks(m, rec["id"])
         assert m.proc.poll() is None
         assert m.terminate() == 0
@@ -362,7 +351,7 @@ def test_fleet_shows_a_member_with_a_full_disk_and_leases_it_nothing(tmp_path):
     """In a fleet of three, a voter whose disk reads full is shown with disk_full in the
     leader's /fleet (learnt from the member's reports, or its own row), is given no items, and
     refuses submits asked of it; the other two run the work."""
-    from tests.fleet import make_fleet
+    from tests.helpers import make_fleet
 
     members = make_fleet(str(tmp_path), voters=3)
     full = members[2]
@@ -382,7 +371,7 @@ def test_fleet_shows_a_member_with_a_full_disk_and_leases_it_nothing(tmp_path):
                     return rows[full.name].get("disk_full") is True
             return False
 
-        _wait(fleet_says_full, "the leader's /fleet to show the full disk", timeout_s=60)
+        wait_until(fleet_says_full, what="the leader's /fleet to show the full disk", timeout_s=60)
         status, body = full.request("POST", "/jobs", {"argv": ["true"]})
         assert status == 507 and full.name in body["error"], body
         status, rec = members[0].request("POST", "/jobs", {
@@ -411,13 +400,13 @@ def test_items_of_a_crashed_run_are_not_rerun_on_a_full_disk(meshd_factory):
     def job() -> dict:
         return m.request("GET", f"/jobs/{rec['id']}")[1]
 
-    _wait(lambda: job()["items_running"] == 1, "the item to run")
+    wait_until(lambda: job()["items_running"] == 1, what="the item to run")
     m.kill9()
     m.extra_env = {"MESHJOBS_FAILPOINTS": "disk.full=1..20"}
     m.start()
     assert m.request("GET", "/healthz")[1]["disk_full"] is True
     # The revoke of the last run's lease is committed (the item is pending again) ...
-    _wait(lambda: job()["items_pending"] == 1, "the old lease to be revoked")
+    wait_until(lambda: job()["items_pending"] == 1, what="the old lease to be revoked")
     # ... and a change committed after it shows the leader went round without leasing it.
     status, _toned = m.request("POST", f"/jobs/{rec['id']}/tone", {"priority": 1})
     assert status == 200

@@ -5,12 +5,9 @@ from __future__ import annotations
 import os
 import queue
 import stat
-import threading
-import time
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import blake3
 import pytest
@@ -18,7 +15,9 @@ import pytest
 from blobstore import limits as blob_limits
 from blobstore.store import LmdbBlobStore
 from meshjobs import limits
-from meshjobs.driver import Driver, ItemEnd, RunItem
+from meshjobs.driver import RunItem
+from tests.helpers import DriverHarness as Harness
+from tests.helpers import alive, wait_until
 
 WAIT_S = 30  # the longest a test waits for anything
 
@@ -37,27 +36,6 @@ def sh(script: str, **kw: object) -> RunItem:
     return item(["sh", "-c", script], **kw)  # type: ignore[arg-type]
 
 
-class Harness:
-    def __init__(self, tmp_path: Path, blobs: LmdbBlobStore, run: bool = True,
-                 **driver_kw: Any) -> None:
-        self.spool = tmp_path / "spool"
-        self.ends: queue.Queue[ItemEnd] = queue.Queue()
-        self.driver = Driver(blobs, str(self.spool), self.ends.put, **driver_kw)
-        self.thread = threading.Thread(target=self.driver.run, daemon=True)
-        if run:
-            self.thread.start()
-
-    def end(self) -> ItemEnd:
-        return self.ends.get(timeout=WAIT_S)
-
-    def close(self) -> None:
-        self.driver.stop()
-        if not self.thread.is_alive() and self.thread.ident is None:
-            self.thread.start()
-        self.thread.join(WAIT_S)
-        assert not self.thread.is_alive(), "run() did not return after stop()"
-
-
 @pytest.fixture
 def blobs(tmp_path: Path) -> Iterator[LmdbBlobStore]:
     store = LmdbBlobStore(str(tmp_path / "blobs"))
@@ -72,35 +50,13 @@ def h(tmp_path: Path, blobs: LmdbBlobStore) -> Iterator[Harness]:
     harness.close()
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            # A zombie waiting for its new parent to reap it is dead for our purposes.
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def wait_gone(pid: int) -> bool:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if not alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
+    return wait_until(lambda: not alive(pid), WAIT_S, what=f"process {pid} gone")
 
 
 def wait_file(path: Path) -> str:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().endswith("\n"):
-            return path.read_text()
-        time.sleep(0.02)
-    raise AssertionError(f"{path} was never written")
+    return wait_until(lambda: path.exists() and path.read_text().endswith("\n") and path.read_text(),
+                      WAIT_S, what=f"{path} written")
 
 
 # --- Output, input, environment ---------------------------------------------------------------

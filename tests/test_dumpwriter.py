@@ -17,7 +17,7 @@ from pysyncobj.node import TCPNode
 from meshjobs.dumpfile import DumpHealth, make_dump_pair, read_dump
 from meshjobs.dumpwriter import ForkedDumps
 from meshjobs.failpoints import Failpoints
-from tests.fleet import submit_big_entry, wait_until
+from tests.helpers import submit_big_entry, wait_until
 
 LAST = (b"\x01last", 42, 3)
 PREV = (b"\x01prev", 41, 3)

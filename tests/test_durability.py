@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import time
 import urllib.error
 
 import pytest
 
-from tests.fleet import submit_big_entry
+from tests.helpers import submit_big_entry, wait_until
 
 pytestmark = pytest.mark.fleet
 
@@ -104,7 +103,6 @@ def test_flipped_byte_in_the_middle_stops_the_member(meshd):
         meshd.start()
     assert meshd.proc.returncode not in (0, None)
     assert "journal" in str(e.value).lower()
-    time.sleep(0.1)
 
 
 def test_blob_fsync_failure_on_submit_fail_stops(meshd_factory):
@@ -141,10 +139,8 @@ def test_log_compacted_by_size(meshd):
     for _ in range(2):
         status, _small = meshd.request("POST", "/jobs", {"argv": ["true"], "hold": True})
         assert status == 201
-    deadline = time.monotonic() + 30
-    while os.path.getsize(_journal(meshd)) >= limits.log_compaction_bytes_min:
-        assert time.monotonic() < deadline, "the journal was not compacted"
-        time.sleep(0.05)
+    wait_until(lambda: os.path.getsize(_journal(meshd)) < limits.log_compaction_bytes_min, 30,
+               what="the journal compacted")
     assert os.path.exists(os.path.join(meshd.data, "raft.dump"))
     assert meshd.terminate() == 0
     meshd.start()
@@ -153,13 +149,8 @@ def test_log_compacted_by_size(meshd):
 
 
 def _wait_metric(m, name: str, at_least: float, timeout_s: float = 60.0) -> float:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = m.metrics().get(f"meshjobs_{name}_total", 0.0)
-        if value >= at_least:
-            return value
-        assert time.monotonic() < deadline, f"{name} stayed at {value}, below {at_least}"
-        time.sleep(0.1)
+    return wait_until(lambda: (v := m.metrics().get(f"meshjobs_{name}_total", 0.0)) >= at_least and v,
+                      timeout_s, what=f"{name} at {at_least} or more")
 
 
 def test_failed_dump_fsync_is_retried_and_compaction_resumes(meshd_factory):
@@ -178,10 +169,8 @@ def test_failed_dump_fsync_is_retried_and_compaction_resumes(meshd_factory):
     assert m.wait_job(rec["id"])["state"] == "done"
     # ... and the fourth try writes the dump: the journal is cut.
     _wait_metric(m, "dumps_written", 1)
-    deadline = time.monotonic() + 30
-    while os.path.getsize(_journal(m)) >= limits.log_compaction_bytes_min:
-        assert time.monotonic() < deadline, "the journal was not compacted after the dump"
-        time.sleep(0.05)
+    wait_until(lambda: os.path.getsize(_journal(m)) < limits.log_compaction_bytes_min, 30,
+               what="the journal compacted after the dump")
     assert m.metrics()["meshjobs_dump_failures_total"] == 3
     assert not os.path.exists(os.path.join(m.data, "raft.dump.tmp"))
     assert m.terminate() == 0

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from meshjobs import limits
-from tests.fleet import leader_of, make_fleet
+from tests.helpers import leader_of, make_fleet, metrics, start_all, submit, wait_until
 
 pytestmark = pytest.mark.fleet
 
@@ -31,41 +31,12 @@ def fleet(tmp_path):
     def start(voters: int = 3, workers: int = 0, **kw):
         members = make_fleet(str(tmp_path), voters=voters, workers=workers, **kw)
         made.extend(members)
-        for m in members:
-            m.start(wait_ready=False)
-        for m in members:
-            m.wait_ready()
+        start_all(members)
         return members
 
     yield start
     for m in made:
         m.stop()
-
-
-def wait_for(pred, timeout_s: float = SETTLE_S_MAX, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = pred()
-        except OSError as e:  # a member that is down or cut off
-            last = e
-        else:
-            if last:
-                return last
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not reached within {timeout_s} s (last: {last!r})")
-
-
-def submit(m, spec: dict, timeout_s: float = 30.0) -> dict:
-    def attempt():
-        status, rec = m.request("POST", "/jobs", spec, timeout_s=timeout_s)
-        return rec if status in (200, 201) else None
-    return wait_for(attempt, what=f"submit through {m.name}")
-
-
-def metrics(m) -> dict[str, float]:
-    return m.metrics()
 
 
 def test_follower_forwards_changes_and_reads_locally(fleet):
@@ -82,7 +53,7 @@ def test_follower_forwards_changes_and_reads_locally(fleet):
     assert m.get("meshjobs_node_ctl_forwarded_total", 0) >= 1
     assert metrics(leader).get('meshjobs_frames_in_total{type="F_CTL"}', 0) >= 1
     for member in members:
-        assert wait_for(lambda member=member: member.request("GET", "/jobs/fwd")[1].get("state") == "done",
+        assert wait_until(lambda member=member: member.request("GET", "/jobs/fwd")[1].get("state") == "done",
                         what=f"{member.name} sees the job done")
     status, text = follower.request("GET", "/jobs/fwd/results")
     assert status == 200 and text == b"via-follower\n"
@@ -131,7 +102,7 @@ def test_leader_kill9_during_300_items(fleet, tmp_path):
     submit(leader, {"argv": ["sh", "-c",
                                    f"read x; touch {runs}/$x.$MESH_LEASE_EPOCH; sleep 0.05; echo out-$x"],
                           "items": [f"{i}\n" for i in range(300)], "id": "big"})
-    wait_for(lambda: len(os.listdir(runs)) >= 60, what="items running")
+    wait_until(lambda: len(os.listdir(runs)) >= 60, what="items running")
     leader.kill9()
     rest = [m for m in members if m is not leader]
     new = leader_of(rest)
@@ -142,7 +113,7 @@ def test_leader_kill9_during_300_items(fleet, tmp_path):
     assert out.decode().split() == [f"out-{i}" for i in range(300)]
     leader.start(wait_ready=False)
     leader.wait_ready()
-    caught = wait_for(lambda: leader.request("GET", "/jobs/big")[1].get("state") == "done",
+    caught = wait_until(lambda: leader.request("GET", "/jobs/big")[1].get("state") == "done",
                       what="the old leader catches up")
     assert caught
     assert leader.request("GET", "/jobs/big?items=1")[1]["items"] == done["items"]
@@ -154,11 +125,11 @@ def test_worker_kill9_items_are_released(fleet, tmp_path):
     members = fleet(3, workers=1, slots=1, worker_slots=4)
     leader = leader_of(members)
     worker = members[-1]
-    wait_for(lambda: any(x["name"] == "w1" and x["alive"]
+    wait_until(lambda: any(x["name"] == "w1" and x["alive"]
                          for x in leader.request("GET", "/fleet")[1]["members"]),
              what="the worker reports to the leader")
     submit(leader, {"argv": ["sh", "-c", "sleep 1; echo ok"], "items": [""] * 12, "id": "w"})
-    held = wait_for(lambda: [i["index"] for i in leader.request("GET", "/jobs/w?items=1")[1]["items"]
+    held = wait_until(lambda: [i["index"] for i in leader.request("GET", "/jobs/w?items=1")[1]["items"]
                              if i["member"] == "w1" and i["state"] == "leased"],
                     what="the worker holds leases")
     worker.kill9()
@@ -183,7 +154,7 @@ def test_sigstop_leader_then_sigcont(fleet):
         assert new.wait_job(rec["id"])["state"] == "done"
     finally:
         os.kill(leader.pid, signal.SIGCONT)
-    wait_for(lambda: leader.request("GET", "/jobs/during")[1].get("state") == "done",
+    wait_until(lambda: leader.request("GET", "/jobs/during")[1].get("state") == "done",
              what="the old leader catches up")
     status, h = leader.request("GET", "/healthz")
     assert h["leader"] != leader.name or h["term"] > 0
@@ -195,7 +166,7 @@ def test_sigstop_leader_then_sigcont(fleet):
         over = all(j["state"] == "done" for s in states for j in s)
         return over and len({json.dumps(s, sort_keys=True) for s in states}) == 1
 
-    wait_for(converged, what="every member shows the same finished jobs")
+    wait_until(converged, what="every member shows the same finished jobs")
 
 
 def test_quorum_loss_fails_fast_then_recovers(fleet):
@@ -208,7 +179,7 @@ def test_quorum_loss_fails_fast_then_recovers(fleet):
     others = [m for m in members if m is not survivor]
     # The survivor's table may be a round behind the leader's: let it have "pre" before the
     # others go, or it could never learn of it while alone.
-    wait_for(lambda: survivor.request("GET", "/jobs/pre")[0] == 200, what="the survivor has pre")
+    wait_until(lambda: survivor.request("GET", "/jobs/pre")[0] == 200, what="the survivor has pre")
     for m in others:
         m.kill9()
     t0 = time.monotonic()
@@ -257,7 +228,7 @@ def test_link_cut_and_heal(fleet, tmp_path):
         with contextlib.suppress(subprocess.CalledProcessError):
             subprocess.run([_iptables(), "-D", *rule], check=True, capture_output=True)
     v3 = members[2]
-    wait_for(lambda: v3.request("GET", "/jobs/b", timeout_s=2)[1].get("state") == "done",
+    wait_until(lambda: v3.request("GET", "/jobs/b", timeout_s=2)[1].get("state") == "done",
              what="the cut member catches up")
     try:
         states = {json.dumps(m.request("GET", "/jobs")[1], sort_keys=True) for m in members}
@@ -275,7 +246,7 @@ def test_frame_routing_of_every_frame_type(fleet):
     members = fleet(3, workers=1)
     leader = leader_of(members)
     worker = members[-1]
-    wait_for(lambda: any(x["name"] == "w1" and x["alive"]
+    wait_until(lambda: any(x["name"] == "w1" and x["alive"]
                          for x in leader.request("GET", "/fleet")[1]["members"]),
              what="the worker reports to the leader")
     rec = submit(worker, {"argv": ["sh", "-c", "echo routed-$MESH_ITEM_INDEX"],
@@ -314,7 +285,7 @@ def test_large_array_job_replicates(fleet):
                                                    "id": "array", "hold": True}, timeout_s=120)
     assert status in (200, 201), rec
     for m in members:
-        got = wait_for(lambda m=m: m.request("GET", "/jobs/array")[1].get("items_total") == n,
+        got = wait_until(lambda m=m: m.request("GET", "/jobs/array")[1].get("items_total") == n,
                        what=f"{m.name} has the array job")
         assert got
         assert m.proc.poll() is None, f"{m.name} stopped"
@@ -340,7 +311,7 @@ def test_fleet_view_shows_every_member(fleet):
 
     # Any member answers with the whole fleet (a follower and a worker ask the leader).
     for asked in [leader, *(m for m in members if m is not leader)]:
-        view, rows = wait_for(lambda asked=asked: complete(asked),
+        view, rows = wait_until(lambda asked=asked: complete(asked),
                               what=f"every member reported, as {asked.name} says")
         assert view["leader"] == leader.name and view["term"] >= 1 and not view.get("partial")
         assert rows[leader.name]["role"] == "leader" and rows["w1"]["role"] == "worker"

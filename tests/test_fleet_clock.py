@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fleet import leader_of, make_fleet, shift_clock
-from tests.test_fleet import metrics, submit, wait_for
+from tests.helpers import leader_of, make_fleet, metrics, shift_clock, start_all, submit, wait_until
 
 pytestmark = pytest.mark.fleet
 
@@ -21,10 +20,7 @@ def skewed(tmp_path):
     shift_clock(by_name["v1"], 120)
     shift_clock(by_name["w1"], -120)
     try:
-        for m in members:
-            m.start(wait_ready=False)
-        for m in members:
-            m.wait_ready()
+        start_all(members)
         yield by_name
     finally:
         for m in members:
@@ -38,7 +34,7 @@ def test_members_minutes_apart_link_and_finish_jobs(skewed):
     voters = [m for m in members if m.name.startswith("v")]
     for m in members:
         # A voter links to the two other voters and the worker; the worker to the voters.
-        wait_for(lambda m=m: metrics(m).get("meshjobs_links_peers_up") == 3,
+        wait_until(lambda m=m: metrics(m).get("meshjobs_links_peers_up") == 3,
                  what=f"{m.name} linked to every other member")
     leader = leader_of(voters)
     ids = [submit(leader, {"argv": ["sh", "-c", "sleep 0.2; echo ok-$MESH_ITEM_INDEX"],

@@ -105,7 +105,7 @@ def test_no_answer_lost_when_answers_race_the_drain() -> None:
         for n, i in enumerate(part):
             futs[i].set_result(Answer(200, {"i": i}))
             if n % 7 == 0:
-                time.sleep(0)
+                time.sleep(0)  # sleep-ok: yields the GIL, so that answers interleave
 
     async def main() -> list:
         waiters = _waiters(loop, handoff, futs)

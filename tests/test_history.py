@@ -12,7 +12,7 @@ import pytest
 
 from meshjobs import history, limits
 from meshjobs.config import ConfigError, load_config
-from tests.fleet import Meshd, member_config, wait_until
+from tests.helpers import Meshd, member_config, wait_until
 
 
 def _rec(job_id: str, **kw) -> dict:

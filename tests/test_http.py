@@ -7,7 +7,6 @@ not the part under test. The blob store is the real in-memory store.
 from __future__ import annotations
 
 import base64
-import concurrent.futures
 import http.client
 import json
 import re
@@ -19,112 +18,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blobstore import BlobCorrupt, MemoryBlobStore, hexdigest
+from blobstore import MemoryBlobStore, hexdigest
 from meshjobs import http as mhttp
 from meshjobs import limits
 from meshjobs.control import Answer, ControlError
 from meshjobs.openapi import openapi_document
+from tests.helpers import LateDamageStore, RecordingControl, Server, job_record
 
 DIGEST_A = "a" * 64
-
-
-def job_record(job_id: str = "j1", **extra: Any) -> dict:
-    rec = {"id": job_id, "state": "running", "priority": 0, "hold": False, "tags": ["t"],
-           "pool": "default", "argv": ["echo"], "items_total": 3, "items_done": 1,
-           "items_failed": 0, "submitted_at": 1_700_000_000.0, "finished_at": None}
-    rec.update(extra)
-    return rec
-
-
-class RecordingControl:
-    """Answers each op from `answers` (an Answer, or a function of the request)."""
-
-    def __init__(self) -> None:
-        self.requests: list[dict] = []
-        self.hang: set[str] = set()
-        self.late_s: dict[str, float] = {}
-        self.answers: dict[str, Any] = {}
-        self.reset()
-
-    def reset(self) -> None:
-        self.requests.clear()
-        self.hang.clear()
-        self.late_s.clear()
-        self.answers = {
-            "submit": lambda r: Answer(201, job_record(r["spec"].get("id") or "new1")),
-            "get": lambda r: Answer(200, job_record(r["id"])),
-            "list": Answer(200, [job_record("j1"), job_record("j2", state="done")]),
-            "cancel": lambda r: Answer(200, job_record(r["id"], state="cancelled")),
-            "forget": lambda r: Answer(200, job_record(r["id"], state="done")),
-            "tone": lambda r: Answer(200, job_record(r["id"])),
-            "fleet": Answer(200, {"term": 3, "leader": "m1", "members": [
-                {"name": "m1", "role": "leader", "alive": True}]}),
-            "health": Answer(200, {"ok": True, "member": "m1", "leader": "m1"}),
-            "metrics": Answer(200, {"items_running": 2, "mystery_pending": 7.5,
-                                    "is_leader": True, "note": "not a number",
-                                    "node_frames_in_F_CTL": 4,
-                                    "jobs_by_state_pool": {"running": {"default": 1}}}),
-        }
-
-    def last(self) -> dict:
-        return self.requests[-1]
-
-    def call(self, request: dict) -> concurrent.futures.Future:
-        self.requests.append(request)
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        op = request["op"]
-        if op in self.hang:
-            return fut
-        answer = self.answers[op]
-
-        def settle() -> None:
-            try:
-                fut.set_result(answer(request) if callable(answer) else answer)
-            except ControlError as e:
-                fut.set_exception(e)
-
-        if op in self.late_s:
-            threading.Timer(self.late_s[op], settle).start()
-        else:
-            settle()
-        return fut
-
-
-class Server:
-    def __init__(self, blobs: Any = None) -> None:
-        self.control = RecordingControl()
-        self.blobs = blobs if blobs is not None else MemoryBlobStore(chunk_bytes=1024)
-        self.api = mhttp.HttpApi("127.0.0.1", 0, self.control, self.blobs, "m1")
-        ready = threading.Event()
-        self.thread = threading.Thread(target=self.api.run, args=(ready,), daemon=True)
-        self.thread.start()
-        assert ready.wait(10), "the HTTP server did not start"
-        assert self.api.error is None
-        self.port = self.api.bound_port
-
-    def request(self, method: str, path: str, body: Any = None,
-                headers: dict | None = None, raw: bytes | None = None) -> tuple[int, Any, bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-            headers = dict(headers or {})
-            if data is not None:
-                headers.setdefault("Content-Type", "application/json")
-            conn.request(method, path, body=data, headers=headers)
-            resp = conn.getresponse()
-            return resp.status, resp.headers, resp.read()
-        finally:
-            conn.close()
-
-    def json(self, method: str, path: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
-        status, headers, data = self.request(method, path, body, **kw)
-        assert headers["Content-Type"].startswith("application/json"), (status, data)
-        return status, json.loads(data)
-
-    def close(self) -> None:
-        self.api.stop()
-        self.thread.join(10)
-        assert not self.thread.is_alive()
 
 
 @pytest.fixture(scope="module")
@@ -500,20 +401,6 @@ def test_blob_damaged_is_500_json(srv: Server) -> None:
     assert (status, body) == (200, {"digest": digest, "state": "damaged", "repaired": False})
 
 
-class LateDamageStore(MemoryBlobStore):
-    """A store whose reader finds damage after its first chunk, as LMDB's does at the end."""
-
-    def open(self, digest: str) -> Iterator[bytes] | None:
-        chunks = super().open(digest)
-        if chunks is None:
-            return None
-
-        def damaged() -> Iterator[bytes]:
-            yield next(chunks)
-            raise BlobCorrupt(digest)
-        return damaged()
-
-
 def test_damage_after_headers_cuts_the_body() -> None:
     """Damage found once bytes are sent cuts the connection short of Content-Length."""
     s = Server(LateDamageStore(chunk_bytes=1024))
@@ -661,6 +548,7 @@ json_values = st.recursive(
     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
     max_leaves=12,
 )
+
 spec_like = st.fixed_dictionaries({}, optional={
     "argv": json_values | st.lists(st.text(max_size=5), max_size=3),
     "items": json_values | st.lists(st.text(max_size=5) | st.fixed_dictionaries(

@@ -23,7 +23,16 @@ from hypothesis import strategies as st
 
 from meshjobs import limits
 from meshjobs.connbook import ConnBook, LogBudget, conns_limit
-from tests.fleet import WAIT_S_MAX, Meshd, close_all, flood, limit_fds, member_config, wait_closed
+from tests.helpers import (
+    WAIT_S_MAX,
+    Meshd,
+    close_all,
+    flood,
+    limit_fds,
+    member_config,
+    wait_closed,
+    wait_until,
+)
 
 PARTIAL_HEAD = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
 LOG_BYTES_MAX = 1 << 20  # a member's whole log during a flood stays under this
@@ -233,7 +242,7 @@ class InProcess:
     def __init__(self, **kw) -> None:
         from blobstore import MemoryBlobStore
         from meshjobs import http as mhttp
-        from tests.test_http import RecordingControl
+        from tests.helpers import RecordingControl
 
         self.control = RecordingControl()
         self.api = mhttp.HttpApi("127.0.0.1", 0, self.control, MemoryBlobStore(), "m1", **kw)
@@ -258,13 +267,6 @@ class InProcess:
         self.thread.join(10)
 
 
-def wait_for(cond, timeout_s: float = WAIT_S_MAX) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
-
-
 def test_at_the_limit_the_least_recently_heard_makes_room() -> None:
     """Rule 3 from outside: with conns_max 3 and three silent connections, a fourth client is
     served, and the oldest silent connection is the one closed for it."""
@@ -275,7 +277,7 @@ def test_at_the_limit_the_least_recently_heard_makes_room() -> None:
     def add_silent() -> None:
         silent.append(socket.create_connection(srv.addr, timeout=WAIT_S_MAX))
         n = len(silent)
-        wait_for(lambda: gate.accepted >= n + served)
+        wait_until(lambda: gate.accepted >= n + served)
 
     served = 0
     try:
@@ -285,7 +287,7 @@ def test_at_the_limit_the_least_recently_heard_makes_room() -> None:
         served += 1
         assert wait_closed(silent[:1], timeout_s=10) == 1
         assert gate.shed["evicted"] == 1
-        wait_for(lambda: gate.open_conns == 2)  # the healthz connection is gone
+        wait_until(lambda: gate.open_conns == 2)  # the healthz connection is gone
         add_silent()  # full again: silent 1, 2, 3
         assert srv.get("/healthz") == 200
         assert wait_closed(silent[1:2], timeout_s=10) == 1  # the next oldest goes next
@@ -309,7 +311,7 @@ def test_when_every_connection_is_busy_a_newcomer_is_closed_at_once() -> None:
             s = socket.create_connection(srv.addr, timeout=WAIT_S_MAX)
             s.sendall(b"GET /jobs/j1?wait=60 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             polls.append(s)
-        wait_for(lambda: len(srv.control.requests) == 2)
+        wait_until(lambda: len(srv.control.requests) == 2)
         late = socket.create_connection(srv.addr, timeout=WAIT_S_MAX)
         late.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         assert wait_closed([late], timeout_s=10) == 1
@@ -364,7 +366,7 @@ def test_tls_handshake_never_started_is_closed(tmp_path) -> None:
     """HTTPS: a connection that never starts its TLS handshake is closed after header_timeout_s,
     and a real HTTPS client is answered."""
     from meshjobs import http as mhttp
-    from tests.test_http import RecordingControl
+    from tests.helpers import RecordingControl
 
     if not os.path.exists("/usr/bin/openssl"):
         pytest.skip("openssl is not installed")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from meshjobs.itemenv import DEFAULT_PASS, DEFAULT_PATH, base_env
-from tests.fleet import Meshd
+from tests.helpers import Meshd
 
 SECRETS = {"MESHJOBS_TOKEN": "s3cret-token", "AWS_SECRET_ACCESS_KEY": "aws-s3cret-key"}
 

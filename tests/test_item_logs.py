@@ -14,7 +14,7 @@ import urllib.parse
 import pytest
 
 from meshjobs import limits
-from tests.fleet import (
+from tests.helpers import (
     Meshd,
     env_with_path,
     free_port,

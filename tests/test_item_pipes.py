@@ -5,9 +5,7 @@ meshd for what an item sees of it (descriptors, signals, its PATH)."""
 from __future__ import annotations
 
 import os
-import queue
 import signal
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +16,9 @@ import pytest
 from blobstore.digest import EMPTY_DIGEST
 from blobstore.store import LmdbBlobStore
 from meshjobs import limits
-from meshjobs.driver import Driver, ItemEnd, RunItem
-from tests.fleet import wait_until
+from meshjobs.driver import RunItem
+from tests.helpers import DriverHarness as Harness
+from tests.helpers import alive, wait_until
 
 WAIT_S = 30.0
 MEMORY = limits.item_output_memory_bytes_max
@@ -28,34 +27,6 @@ MEMORY = limits.item_output_memory_bytes_max
 def sh(script: str, stdin: str | None = None, index: int = 0, cwd: str | None = None,
        env: dict[str, str] | None = None) -> RunItem:
     return RunItem("j", index, 1, ["sh", "-c", script], env or {}, cwd, stdin, None)
-
-
-class Harness:
-    def __init__(self, tmp_path: Path, blobs: LmdbBlobStore, **kw: Any) -> None:
-        self.spool = tmp_path / "spool"
-        self.ends: queue.Queue[ItemEnd] = queue.Queue()
-        self.driver = Driver(blobs, str(self.spool), self.ends.put, **kw)
-        self.thread = threading.Thread(target=self.driver.run, daemon=True)
-        self.thread.start()
-
-    def end(self) -> ItemEnd:
-        return self.ends.get(timeout=WAIT_S)
-
-    def spooled(self) -> list[str]:
-        return sorted(os.listdir(self.spool))
-
-    def live(self, key: tuple[str, int, int], stream: str = "stdout") -> bytes:
-        got = self.driver.read_output(key, stream, 0, 1 << 30)
-        return b"" if got is None else got[0]
-
-    def size(self, key: tuple[str, int, int]) -> int:
-        got = self.driver.read_output(key, "stdout", 0, 0)
-        return 0 if got is None else got[1]
-
-    def close(self) -> None:
-        self.driver.stop()
-        self.thread.join(WAIT_S)
-        assert not self.thread.is_alive()
 
 
 @pytest.fixture
@@ -70,14 +41,6 @@ def h(tmp_path: Path, blobs: LmdbBlobStore) -> Iterator[Harness]:
     harness = Harness(tmp_path, blobs)
     yield harness
     harness.close()
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def read_pid(path: Path) -> int:

@@ -16,10 +16,8 @@ import pytest
 from meshjobs import limits
 from meshjobs.frames import Frame, FrameType, LogAsk, LogPiece, log_piece_body
 from meshjobs.itemlogs import ItemLogs
-from meshjobs.links import Links
-from tests.fleet import wait_until
+from tests.helpers import LinksMember, wait_until
 
-SECRET = bytes(range(32))
 WAIT_S = 30.0
 
 
@@ -44,20 +42,16 @@ class Runs:
         return key in self.spools or key in self.waiting
 
 
-class Member:
+class Member(LinksMember):
     def __init__(self, name: str, base: Path, serve: bool = True) -> None:
-        self.name = name
         self.dir = base / name
         self.dir.mkdir(parents=True)
         self.runs = Runs()
-        self.links = Links(name, os.urandom(4).hex(), ("127.0.0.1", 0), SECRET,
-                           on_frame=self._on_frame)
+        super().__init__(name, run=False)
         self.logs = ItemLogs(name, self.runs, self.links)
-        self.threads = [threading.Thread(target=self.links.run, daemon=True)]
         if serve:
             self.threads.append(threading.Thread(target=self.logs.run, daemon=True))
-        for t in self.threads:
-            t.start()
+        self.start()
 
     def _on_frame(self, peer: str, frame: Frame) -> None:
         if frame.type in (FrameType.F_LOG_GET, FrameType.F_LOG_PUT):
@@ -75,9 +69,7 @@ class Member:
 
     def stop(self) -> None:
         self.logs.stop()
-        self.links.stop()
-        for t in self.threads:
-            t.join(10)
+        super().stop()
 
 
 @pytest.fixture

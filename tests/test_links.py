@@ -25,51 +25,13 @@ from meshjobs.frames import (
     Session,
 )
 from meshjobs.links import Links, wall_ms
-from tests.fleet import wait_until
+from tests.helpers import LINKS_SECRET as SECRET
+from tests.helpers import LinksMember as Member
+from tests.helpers import wait_until
 
-SECRET = bytes(range(32))
 OTHER = bytes(range(1, 33))
 WAIT_S = 15.0
 
-
-
-class Member:
-    """A Links with its thread, the frames it received and the peer events it saw."""
-
-    def __init__(self, name: str, listen: tuple[str, int] = ("127.0.0.1", 0),
-                 boot: str | None = None, **kw: Any) -> None:
-        self.name = name
-        self.frames: list[tuple[str, Frame]] = []
-        self.events: list[tuple[str, bool, dict]] = []
-        self._mu = threading.Lock()
-        self.links = Links(name, boot or os.urandom(4).hex(), listen, SECRET,
-                           on_frame=self._on_frame, on_peer=self._on_peer, **kw)
-        self.thread = threading.Thread(target=self.links.run, name=f"links-{name}", daemon=True)
-        self.thread.start()
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return self.links.address
-
-    def _on_frame(self, peer: str, frame: Frame) -> None:
-        with self._mu:
-            self.frames.append((peer, frame))
-
-    def _on_peer(self, peer: str, up: bool, hello: dict) -> None:
-        with self._mu:
-            self.events.append((peer, up, hello))
-
-    def got(self, peer: str, ftype: FrameType) -> list[dict]:
-        with self._mu:
-            return [f.body for p, f in self.frames if p == peer and f.type == ftype]
-
-    def up(self, peer: str) -> bool:
-        return bool(self.links.peers().get(peer, {}).get("up"))
-
-    def stop(self) -> None:
-        self.links.stop()
-        self.thread.join(timeout=WAIT_S)
-        assert not self.thread.is_alive()
 
 
 @pytest.fixture
@@ -150,6 +112,32 @@ class RawPeer:
         assert isinstance(ev, Hello)
         self.send(self.session.proof())
         return ev.body
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class Hangup:
+    """A port that accepts a dial and hangs up at once (so a link to it never comes up) and
+    counts the dials: a peer that cannot be reached, whose redials a test can wait for."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.sock.listen(16)
+        self.sock.setblocking(False)
+        self.address: tuple[str, int] = self.sock.getsockname()
+        self._dials = 0
+
+    def dials(self) -> int:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except BlockingIOError:
+                return self._dials
+            conn.close()
+            self._dials += 1
 
     def close(self) -> None:
         self.sock.close()
@@ -302,11 +290,9 @@ def test_send_to_a_peer_that_is_down_is_dropped(members):
     """send() to an unknown peer or one that cannot be reached returns False and counts it."""
     a = members("a")
     assert a.links.send("nobody", FrameType.F_LEASE, {}) is False
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = s.getsockname()
-    a.links.connect("ghost", dead)
-    time.sleep(0.3)
+    ghost = Hangup()
+    a.links.connect("ghost", ghost.address)
+    wait_until(lambda: ghost.dials() >= 2, what="a dial to ghost failed and was tried again")
     assert a.links.send("ghost", FrameType.F_LEASE, {}) is False
     assert a.links.send_batch("ghost", [(FrameType.F_JOB_STATE, {})]) == 0
     assert a.links.stats()["send_dropped"]["down"] == 3
@@ -324,7 +310,9 @@ def test_reconnect_after_the_peer_restarts_on_the_same_port(members):
     wait_until(lambda: not a.up("b"), what="a sees b down")
     wait_until(lambda: ("b", False) in [(p, u) for p, u, _ in a.events], what="on_peer down")
     assert a.links.send("b", FrameType.F_LEASE, {"lost": True}) is False
-    time.sleep(0.5)  # a few failed redials
+    hangup = Hangup(port[1])  # a few failed redials
+    wait_until(lambda: hangup.dials() >= 2, what="a redials b and fails")
+    hangup.close()
     b2 = members("b", listen=port)
     wait_until(lambda: a.up("b") and b2.up("a"), what="relinked")
     exchange(a, b2, "after")
@@ -342,8 +330,12 @@ def test_one_connection_per_peer_when_both_dial(members):
         wait_until(lambda a=a, b=b: a.links.stats()["conns"] == 1 and b.links.stats()["conns"] == 1,
                  what="one connection each")
         exchange(a, b, "dup")
-        # It stays that way: the higher name does not keep redialling a working link.
-        time.sleep(0.5)
+        # It stays that way: the higher name does not keep redialling a working link. Its
+        # dialler had its chances: it redialled a peer that hangs up twice meanwhile.
+        hangup = Hangup()
+        b.links.connect("c", hangup.address)
+        wait_until(lambda h=hangup: h.dials() >= 2, what="b redials c")
+        hangup.close()
         assert a.links.stats()["conns"] == 1 and b.links.stats()["conns"] == 1
         assert a.links.stats()["pending"] == 0 and b.links.stats()["pending"] == 0
         # The lower name never sees the link flap. The higher one may, once: its own dial can
@@ -374,7 +366,7 @@ def test_a_peer_that_stops_reading(members):
             break
         sent += 1
         # Let the link thread move frames into the socket until the kernel's buffers are full.
-        time.sleep(0.005)
+        time.sleep(0.005)  # sleep-ok: paces the sender (the pace is the test, not a wait)
     else:
         pytest.fail("the queue never filled")
     assert sent * len(big["b"]) >= limits.link_queue_bytes_max // 2
@@ -384,7 +376,7 @@ def test_a_peer_that_stops_reading(members):
     last = -1
     while (queued := a.links.peers()["slow"]["queued"]) != last:
         last = queued
-        time.sleep(0.5)
+        time.sleep(0.5)  # sleep-ok: a queue that did not move for this long is full
     # Then top the queue up: nothing drains now, so it stays full.
     for _ in range(10):
         if not a.links.send("slow", FrameType.F_BLOB_PUT, big):
@@ -418,7 +410,7 @@ def test_table_frames_wait_for_room_and_go_when_it_appears(members):
     for _ in range(400):
         if not a.links.send("slow", FrameType.F_BLOB_PUT, pad):
             break
-        time.sleep(0.005)
+        time.sleep(0.005)  # sleep-ok: paces the sender (the pace is the test, not a wait)
     else:
         pytest.fail("the queue never filled")
     assert a.links.send_batch("slow", [(FrameType.F_JOB_STATE, {"last": True})]) == 1
@@ -619,14 +611,18 @@ def test_idle_links_ping_and_stay_up(members):
     """Linked members ping each other, so an idle link outlives the silence limit."""
     # The silence limit is 30 pings long, so that a loaded machine (a thread not run for a
     # while) does not pass for a silent peer; the absence of a drop is checked once the limit
-    # has passed with room to spare: that is when a link without pings would have been dropped.
+    # has passed: when `a` closed a peer linked after `b` that sends nothing, for its silence.
     silent_ms = 3000
     a = members("a", silent_ms_max=silent_ms, idle_ms=100)
     b = members("b", silent_ms_max=silent_ms, idle_ms=100)
     mesh(a, b)
-    time.sleep(silent_ms * 1.5 / 1000)
+    quiet = RawPeer(a.address, "quiet", "a")
+    quiet.handshake()
+    assert closed_by_peer(quiet.sock, timeout=silent_ms * 3 / 1000)
+    wait_until(lambda: a.links.stats()["dropped"].get("silent") == 1, what="quiet dropped")
+    quiet.close()
     assert a.up("b") and b.up("a")
-    assert a.links.stats()["dropped"] == {} and b.links.stats()["dropped"] == {}
+    assert a.links.stats()["dropped"] == {"silent": 1} and b.links.stats()["dropped"] == {}
     assert not a.got("b", FrameType.F_PING), "pings are not passed on"
     assert [u for p, u, _ in a.events if p == "b"] == [True]
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from meshjobs import limits
-from tests.fleet import (
+from tests.helpers import (
     EventStream,
     Meshd,
     env_with_path,

@@ -11,10 +11,11 @@ import base64
 import json
 import os
 import sys
-import time
 
 import blake3
 import pytest
+
+from tests.helpers import alive, wait_until
 
 pytestmark = pytest.mark.fleet
 
@@ -111,16 +112,7 @@ def test_retries_runtime_and_failure_exit_codes(meshd, tmp_path):
 
 
 def _assert_gone(pid: int, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().split(") ", 1)[1].startswith("Z"):
-                    return  # a zombie waiting for init: dead
-        except FileNotFoundError:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"process {pid} still alive")
+    wait_until(lambda: not alive(pid), timeout_s, what=f"process {pid} gone")
 
 
 def test_priority_hold_tone_and_max_leases(meshd_factory, tmp_path):
@@ -137,7 +129,10 @@ def test_priority_hold_tone_and_max_leases(meshd_factory, tmp_path):
     m.wait_job(blocker)
     lo, hi = m.wait_job(low), m.wait_job(high)
     assert hi["items"][0]["started_at"] <= lo["items"][0]["started_at"]
-    time.sleep(0.5)
+    # A job of lower priority submitted after it runs: had `held` been leasable, it would have
+    # had the slot first.
+    after = m.submit("--", "true")
+    assert m.wait_job(after)["state"] == "done"
     assert json.loads(m.ctl("--json", "job", "status", held).stdout)["state"] == "held"
     assert m.ctl("job", "tone", held, "--release").returncode == 0
     assert m.wait_job(held)["state"] == "done"
@@ -168,10 +163,8 @@ def test_cancel_kills_and_forget(meshd, tmp_path):
     items.write_text("\n".join(str(i) for i in range(6)) + "\n")
     job = meshd.submit("--id", "long", "--items-from", str(items), "--", "sh", "-c",
                   f"sleep 60 & echo $! >> {pidfile}; wait")
-    deadline = time.monotonic() + 20
-    while not (pidfile.exists() and len(pidfile.read_text().split()) >= 2):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: pidfile.exists() and len(pidfile.read_text().split()) >= 2, 20,
+               what="two items running")
     assert meshd.ctl("job", "forget", job).returncode == 2  # running: cancel it first
     assert meshd.ctl("job", "cancel", job).returncode == 0
     rec = meshd.wait_job(job)
@@ -236,10 +229,7 @@ def test_kill9_during_200_items(meshd_factory, tmp_path):
     runs.mkdir()
     job = m.submit("--items-from", str(items), "--", "sh", "-c",
                   f"read x; touch {runs}/$x.$MESH_LEASE_EPOCH; sleep 0.02; echo out-$x")
-    deadline = time.monotonic() + 30
-    while len(os.listdir(runs)) < 40:
-        assert time.monotonic() < deadline, "items did not start"
-        time.sleep(0.01)
+    wait_until(lambda: len(os.listdir(runs)) >= 40, 30, what="40 items started")
     m.kill9()
     m.start()
     rec = m.wait_job(job, timeout_s=120)
@@ -259,17 +249,14 @@ def test_sigterm_exits_zero_and_cuts_items(meshd, tmp_path):
     """SIGTERM stops the member cleanly (exit 0) and kills running items' groups."""
     pidfile = tmp_path / "pid"
     meshd.submit("--", "sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait")
-    deadline = time.monotonic() + 20
-    while not pidfile.exists() or not pidfile.read_text().strip():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), 20, what="the item's pid")
     assert meshd.terminate() == 0
     _assert_gone(int(pidfile.read_text()))
 
 
 def test_unreachable_member_exit_4(tmp_path):
     """meshctl against a member that is not running exits 4 with what to do."""
-    from tests.fleet import Meshd, free_port
+    from tests.helpers import Meshd, free_port
     m = Meshd(str(tmp_path / "none"))
     m.url = f"http://127.0.0.1:{free_port()}"
     r = m.ctl("jobs")
@@ -351,18 +338,16 @@ def test_orphans_of_items_are_reaped_when_meshd_is_a_subreaper(meshd_factory):
     orphan = int(r.stdout)
     meshd_pid = m.pid
     # It ends after 1 s, a zombie of meshd's (its parent shell is gone): meshd must reap it.
-    deadline = time.monotonic() + 20
-    while True:
+    def reaped() -> bool:
         try:
             with open(f"/proc/{orphan}/stat", "rb") as f:
                 stat = f.read()
         except FileNotFoundError:
-            break  # reaped
+            return True
         fields = stat[stat.rfind(b")") + 2:].split()
-        if int(fields[1]) != meshd_pid:
-            break  # the pid was reaped and reused by someone else's process
-        assert time.monotonic() < deadline, f"orphan {orphan} is still {fields[0]!r} under meshd"
-        time.sleep(0.05)
+        return int(fields[1]) != meshd_pid  # else the pid was reaped and reused by another
+
+    wait_until(reaped, 20, what=f"orphan {orphan} reaped by meshd")
     reaped = [v for k, v in m.metrics().items() if "orphans_reaped" in k]
     assert reaped and reaped[0] >= 1, reaped
 
@@ -372,11 +357,12 @@ def test_restarted_member_never_says_an_acknowledged_job_is_missing(tmp_path):
     either 503 (its table is still catching up: try again) or the job, never 404: "no such job"
     would end a client's wait (exit 3) for a job that exists. Asked from the moment its HTTP
     port answers, before it is ready."""
-    from tests.fleet import Meshd, free_port, wait_until
+    from tests.helpers import Meshd
 
-    m = Meshd(str(tmp_path / "m1"), http=f"127.0.0.1:{free_port()}")
+    m = Meshd(str(tmp_path / "m1"))
     try:
         m.start()
+        m.http = m.url.removeprefix("http://")  # restarts keep the port meshd bound
         for _ in range(3):
             status, rec = m.request("POST", "/jobs", {"argv": ["sleep", "60"]})
             assert status == 201

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fleet import fleet_running, leader_of, make_fleet, wait_until
+from tests.helpers import fleet_running, leader_of, make_fleet, wait_until
 
 
 def blocked(flag: str) -> list[str]:

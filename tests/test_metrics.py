@@ -8,7 +8,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from meshjobs.metrics import RULES, MemberMetrics, http_families, member_families, rule_for
-from tests.fleet import Meshd, member_config, wait_until
+from tests.helpers import Meshd, member_config, wait_until
 
 HISTOGRAMS = ("meshjobs_submit_commit_seconds", "meshjobs_lease_start_seconds",
               "meshjobs_item_run_seconds", "meshjobs_journal_fsync_seconds")
@@ -108,7 +108,7 @@ def test_registries_are_per_member() -> None:
 
 def test_node_counts_jobs_by_state_and_pool() -> None:
     """The node's metrics answer breaks its jobs down by state, then pool (meshjobs_jobs)."""
-    from tests.test_node import Fleet1, submitted
+    from tests.helpers import Fleet1, submitted
 
     f = Fleet1()
     assert f.node.metrics()["jobs_by_state_pool"] == {}

@@ -10,18 +10,15 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import msgpack
 import pytest
 
 from meshjobs import limits
 from meshjobs.compact import entry_items
 from meshjobs.control import Answer
 from meshjobs.node import (
-    Applied,
     BlobsCopied,
     CopyBlobs,
     Ctl,
-    Cut,
     DiskFull,
     FetchBlobs,
     FrameIn,
@@ -33,133 +30,13 @@ from meshjobs.node import (
     Pressure,
     Propose,
     Reply,
-    Run,
     Send,
     Tick,
     View,
-    advance,
-    dispatch,
-    ignore,
     spec_digest,
 )
-from meshjobs.node.events import EFFECTS
 from meshjobs.table import JobTable, backoff_ms
-
-LEADER = View(term=1, leader="m1", is_leader=True, ready=True)
-DIGEST_OUT = "ab" * 32
-
-
-class Fleet1:
-    """One member, its table and a log that commits whatever the node proposes when told to."""
-
-    def __init__(self, slots: int = 2, seed: int = 7, **cfg_kw: Any) -> None:
-        self.table = JobTable()
-        cfg_kw.setdefault("pools", {"default": Pool("default", slots=slots)})
-        cfg = NodeConfig(member="m1", boot="b1", **cfg_kw)
-        self.node = JobNode(self.table, cfg, random.Random(seed))
-        self.index = 0
-        self.now = 1_700_000_000_000
-        self.replies: dict[int, list[Answer]] = {}
-        self.runs: list[Run] = []
-        self.cuts: list[Cut] = []
-        self.pending: list[dict] = []  # proposed, not yet committed (a batch's entries one by one)
-        self.batches: list[dict] = []  # every batch entry proposed, whole
-        self._tags: dict[int, int] = {}  # id of a batch's entry -> the batch's tag
-        self.proposed: list[dict] = []  # every proposal ever
-        self.node.step(LEADER)
-        self.tick(0)
-
-    def tick(self, ms: int) -> None:
-        self.now += ms
-        self.node.step(Tick(self.now))
-
-    def ctl(self, token: int, req: Any) -> None:
-        self.node.step(Ctl(token, req))
-
-    def take(self) -> list[Any]:
-        """One round's second half, as the jobs thread and the simulator carry it out
-        (`advance`); returns the round's effects in the order they were released."""
-        ready = self.node.ready()
-        advance(ready, persist=self._persist, sync=lambda: None, release=self._release)
-        return ready.effects()
-
-    def _persist(self, entry: dict) -> None:
-        # A batch's entries are committed one by one here, so that a test can commit (or
-        # lose) a lease, a result or a change on its own.
-        subs = [entry]
-        if entry["k"] == "batch":
-            self.batches.append(entry)
-            subs = entry["es"]
-            for sub in subs:
-                self._tags[id(sub)] = entry["p"]
-        self.pending += subs
-        self.proposed += subs
-
-    def _release(self, eff: Any) -> None:
-        # The node's effects this harness records; it has nothing to do with the others.
-        dispatch(eff, {**dict.fromkeys(EFFECTS, ignore),
-                       Reply: lambda e: self.replies.setdefault(e.token, []).append(e.answer),
-                       Run: self.runs.append, Cut: self.cuts.append})
-
-    def commit(self, entry: dict) -> int:
-        tag = self._tags.pop(id(entry), None)
-        if tag is not None:
-            # An entry of a batch, committed on its own: as a batch of one with the batch's tag
-            # (the node holds back its next entry until it sees one of its entries applied).
-            entry = {"k": "batch", "t": entry["t"], "p": tag, "es": [entry]}
-        self.index += 1
-        e = msgpack.unpackb(msgpack.packb(entry, use_bin_type=True), raw=False,
-                            strict_map_key=False)
-        prev = self.table.applied_index
-        out = self.table.apply(e, self.index)
-        self.node.step(Applied(self.index, e, out, prev))
-        return self.index
-
-    def commit_pending(self) -> None:
-        while self.pending:
-            self.commit(self.pending.pop(0))
-
-    def settle(self, rounds: int = 20) -> None:
-        """Take and commit until the node proposes nothing more."""
-        for _ in range(rounds):
-            self.take()
-            if not self.pending:
-                return
-            self.commit_pending()
-        raise AssertionError("the node kept proposing")
-
-    def pending_of(self, kind: str) -> list[dict]:
-        return [e for e in self.pending if e["k"] == kind]
-
-    def answer(self, token: int) -> Answer:
-        got = self.replies.get(token, [])
-        assert len(got) == 1, f"token {token} answered {len(got)} times: {got}"
-        return got[0]
-
-    def end(self, run: Run, state: str = "done", rc: int | None = 0, ran_ms: int = 5) -> None:
-        self.node.step(ItemEnded(run.job_id, run.index, run.epoch, state, rc, None, DIGEST_OUT,
-                                 None, self.now - ran_ms, self.now))
-
-
-def submit_req(rid: str = "r1", job_id: str | None = "j1", n: int = 1, **spec: Any) -> dict:
-    s: dict[str, Any] = {"argv": ["echo", "hi"], **spec}
-    if job_id is not None:
-        s["id"] = job_id
-    return {"op": "submit", "rid": rid, "spec": s, "items": [None] * n}
-
-
-def submitted(f: Fleet1, token: int = 1, **kw: Any) -> dict:
-    """Submit a job and commit it (leases proposed with it stay pending); return its record."""
-    f.ctl(token, submit_req(**kw))
-    f.take()
-    [entry] = f.pending_of("submit")
-    f.pending.remove(entry)
-    f.commit(entry)
-    f.take()
-    ans = f.answer(token)
-    assert ans.status == 201, ans
-    return ans.body
-
+from tests.helpers import DIGEST_OUT, Fleet1, submit_req, submitted
 
 # --- control ----------------------------------------------------------------------------------
 

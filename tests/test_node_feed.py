@@ -10,7 +10,7 @@ import pytest
 from meshjobs import limits
 from meshjobs.node import View
 from meshjobs.table import JobTable
-from tests.test_node import Fleet1, submit_req, submitted
+from tests.helpers import Fleet1, submit_req, submitted
 
 
 def changes(f: Fleet1, token: int, since: int | None, wait_ms: int = 0, **filters: Any) -> None:

@@ -22,8 +22,7 @@ from meshjobs.control import ControlError, parse_submit
 from meshjobs.node import JobNode, NodeConfig, Pool, Tick, View
 from meshjobs.node.events import Notify
 from meshjobs.notify import Notifier
-from tests.fleet import Meshd, member_config, running, wait_until
-from tests.test_table import Log
+from tests.helpers import Log, Meshd, member_config, running, wait_until
 
 T0 = 1_700_000_000_000
 

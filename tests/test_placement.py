@@ -17,8 +17,7 @@ from meshjobs import limits, placement
 from meshjobs.control import ControlError, parse_request, parse_submit
 from meshjobs.node.events import FrameIn, View
 from meshjobs.table import JobTable
-from tests.test_node import Fleet1, submit_req, submitted
-from tests.test_table import T0, Log, spec
+from tests.helpers import T0, Fleet1, Log, spec, submit_req, submitted
 
 # --- parsing ------------------------------------------------------------------------------------
 

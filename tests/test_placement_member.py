@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.fleet import Meshd, leader_of, make_fleet, start_all, wait_until
+from tests.helpers import Meshd, leader_of, make_fleet, start_all, wait_until
 
 pytestmark = pytest.mark.fleet
 

@@ -21,8 +21,7 @@ from meshjobs import limits
 from meshjobs.fleetctl import FleetCtl
 from meshjobs.node import JobNode, NodeConfig, Pool, Run, Tick
 from meshjobs.table import JobTable
-from tests.fleet import Meshd, member_config, running, token_line, wait_until
-from tests.test_table import Log
+from tests.helpers import Log, Meshd, member_config, running, token_line, wait_until
 
 T0 = 1_700_000_000_000
 

@@ -3,7 +3,6 @@ one real meshd with a python pool."""
 
 from __future__ import annotations
 
-import queue
 import signal
 import textwrap
 import threading
@@ -17,8 +16,8 @@ from blobstore import BlobWriters
 from blobstore.store import LmdbBlobStore
 from meshjobs import limits
 from meshjobs.config import ConfigError, load_config
-from meshjobs.driver import Driver, ItemEnd, RunItem
-from tests.fleet import Meshd
+from meshjobs.driver import ItemEnd, RunItem
+from tests.helpers import DriverHarness, Meshd, alive, wait_until
 
 WAIT_S = 30  # the longest a test waits for anything
 
@@ -82,18 +81,15 @@ def _item(target: str, index: int = 0, job_id: str = "j1", epoch: int = 1,
                    "python")
 
 
-class Harness:
+class Harness(DriverHarness):
+    """The driver harness with the test's Python functions in a folder of their own."""
+
     def __init__(self, tmp_path: Path, blobs: LmdbBlobStore, workers: int = 2,
                  writers: BlobWriters | None = None) -> None:
         self.dir = tmp_path / "funcs"
         self.dir.mkdir()
         (self.dir / "pyfuncs.py").write_text(FUNCS)
-        self.blobs = blobs
-        self.ends: queue.Queue[ItemEnd] = queue.Queue()
-        self.driver = Driver(blobs, str(tmp_path / "spool"), self.ends.put,
-                             python_workers=workers, writers=writers)
-        self.thread = threading.Thread(target=self.driver.run, daemon=True)
-        self.thread.start()
+        super().__init__(tmp_path, blobs, python_workers=workers, writers=writers)
 
     def call(self, func: str, data: bytes = b"", **kw: object) -> ItemEnd:
         self.start(func, data, **kw)
@@ -103,22 +99,6 @@ class Harness:
         stdin = self.blobs.put(data) if data else None
         kw.setdefault("cwd", str(self.dir))
         self.driver.start(_item(f"pyfuncs:{func}", stdin=stdin, **kw))  # type: ignore[arg-type]
-
-    def end(self) -> ItemEnd:
-        return self.ends.get(timeout=WAIT_S)
-
-    def out(self, end: ItemEnd) -> bytes:
-        assert end.stdout is not None
-        return self.blobs.get(end.stdout) or b""
-
-    def err(self, end: ItemEnd) -> str:
-        assert end.stderr is not None
-        return (self.blobs.get(end.stderr) or b"").decode()
-
-    def close(self) -> None:
-        self.driver.stop()
-        self.thread.join(WAIT_S)
-        assert not self.thread.is_alive(), "run() did not return after stop()"
 
 
 @pytest.fixture
@@ -133,24 +113,6 @@ def h(tmp_path: Path, blobs: LmdbBlobStore) -> Iterator[Harness]:
     harness = Harness(tmp_path, blobs)
     yield harness
     harness.close()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _wait_for(pred, what: str) -> object:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"{what} did not happen within {WAIT_S} s")
 
 
 # --- Results ----------------------------------------------------------------------------------
@@ -247,7 +209,7 @@ def test_a_worker_that_dies_fails_its_item_and_is_replaced(
         end = h.call(func, index=1)
         assert (end.state, end.rc, end.signal) == ("failed", rc, sig)
         assert ("status 3" if func == "exit3" else "signal 9") in h.err(end)
-        _wait_for(lambda: not _alive(first), "the worker's death")
+        wait_until(lambda: not alive(first), WAIT_S, what="the worker's death")
         second = int(h.out(h.call("pid", index=2)))
         assert second != first
         assert h.call("echo", b"works", index=3).state == "done"
@@ -263,7 +225,7 @@ def test_runtime_limit_kills_the_worker(h: Harness, tmp_path: Path) -> None:
     end = h.end()
     assert end.state == "timeout" and end.signal == signal.SIGKILL
     pid = int(marker.read_text())
-    _wait_for(lambda: not _alive(pid), "the worker's death")
+    wait_until(lambda: not alive(pid), WAIT_S, what="the worker's death")
     assert h.call("echo", b"again").state == "done"
 
 
@@ -271,11 +233,11 @@ def test_cut_kills_the_worker(h: Harness, tmp_path: Path) -> None:
     """cut: the worker running the item is killed, the item ends "cut", a new worker serves."""
     marker = tmp_path / "started"
     h.start("sleepy", str(marker).encode(), index=5)
-    _wait_for(lambda: marker.exists() and marker.read_text(), "the call's start")
+    wait_until(lambda: marker.exists() and marker.read_text(), WAIT_S, what="the call's start")
     h.driver.cut("j1", 5, 1)
     end = h.end()
     assert (end.state, end.index) == ("cut", 5)
-    assert not _alive(int(marker.read_text()))
+    assert not alive(int(marker.read_text()))
     assert h.call("echo", b"again", index=6).state == "done"
 
 
@@ -286,7 +248,7 @@ def test_cut_of_a_waiting_item(tmp_path: Path, blobs: LmdbBlobStore) -> None:
         marker = tmp_path / "started"
         h.start("sleepy", str(marker).encode(), index=0)
         h.start("echo", b"never", index=1)
-        _wait_for(lambda: marker.exists(), "the first call's start")
+        wait_until(lambda: marker.exists(), WAIT_S, what="the first call's start")
         h.driver.cut("j1", 1, 1)
         end = h.end()
         assert (end.index, end.state, end.stdout, end.stderr) == (1, "cut", None, None)
@@ -349,10 +311,10 @@ def test_stop_kills_every_worker(tmp_path: Path, blobs: LmdbBlobStore) -> None:
     marker = tmp_path / "started"
     idle = int(h.out(h.call("pid")))
     h.start("sleepy", str(marker).encode(), index=1)
-    _wait_for(lambda: marker.exists() and marker.read_text(), "the call's start")
+    wait_until(lambda: marker.exists() and marker.read_text(), WAIT_S, what="the call's start")
     busy = int(marker.read_text())
     h.close()
-    assert not _alive(idle) and not _alive(busy)
+    assert not alive(idle) and not alive(busy)
 
 
 def test_many_items_end_exactly_once(tmp_path: Path, blobs: LmdbBlobStore) -> None:
@@ -379,7 +341,12 @@ def test_many_items_end_exactly_once(tmp_path: Path, blobs: LmdbBlobStore) -> No
         assert len(seen) == n + 5
         for i in range(5):
             assert h.out(seen[("echoes", i)]) == f"item {i}".encode()
-        time.sleep(0.2)
+        # A second end of any of them would come before the ends of items started after them
+        # on the same workers: one more item per worker, each ending once and last.
+        for i in range(2):
+            h.start("echo", b"last", job_id="last", index=i)
+        last = {(e.job_id, e.index) for e in (h.end(), h.end())}
+        assert last == {("last", 0), ("last", 1)}
         assert h.ends.empty()
         assert h.driver.running() == set()
     finally:

@@ -10,8 +10,7 @@ import signal
 
 import pytest
 
-from tests.fleet import iptables, leader_of, make_fleet, raft_address, raft_deaf
-from tests.test_fleet import wait_for
+from tests.helpers import iptables, leader_of, make_fleet, raft_address, raft_deaf, wait_until
 
 pytestmark = pytest.mark.fleet
 needs_iptables = pytest.mark.skipif(
@@ -63,7 +62,7 @@ def test_one_way_cut_follower_raises_no_term_and_deposes_no_one(voters):
             lead = leader_of([m for m in members if m is not deaf])
         finally:
             os.kill(deaf.pid, signal.SIGCONT)
-        wait_for(lambda: health(deaf).get("leader") == lead.name, what="the old leader follows")
+        wait_until(lambda: health(deaf).get("leader") == lead.name, what="the old leader follows")
         assert leader_of(members) is lead
     follower = next(m for m in members if m is not deaf and m is not lead)
     term0 = health(lead)["term"]
@@ -84,7 +83,7 @@ def test_one_way_cut_follower_raises_no_term_and_deposes_no_one(voters):
             assert health(deaf)["term"] == deaf_term0, "the cut member raised its term"
             assert health(lead)["term"] == term0, "the leader's term rose"
             return len(submitted) >= SUBMITS_MIN and seam(deaf, "pre_votes_started") >= tries0 + 3
-        wait_for(churn_was_tried, timeout_s=120, what="three elections tried by the cut member")
+        wait_until(churn_was_tried, timeout_s=120, what="three elections tried by the cut member")
         assert health(deaf)["term"] == deaf_term0, seam_report(members)
         assert seam(deaf, "pre_votes_won") == won0, seam_report(members)
         assert health(lead)["is_leader"]
@@ -92,9 +91,9 @@ def test_one_way_cut_follower_raises_no_term_and_deposes_no_one(voters):
 
     status, rec = lead.request("POST", "/jobs", {"argv": ["true"], "id": "after-heal"})
     assert status in (200, 201), (status, rec)
-    wait_for(lambda: deaf.request("GET", "/jobs/after-heal", timeout_s=2)[0] == 200,
+    wait_until(lambda: deaf.request("GET", "/jobs/after-heal", timeout_s=2)[0] == 200,
              what="the cut member catches up")
-    wait_for(lambda: health(deaf).get("leader") == lead.name, what="it follows the same leader")
+    wait_until(lambda: health(deaf).get("leader") == lead.name, what="it follows the same leader")
     for m in members:
         h = health(m)
         assert h["term"] == term0, (m.name, h)
@@ -124,7 +123,7 @@ def test_leader_that_hears_no_majority_steps_down(voters):
     for m in followers:
         os.kill(m.pid, signal.SIGSTOP)
     try:
-        wait_for(lambda: not health(lead)["is_leader"], what="the leader steps down")
+        wait_until(lambda: not health(lead)["is_leader"], what="the leader steps down")
         assert seam(lead, "check_quorum_step_downs") >= 1
     finally:
         for m in followers:
@@ -149,8 +148,8 @@ def test_restarted_follower_raises_no_term(voters):
         assert status in (200, 201), (status, rec)
         m.kill9()
         m.start()
-        wait_for(lambda m=m: health(m).get("leader") == lead.name, what=f"{m.name} follows")
-        wait_for(lambda m=m: m.request("GET", f"/jobs/before-{m.name}")[0] == 200,
+        wait_until(lambda m=m: health(m).get("leader") == lead.name, what=f"{m.name} follows")
+        wait_until(lambda m=m: m.request("GET", f"/jobs/before-{m.name}")[0] == 200,
                  what=f"{m.name} catches up")
     for m in members:
         assert health(m)["term"] == term0, (m.name, seam_report(members))

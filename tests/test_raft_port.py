@@ -15,8 +15,15 @@ import zlib
 import pytest
 
 from meshjobs.frames import HEADER, MAGIC, FrameType, Hello, Role, Session
-from tests.fleet import fleet_running, leader_of, make_fleet, send_and_read
-from tests.test_fleet import metrics, submit, wait_for
+from tests.helpers import (
+    fleet_running,
+    leader_of,
+    make_fleet,
+    metrics,
+    send_and_read,
+    submit,
+    wait_until,
+)
 
 pytestmark = pytest.mark.fleet
 
@@ -125,7 +132,7 @@ def test_hostile_input_on_the_raft_port(three, tmp_path):
             return all(got[k] >= n for k, n in want.items())
 
         try:
-            wait_for(counted, what=f"the refusals counted at {m.name}")
+            wait_until(counted, what=f"the refusals counted at {m.name}")
         except AssertionError as e:
             raise AssertionError(f"{e}; counted: {seen[0]}") from None
         status, h = m.request("GET", "/healthz")

@@ -22,7 +22,7 @@ from meshjobs.failpoints import Failpoints
 from meshjobs.journal import HEADER_BYTES, KIND_TRUNC
 from meshjobs.replica import Replica
 from meshjobs.table import JobTable
-from tests.fleet import free_port
+from tests.helpers import free_port
 
 _HEADER = struct.Struct("<4sBII")
 

@@ -14,7 +14,7 @@ from meshjobs import frames
 from meshjobs.failpoints import Failpoints
 from meshjobs.replica import Replica
 from meshjobs.table import JobTable
-from tests.fleet import free_port
+from tests.helpers import free_port
 
 WAIT_S = 30.0
 

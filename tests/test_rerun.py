@@ -23,7 +23,7 @@ import pytest
 
 from meshjobs import limits
 from meshjobs.runas import can_switch_user
-from tests.fleet import Meshd, leader_of, make_fleet, start_all, wait_until
+from tests.helpers import Meshd, leader_of, make_fleet, start_all, wait_until
 
 pytestmark = pytest.mark.fleet
 

@@ -12,7 +12,7 @@ import pytest
 from meshjobs import limits
 from meshjobs.control import ControlError, parse_request, parse_rerun, parse_submit
 from meshjobs.table import DONE, FAILED, TIMEOUT, JobTable
-from tests.test_table import T0, Log, refusal, row
+from tests.helpers import T0, Log, refusal, row
 
 
 def run_all(log: Log, job_id: str = "j1", states: tuple[int, ...] = (DONE,), t: int = T0) -> None:

@@ -4,11 +4,10 @@ their blobs collected once unpinned; pinned blobs survive collection across rest
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
-from tests.fleet import Meshd
+from tests.helpers import Meshd, wait_until
 
 pytestmark = pytest.mark.fleet
 
@@ -29,14 +28,16 @@ def _member(tmp_path, keep_s: float | None, gc_grace_s: float = 0.0, keep_jobs: 
     return m
 
 
-def _wait_for(pred, timeout_s: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not reached within {timeout_s} s")
+def _collection_ran(m: Meshd) -> None:
+    """Wait for a collection (grace 0) after the member restarted and its leader reconciled the
+    pins: one that removed the output of a job forgotten since. A collection goes over every
+    blob, so a blob it had to keep and kept is checked, not merely not yet looked at."""
+    status, rec = m.request("POST", "/jobs", {"argv": ["echo", f"witness-{os.urandom(8).hex()}"]})
+    assert status == 201, rec
+    witness = m.wait_job(rec["id"])["items"][0]["stdout"]
+    assert m.request("GET", f"/blobs/{witness}")[0] == 200
+    assert m.ctl("job", "forget", rec["id"]).returncode == 0
+    wait_until(lambda: m.request("GET", f"/blobs/{witness}")[0] == 404, what="a collection")
 
 
 def test_old_jobs_are_forgotten_and_their_blobs_collected(tmp_path):
@@ -50,10 +51,10 @@ def test_old_jobs_are_forgotten_and_their_blobs_collected(tmp_path):
         digest = done["items"][0]["stdout"]
         assert m.request("GET", f"/blobs/{digest}")[0] == 200
         status, slow = m.request("POST", "/jobs", {"argv": ["sleep", "4"]})
-        _wait_for(lambda: m.request("GET", f"/jobs/{rec['id']}")[0] == 404, what="expiry")
+        wait_until(lambda: m.request("GET", f"/jobs/{rec['id']}")[0] == 404, what="expiry")
         status, body = m.request("GET", f"/jobs/{rec['id']}")
         assert "forgotten" in body["error"]
-        _wait_for(lambda: m.request("GET", f"/blobs/{digest}")[0] == 404, what="collection")
+        wait_until(lambda: m.request("GET", f"/blobs/{digest}")[0] == 404, what="collection")
         assert m.request("GET", f"/jobs/{slow['id']}")[0] == 200  # running: kept
     finally:
         m.stop()
@@ -69,7 +70,7 @@ def test_keep_jobs_bounds_the_table(tmp_path):
             status, rec = m.request("POST", "/jobs", {"argv": ["true"], "id": f"k{i}"})
             m.wait_job(rec["id"])
             ids.append(rec["id"])
-        _wait_for(lambda: len(m.request("GET", "/jobs")[1]) == 3, what="trim to 3 jobs")
+        wait_until(lambda: len(m.request("GET", "/jobs")[1]) == 3, what="trim to 3 jobs")
         assert [j["id"] for j in m.request("GET", "/jobs")[1]] == ids[3:][::-1]  # newest first
     finally:
         m.stop()
@@ -86,11 +87,11 @@ def test_pinned_blobs_survive_collection_across_restart(tmp_path):
         out, inp = done["items"][0]["stdout"], done["items"][0]["stdin"]
         m.kill9()
         m.start()
-        time.sleep(2.0)  # several collections with a grace of 0
+        _collection_ran(m)
         assert m.request("GET", f"/blobs/{out}") == (200, b"pinned\n")
         assert m.request("GET", f"/blobs/{inp}") == (200, b"in")
         assert m.ctl("job", "forget", rec["id"]).returncode == 0
-        _wait_for(lambda: m.request("GET", f"/blobs/{out}")[0] == 404, what="collection")
+        wait_until(lambda: m.request("GET", f"/blobs/{out}")[0] == 404, what="collection")
         assert m.request("GET", f"/blobs/{inp}")[0] == 404
         assert os.path.isdir(os.path.join(m.data, "blobs"))
     finally:
@@ -109,7 +110,7 @@ def test_empty_blob_is_never_collected(tmp_path):
         assert m.ctl("job", "forget", rec["id"]).returncode == 0
         m.kill9()
         m.start()
-        time.sleep(2.0)  # several collections with a grace of 0, after the leader reconciled pins
+        _collection_ran(m)
         assert m.request("GET", f"/blobs/{empty}") == (200, b"")
     finally:
         m.stop()

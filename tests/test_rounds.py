@@ -16,7 +16,7 @@ import pytest
 from meshjobs.failpoints import Failpoints
 from meshjobs.replica import Replica
 from meshjobs.table import JobTable
-from tests.fleet import free_port, wait_until
+from tests.helpers import free_port, wait_until
 
 WAIT_S = 30.0
 

@@ -20,7 +20,7 @@ from meshjobs.config import ConfigError, load_config
 from meshjobs.control import ControlError, parse_submit, parse_user
 from meshjobs.driver import Driver, ItemEnd, RunItem
 from meshjobs.runas import can_switch_user
-from tests.fleet import Meshd, make_fleet, member_config
+from tests.helpers import Meshd, make_fleet, member_config
 
 NOBODY = pwd.getpwnam("nobody")
 NO_SUCH_USER = "meshjobs-no-such-user"
@@ -378,7 +378,7 @@ def test_driver_that_may_not_switch(tmp_path, blobs):
 def test_committed_spec_user_must_be_normalized(bad):
     """A committed spec's user and inherit_env pass control's checks and are normalized (present
     only when set, numbers without leading zeros), or the entry is refused as malformed."""
-    from tests.test_table import T0, Log, refusal, spec
+    from tests.helpers import T0, Log, refusal, spec
     log = Log()
     out = log.apply({"k": "submit", "t": T0, "id": "j1", "spec": spec(**bad), "dg": b"d",
                      "items": [None]})
@@ -389,7 +389,7 @@ def test_user_survives_snapshots_and_shows_in_records():
     """user and inherit_env are part of the job: in its record, and kept by to_state/from_state;
     a job without them has neither in its spec fields (old snapshots load unchanged)."""
     from meshjobs.table import JobTable
-    from tests.test_table import Log
+    from tests.helpers import Log
     log = Log()
     assert log.submit("j1", user="nobody", inherit_env=True)["ok"]
     assert log.submit("j2", dg=b"dg-2", cwd="/tmp")["ok"]

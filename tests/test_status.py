@@ -14,7 +14,7 @@ import urllib.parse
 
 import pytest
 
-from tests.fleet import wait_until
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.fleet
 

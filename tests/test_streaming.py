@@ -12,7 +12,7 @@ import time
 import blake3
 import pytest
 
-from tests.fleet import env_with_path
+from tests.helpers import env_with_path
 
 pytestmark = pytest.mark.fleet
 
@@ -47,7 +47,7 @@ class _PeakAnon:
                 self.peak = max(self.peak, _status(self.pid, "RssAnon"))
             except (OSError, AssertionError):
                 return
-            time.sleep(0.02)
+            time.sleep(0.02)  # sleep-ok: the sampling interval of a memory probe
 
     def __enter__(self) -> _PeakAnon:
         self._t.start()

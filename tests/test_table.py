@@ -21,69 +21,11 @@ from meshjobs.table import (
     JobTable,
     backoff_ms,
 )
-
-T0 = 1_700_000_000_000  # a plausible time stamp, in milliseconds since the epoch
-
-
-def spec(**kw: Any) -> dict:
-    """A job spec as the leader proposes it (every key present, as control normalizes it)."""
-    base = {
-        "argv": ["echo", "hi"], "pool": "default", "env": {}, "cwd": None, "retries": 0,
-        "runtime_s": None, "tags": [], "priority": 0, "hold": False, "max_leases": None,
-    }
-    base.update(kw)
-    return base
+from tests.helpers import T0, Log, refusal, row, spec
 
 
 def digest(n: int) -> bytes:
     return bytes([n % 256]) * 32
-
-
-class Log:
-    """A table and the log index of its next entry: the harness every test drives."""
-
-    def __init__(self) -> None:
-        self.table = JobTable()
-        self.index = 0
-
-    def apply(self, entry: Any) -> dict:
-        self.index += 1
-        return self.table.apply(entry, self.index)
-
-    def submit(self, job_id: str = "j1", n: int = 1, t: int = T0, dg: bytes = b"dg-1",
-               rid: str | None = None, items: list | None = None, **kw: Any) -> dict:
-        e: dict[str, Any] = {"k": "submit", "t": t, "id": job_id, "spec": spec(**kw), "dg": dg,
-                             "items": [None] * n if items is None else items}
-        if rid is not None:
-            e["rid"] = rid
-        return self.apply(e)
-
-    def lease(self, *items: tuple[str, int], t: int = T0, member: str = "m1",
-              boot: str = "b1") -> tuple[dict, int]:
-        """Lease `items`; return the outcome and the epoch (the entry's index)."""
-        out = self.apply({"k": "lease", "t": t, "g": [[j, i, member, boot] for j, i in items]})
-        return out, self.index
-
-    def result(self, *rows: list, t: int = T0) -> dict:
-        return self.apply({"k": "result", "t": t, "r": list(rows)})
-
-    def revoke(self, *leases: tuple[str, int, int], t: int = T0) -> dict:
-        return self.apply({"k": "revoke", "t": t, "l": [list(x) for x in leases]})
-
-    def op(self, kind: str, job_id: Any = "j1", t: int = T0, **kw: Any) -> dict:
-        return self.apply({"k": kind, "t": t, "id": job_id, **kw})
-
-    def job(self, job_id: str = "j1"):
-        return self.table.jobs[job_id]
-
-    def counts(self) -> dict:
-        return {k: v for k, v in self.table.counts.items() if v}
-
-
-def row(job_id: str, i: int, epoch: int, state: int = DONE, rc: int | None = 0,
-        out: bytes | None = None, err: bytes | None = None, started: int = T0,
-        ended: int = T0 + 5) -> list:
-    return [job_id, i, epoch, state, rc, None, out, err, started, ended]
 
 
 def state_without_counts(table: JobTable) -> dict:
@@ -91,10 +33,6 @@ def state_without_counts(table: JobTable) -> dict:
     s.pop("counts")
     s.pop("applied_index")
     return msgpack.unpackb(msgpack.packb(s, use_bin_type=True), raw=False, strict_map_key=False)
-
-
-def refusal(out: dict) -> tuple:
-    return (out["ok"], out["status"], out["reason"])
 
 
 # --- entries in general ---------------------------------------------------------------------

@@ -14,7 +14,7 @@ import urllib.parse
 
 import pytest
 
-from tests.fleet import Meshd, env_with_path, make_cert, running, token_line
+from tests.helpers import Meshd, env_with_path, make_cert, running, token_line, wait_until
 
 pytestmark = pytest.mark.fleet
 
@@ -283,14 +283,10 @@ def test_https_with_meshctl_cacert(tls_member):
     """With [http] tls_cert/tls_key the member serves HTTPS (and says so); meshctl trusts it with
     --cacert or MESHJOBS_CACERT, and without gives exit 4 telling to pass --cacert."""
     assert tls_member.url.startswith("https://127.0.0.1:")
-    deadline = time.monotonic() + 30
-    while True:  # meshd_ready is logged just after http.addr is written
-        ready = [json.loads(line) for line in tls_member.log_tail(1_000_000).splitlines()
-                 if '"meshd_ready"' in line]
-        if ready or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert ready and ready[-1]["http"].startswith("https://127.0.0.1:")
+    # meshd_ready is logged just after http.addr is written.
+    ready = wait_until(lambda: [json.loads(line) for line in tls_member.log_tail(1_000_000).splitlines()
+                                if '"meshd_ready"' in line], 30, what="meshd_ready logged")
+    assert ready[-1]["http"].startswith("https://127.0.0.1:")
     r = tls_member.ctl("job", "submit", "--id", "tls1", "--", "true")
     assert r.returncode == 0, r.stderr
     r = tls_member.ctl("--cacert", tls_member.cacert, "job", "wait", "tls1",

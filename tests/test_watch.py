@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.fleet import env_with_path, wait_until
+from tests.helpers import env_with_path, wait_until
 
 pytestmark = pytest.mark.fleet
 
@@ -253,7 +253,7 @@ def test_killed_at_random_points_and_restarted(meshd, folder, tmp_path) -> None:
         try:
             put(folder, name)
             # The kill point itself is what is drawn: a crash at any moment, not a wait.
-            time.sleep(rng.uniform(0, 1.5))
+            time.sleep(rng.uniform(0, 1.5))  # sleep-ok: a kill at a random moment is the test
         finally:
             stop(proc)
     for _ in range(len(jobs) + 1):  # run_all: one index per scan of a file
@@ -268,10 +268,11 @@ def test_killed_at_random_points_and_restarted(meshd, folder, tmp_path) -> None:
 def test_member_restart(tmp_path, folder) -> None:
     """The member stopped and started again under a running watcher: submits and refreshes that
     fail are logged and tried again; every file's job runs once."""
-    from tests.fleet import Meshd, free_port
-    m = Meshd(os.path.join(str(tmp_path), "m1"), http=f"127.0.0.1:{free_port()}")
+    from tests.helpers import Meshd
+    m = Meshd(os.path.join(str(tmp_path), "m1"))
     try:
         m.start()
+        m.http = m.url.removeprefix("http://")  # the restart keeps the port the watcher knows
         path = write_config(tmp_path, config(folder))
         proc = start_watcher(m, path)
         try:

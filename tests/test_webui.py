@@ -17,8 +17,7 @@ import pytest
 
 from meshjobs import limits, webui
 from meshjobs.control import Answer
-from tests.fleet import Meshd
-from tests.test_http import Server, job_record
+from tests.helpers import Meshd, Server, job_record
 
 EVIL = "<script>alert(1)</script>"
 EVIL_ATTR = "\"><img src=x onerror=alert(2)>"

@@ -1,15 +1,42 @@
-"""Real meshd processes for multi-process tests: started on free loopback ports in temporary
-folders, and always stopped by pid (the `meshd` fixture's finalizer), also when a test fails."""
+"""The one shared test module: what two test modules need lives here, and no test module imports
+another (tests/test_toolkit.py checks it).
+
+- Real meshd processes for multi-process tests (`Meshd`, `make_fleet`, `start_all`,
+  `fleet_running`): started on loopback in temporary folders, and always stopped by pid (the
+  `meshd` fixture's finalizer), also when a test fails.
+- Waits: `wait_until` polls a condition (a /metrics counter, a file, a state) up to a bound; tests
+  wait on conditions, never for a fixed time. An absence check first waits for the thing that
+  would have caused the absent effect (a later lease, a later collection, a later turn).
+- In-process harnesses: the job table driven through `apply` (`Log`), the job node as a fleet of
+  one (`Fleet1`), the HTTP API in front of a recording control port (`Server`), the item driver on
+  its thread (`DriverHarness`), members' links on their threads (`LinksMember`).
+
+Ports. A probed free port may be taken by someone else before meshd binds it. So:
+- HTTP: meshd binds port 0 (the default `--http 127.0.0.1:0`, and `http = "127.0.0.1:0"` for
+  workers) and writes the address it bound to `http.addr` in its data folder; `Meshd.wait_ready`
+  reads it from there. Only voters, whose HTTP address is in every voter's config, get a port
+  chosen beforehand.
+- Raft and member-links ports must be known to the peers beforehand, so they are chosen with
+  `free_port()`. A meshd that exits because one of them was taken meanwhile (it says "cannot
+  listen on Raft address", or its log has "Address already in use") is started again on fresh
+  ports: `Meshd.start` does so for a member whose ports are its own (a fleet of one), and
+  `start_all` for a fleet made by `make_fleet` (whose configs it writes again), up to
+  `PORT_TRIES_MAX` times. A restart of a member of a running fleet keeps its ports.
+"""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import datetime as dt
 import errno
 import hashlib
+import http.client
 import ipaddress
 import json
 import os
+import queue
+import random
 import selectors
 import shutil
 import signal
@@ -17,17 +44,54 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+import msgpack
 import pytest
+
+from blobstore import BlobCorrupt, MemoryBlobStore
+from meshjobs import http as mhttp
+from meshjobs.control import Answer, ControlError
+from meshjobs.driver import Driver, ItemEnd
+from meshjobs.frames import Frame, FrameType
+from meshjobs.links import Links
+from meshjobs.node import (
+    Applied,
+    Ctl,
+    Cut,
+    ItemEnded,
+    JobNode,
+    NodeConfig,
+    Pool,
+    Reply,
+    Run,
+    Tick,
+    View,
+    advance,
+    dispatch,
+    ignore,
+)
+from meshjobs.node.events import EFFECTS
+from meshjobs.table import DONE, JobTable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START_S_MAX = 30.0  # a member that is not ready by then is a failed start
 WAIT_S_MAX = 30.0  # the longest wait of flood helpers
+ITEM_WAIT_S = 30.0  # the longest a driver test waits for an item to end
+UNTIL_S_MAX = 60.0  # the default bound of wait_until: long enough for an election on a loaded host
+
+
+PORT_TRIES_MAX = 5  # starts on fresh ports after a port was taken between probe and bind
+PORT_TAKEN = ("Address already in use", "cannot listen on")  # what meshd says when it was
+
+
+class PortTaken(RuntimeError):
+    """meshd exited because a port chosen for it was taken before it could bind it."""
 
 
 def free_port() -> int:
@@ -99,11 +163,31 @@ class Meshd:
         self.raft_port = free_port()
         self.raft_host = "127.0.0.1"  # another loopback address (127.0.0.2) is local too
         self.proc: subprocess.Popen | None = None
+        self.log_from = 0  # where this start's lines begin in the log file
+        # For a member of a fleet made by make_fleet: choose fresh ports for the whole fleet and
+        # write its configs again (start_all calls it when a port was taken).
+        self.new_ports: Any = None
         self.url = ""
         self.log_path = os.path.join(os.path.dirname(data.rstrip("/")) or ".",
                                      f"{os.path.basename(data.rstrip('/'))}.log")
 
     def start(self, wait_ready: bool = True) -> Meshd:
+        """Start meshd; with `wait_ready`, wait until it is ready. A member whose ports are its
+        own (not a fleet's) is started again on a fresh Raft port if its port was taken."""
+        for attempt in range(PORT_TRIES_MAX):
+            self._spawn()
+            if not wait_ready:
+                return self
+            try:
+                self.wait_ready()
+                return self
+            except PortTaken:
+                if self.fleet or attempt == PORT_TRIES_MAX - 1:
+                    raise
+                self.raft_port = free_port()
+        raise AssertionError("unreachable")
+
+    def _spawn(self) -> None:
         os.makedirs(self.data, exist_ok=True)
         addr_file = os.path.join(self.data, "http.addr")
         with contextlib.suppress(FileNotFoundError):
@@ -117,34 +201,47 @@ class Meshd:
             args += ["--slots", str(self.slots), "--http", self.http,
                      "--raft", f"{self.raft_host}:{self.raft_port}"]
         log = open(self.log_path, "ab")
+        self.log_from = log.tell()
         self.proc = subprocess.Popen(self.prefix + args, stdout=log, stderr=subprocess.STDOUT, cwd=self.data,
                                      env=env_with_path({"MESHTEST_DATA": self.data, **self.extra_env}),
                                      start_new_session=True)
         log.close()
-        if wait_ready:
-            self.wait_ready(addr_file)
-        return self
+
+    def port_taken(self) -> bool:
+        """Whether this start of meshd exited because a port it was to bind was taken."""
+        if self.proc is None or self.proc.poll() is None:
+            return False
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_from)
+                said = f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return False
+        return any(p in said for p in PORT_TAKEN)
+
+    def is_ready(self) -> bool:
+        """One look: whether meshd wrote its HTTP address and says it is ready. Raises when it
+        exited (PortTaken when a port was taken)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            error = PortTaken if self.port_taken() else RuntimeError
+            raise error(f"meshd exited with {self.proc.returncode}:\n{self.log_tail()}")
+        try:
+            with open(os.path.join(self.data, "http.addr")) as f:
+                addr = f.read().strip()
+        except FileNotFoundError:
+            return False
+        # host:port for HTTP, the whole URL for HTTPS.
+        self.url = addr if "://" in addr else "http://" + addr
+        try:
+            status, body = self.request("GET", "/healthz")
+        except OSError:
+            return False
+        return status == 200 and bool(body.get("ready"))
 
     def wait_ready(self, addr_file: str | None = None) -> None:
-        addr_file = addr_file or os.path.join(self.data, "http.addr")
         deadline = time.monotonic() + START_S_MAX
         while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"meshd exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                with open(addr_file) as f:
-                    addr = f.read().strip()
-                # host:port for HTTP, the whole URL for HTTPS.
-                self.url = addr if "://" in addr else "http://" + addr
-            except FileNotFoundError:
-                time.sleep(0.05)
-                continue
-            try:
-                status, body = self.request("GET", "/healthz")
-            except OSError:
-                time.sleep(0.05)
-                continue
-            if status == 200 and body.get("ready"):
+            if self.is_ready():
                 return
             time.sleep(0.05)
         raise RuntimeError(f"meshd not ready within {START_S_MAX} s:\n{self.log_tail()}")
@@ -450,7 +547,7 @@ def close_all(socks: list[socket.socket]) -> None:
 
 
 _CLOCK_SHIFT = """\
-# Written by tests/fleet.py's shift_clock: this process's wall clock runs {seconds} s off.
+# Written by tests/helpers.py's shift_clock: this process's wall clock runs {seconds} s off.
 import time as _time
 
 _time_f, _time_ns_f = _time.time, _time.time_ns
@@ -474,40 +571,50 @@ def make_fleet(top: str, voters: int = 3, workers: int = 0, slots: int = 2,
                dead_ms: int = 1500, worker_slots: int | None = None,
                extra: str = "", lost_ms: int | None = None) -> list[Meshd]:
     """Configs, data folders and one shared fleet secret for `voters` voters and `workers`
-    worker members on free loopback ports. Nothing is started."""
+    worker members on loopback (ports as the module's docstring says). Nothing is started."""
     secret = os.urandom(32)
-    ports = {f"v{i}": (free_port(), free_port(), free_port()) for i in range(1, voters + 1)}
-    voter_lines = ", ".join(
-        f'{{ name = "{n}", raft = "127.0.0.1:{r}", peer = "127.0.0.1:{p}", http = "127.0.0.1:{h}" }}'
-        for n, (r, p, h) in ports.items())
+    voter_names = [f"v{i}" for i in range(1, voters + 1)]
+    names = voter_names + [f"w{i}" for i in range(1, workers + 1)]
     members = []
-    names = list(ports) + [f"w{i}" for i in range(1, workers + 1)]
     for name in names:
         data = os.path.join(top, name)
         os.makedirs(data, exist_ok=True)
         fd = os.open(os.path.join(data, "fleet.secret"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.write(fd, secret)
         os.close(fd)
-        if name in ports:
-            fleet = f"voters = [ {voter_lines} ]\n"
-            addrs = ""
-            n_slots = slots
-        else:
-            first = next(iter(ports.values()))
-            fleet = f'join = "127.0.0.1:{first[1]}"\n'
-            addrs = f'http = "127.0.0.1:{free_port()}"\npeer = "127.0.0.1:{free_port()}"\n'
-            n_slots = slots if worker_slots is None else worker_slots
-        cfg = os.path.join(top, f"{name}.toml")
-        with open(cfg, "w") as f:
-            lost = f"lost_ms = {lost_ms}\n" if lost_ms is not None else ""
-            f.write(f'name = "{name}"\n{addrs}{extra}\n[fleet]\n{fleet}dead_ms = {dead_ms}\n{lost}'
-                    f"[pools.default]\nslots = {n_slots}\n")
-        m = Meshd(data, name=name, config=cfg)
+        m = Meshd(data, name=name, config=os.path.join(top, f"{name}.toml"))
         m.fleet = True
         m.secret = secret
-        if name in ports:
-            m.raft_port, m.peer_port = ports[name][0], ports[name][1]
         members.append(m)
+
+    def new_ports() -> None:
+        """Choose ports for every voter (raft, peer, http) and worker (peer) and write every
+        member's config with them."""
+        ports = {n: (free_port(), free_port(), free_port()) for n in voter_names}
+        voter_lines = ", ".join(
+            f'{{ name = "{n}", raft = "127.0.0.1:{r}", peer = "127.0.0.1:{p}", http = "127.0.0.1:{h}" }}'
+            for n, (r, p, h) in ports.items())
+        for m in members:
+            if m.name in ports:
+                fleet = f"voters = [ {voter_lines} ]\n"
+                addrs = ""
+                n_slots = slots
+                m.raft_port, m.peer_port = ports[m.name][0], ports[m.name][1]
+            else:
+                first = next(iter(ports.values()))
+                fleet = f'join = "127.0.0.1:{first[1]}"\n'
+                m.peer_port = free_port()
+                addrs = f'http = "127.0.0.1:0"\npeer = "127.0.0.1:{m.peer_port}"\n'
+                n_slots = slots if worker_slots is None else worker_slots
+            assert m.config is not None
+            with open(m.config, "w") as f:
+                lost = f"lost_ms = {lost_ms}\n" if lost_ms is not None else ""
+                f.write(f'name = "{m.name}"\n{addrs}{extra}\n[fleet]\n{fleet}dead_ms = {dead_ms}\n{lost}'
+                        f"[pools.default]\nslots = {n_slots}\n")
+
+    new_ports()
+    for m in members:
+        m.new_ports = new_ports
     return members
 
 
@@ -548,7 +655,7 @@ def leader_of(members: list[Meshd], timeout_s: float = 60.0) -> Meshd:
     return wait_until(find, timeout_s, what="a ready leader")
 
 
-def wait_until(pred: Any, timeout_s: float = WAIT_S_MAX, what: str = "condition") -> Any:
+def wait_until(pred: Any, timeout_s: float = UNTIL_S_MAX, what: str = "condition") -> Any:
     """Call `pred` until it returns something true (OSError counts as not yet); return that, or
     fail naming `what` once `timeout_s` passed."""
     deadline = time.monotonic() + timeout_s
@@ -610,12 +717,31 @@ def raft_deaf(m: Meshd):
 
 
 def start_all(members: list[Meshd]) -> list[Meshd]:
-    """Start every member at once (voters wait for each other), then wait until each is ready."""
-    for m in members:
-        m.start(wait_ready=False)
-    for m in members:
-        m.wait_ready()
-    return members
+    """Start every member at once (voters wait for each other), then wait until each is ready.
+    When one exits because a port was taken, all are stopped and, for a fleet from make_fleet,
+    started again on fresh ports (up to PORT_TRIES_MAX times)."""
+    for attempt in range(PORT_TRIES_MAX):
+        for m in members:
+            m.start(wait_ready=False)
+        try:
+            deadline = time.monotonic() + START_S_MAX
+            waiting = list(members)
+            while waiting:
+                waiting = [m for m in waiting if not m.is_ready()]
+                if waiting and time.monotonic() > deadline:
+                    raise RuntimeError(f"{[m.name for m in waiting]} not ready within "
+                                       f"{START_S_MAX} s:\n{waiting[0].log_tail()}")
+                if waiting:
+                    time.sleep(0.05)
+            return members
+        except PortTaken:
+            renew = members[0].new_ports
+            if attempt == PORT_TRIES_MAX - 1 or renew is None:
+                raise
+            for m in members:
+                m.stop()
+            renew()
+    raise AssertionError("unreachable")
 
 
 def submit_anywhere(members: list[Meshd], spec: dict, timeout_s: float = 60.0) -> tuple[Meshd, str]:
@@ -721,3 +847,430 @@ def submit_big_entry(m: Any) -> dict:
         status, _small = m.request("POST", "/jobs", {"argv": ["true"], "hold": True})
         assert status == 201
     return rec
+
+
+# --- Fleet waits: submit through one member until it takes the change ------------------------
+
+
+def submit(m, spec: dict, timeout_s: float = 30.0) -> dict:
+    def attempt():
+        status, rec = m.request("POST", "/jobs", spec, timeout_s=timeout_s)
+        return rec if status in (200, 201) else None
+    return wait_until(attempt, what=f"submit through {m.name}")
+
+
+def metrics(m) -> dict[str, float]:
+    return m.metrics()
+
+
+# --- The job table, driven through `apply` (tests of table.py and of what builds on it) -------
+
+
+T0 = 1_700_000_000_000  # a plausible time stamp, in milliseconds since the epoch
+
+
+def spec(**kw: Any) -> dict:
+    """A job spec as the leader proposes it (every key present, as control normalizes it)."""
+    base = {
+        "argv": ["echo", "hi"], "pool": "default", "env": {}, "cwd": None, "retries": 0,
+        "runtime_s": None, "tags": [], "priority": 0, "hold": False, "max_leases": None,
+    }
+    base.update(kw)
+    return base
+
+
+class Log:
+    """A table and the log index of its next entry: the harness every test drives."""
+
+    def __init__(self) -> None:
+        self.table = JobTable()
+        self.index = 0
+
+    def apply(self, entry: Any) -> dict:
+        self.index += 1
+        return self.table.apply(entry, self.index)
+
+    def submit(self, job_id: str = "j1", n: int = 1, t: int = T0, dg: bytes = b"dg-1",
+               rid: str | None = None, items: list | None = None, **kw: Any) -> dict:
+        e: dict[str, Any] = {"k": "submit", "t": t, "id": job_id, "spec": spec(**kw), "dg": dg,
+                             "items": [None] * n if items is None else items}
+        if rid is not None:
+            e["rid"] = rid
+        return self.apply(e)
+
+    def lease(self, *items: tuple[str, int], t: int = T0, member: str = "m1",
+              boot: str = "b1") -> tuple[dict, int]:
+        """Lease `items`; return the outcome and the epoch (the entry's index)."""
+        out = self.apply({"k": "lease", "t": t, "g": [[j, i, member, boot] for j, i in items]})
+        return out, self.index
+
+    def result(self, *rows: list, t: int = T0) -> dict:
+        return self.apply({"k": "result", "t": t, "r": list(rows)})
+
+    def revoke(self, *leases: tuple[str, int, int], t: int = T0) -> dict:
+        return self.apply({"k": "revoke", "t": t, "l": [list(x) for x in leases]})
+
+    def op(self, kind: str, job_id: Any = "j1", t: int = T0, **kw: Any) -> dict:
+        return self.apply({"k": kind, "t": t, "id": job_id, **kw})
+
+    def job(self, job_id: str = "j1"):
+        return self.table.jobs[job_id]
+
+    def counts(self) -> dict:
+        return {k: v for k, v in self.table.counts.items() if v}
+
+
+def row(job_id: str, i: int, epoch: int, state: int = DONE, rc: int | None = 0,
+        out: bytes | None = None, err: bytes | None = None, started: int = T0,
+        ended: int = T0 + 5) -> list:
+    return [job_id, i, epoch, state, rc, None, out, err, started, ended]
+
+
+def refusal(out: dict) -> tuple:
+    return (out["ok"], out["status"], out["reason"])
+
+
+# --- The job node as a fleet of one: a log that commits what the node proposes ---------------
+
+
+LEADER = View(term=1, leader="m1", is_leader=True, ready=True)
+DIGEST_OUT = "ab" * 32
+
+
+class Fleet1:
+    """One member, its table and a log that commits whatever the node proposes when told to."""
+
+    def __init__(self, slots: int = 2, seed: int = 7, **cfg_kw: Any) -> None:
+        self.table = JobTable()
+        cfg_kw.setdefault("pools", {"default": Pool("default", slots=slots)})
+        cfg = NodeConfig(member="m1", boot="b1", **cfg_kw)
+        self.node = JobNode(self.table, cfg, random.Random(seed))
+        self.index = 0
+        self.now = 1_700_000_000_000
+        self.replies: dict[int, list[Answer]] = {}
+        self.runs: list[Run] = []
+        self.cuts: list[Cut] = []
+        self.pending: list[dict] = []  # proposed, not yet committed (a batch's entries one by one)
+        self.batches: list[dict] = []  # every batch entry proposed, whole
+        self._tags: dict[int, int] = {}  # id of a batch's entry -> the batch's tag
+        self.proposed: list[dict] = []  # every proposal ever
+        self.node.step(LEADER)
+        self.tick(0)
+
+    def tick(self, ms: int) -> None:
+        self.now += ms
+        self.node.step(Tick(self.now))
+
+    def ctl(self, token: int, req: Any) -> None:
+        self.node.step(Ctl(token, req))
+
+    def take(self) -> list[Any]:
+        """One round's second half, as the jobs thread and the simulator carry it out
+        (`advance`); returns the round's effects in the order they were released."""
+        ready = self.node.ready()
+        advance(ready, persist=self._persist, sync=lambda: None, release=self._release)
+        return ready.effects()
+
+    def _persist(self, entry: dict) -> None:
+        # A batch's entries are committed one by one here, so that a test can commit (or
+        # lose) a lease, a result or a change on its own.
+        subs = [entry]
+        if entry["k"] == "batch":
+            self.batches.append(entry)
+            subs = entry["es"]
+            for sub in subs:
+                self._tags[id(sub)] = entry["p"]
+        self.pending += subs
+        self.proposed += subs
+
+    def _release(self, eff: Any) -> None:
+        # The node's effects this harness records; it has nothing to do with the others.
+        dispatch(eff, {**dict.fromkeys(EFFECTS, ignore),
+                       Reply: lambda e: self.replies.setdefault(e.token, []).append(e.answer),
+                       Run: self.runs.append, Cut: self.cuts.append})
+
+    def commit(self, entry: dict) -> int:
+        tag = self._tags.pop(id(entry), None)
+        if tag is not None:
+            # An entry of a batch, committed on its own: as a batch of one with the batch's tag
+            # (the node holds back its next entry until it sees one of its entries applied).
+            entry = {"k": "batch", "t": entry["t"], "p": tag, "es": [entry]}
+        self.index += 1
+        e = msgpack.unpackb(msgpack.packb(entry, use_bin_type=True), raw=False,
+                            strict_map_key=False)
+        prev = self.table.applied_index
+        out = self.table.apply(e, self.index)
+        self.node.step(Applied(self.index, e, out, prev))
+        return self.index
+
+    def commit_pending(self) -> None:
+        while self.pending:
+            self.commit(self.pending.pop(0))
+
+    def settle(self, rounds: int = 20) -> None:
+        """Take and commit until the node proposes nothing more."""
+        for _ in range(rounds):
+            self.take()
+            if not self.pending:
+                return
+            self.commit_pending()
+        raise AssertionError("the node kept proposing")
+
+    def pending_of(self, kind: str) -> list[dict]:
+        return [e for e in self.pending if e["k"] == kind]
+
+    def answer(self, token: int) -> Answer:
+        got = self.replies.get(token, [])
+        assert len(got) == 1, f"token {token} answered {len(got)} times: {got}"
+        return got[0]
+
+    def end(self, run: Run, state: str = "done", rc: int | None = 0, ran_ms: int = 5) -> None:
+        self.node.step(ItemEnded(run.job_id, run.index, run.epoch, state, rc, None, DIGEST_OUT,
+                                 None, self.now - ran_ms, self.now))
+
+
+def submit_req(rid: str = "r1", job_id: str | None = "j1", n: int = 1, **spec: Any) -> dict:
+    s: dict[str, Any] = {"argv": ["echo", "hi"], **spec}
+    if job_id is not None:
+        s["id"] = job_id
+    return {"op": "submit", "rid": rid, "spec": s, "items": [None] * n}
+
+
+def submitted(f: Fleet1, token: int = 1, **kw: Any) -> dict:
+    """Submit a job and commit it (leases proposed with it stay pending); return its record."""
+    f.ctl(token, submit_req(**kw))
+    f.take()
+    [entry] = f.pending_of("submit")
+    f.pending.remove(entry)
+    f.commit(entry)
+    f.take()
+    ans = f.answer(token)
+    assert ans.status == 201, ans
+    return ans.body
+
+
+# --- The HTTP API on a real socket, in front of a recording control port ---------------------
+
+
+def job_record(job_id: str = "j1", **extra: Any) -> dict:
+    rec = {"id": job_id, "state": "running", "priority": 0, "hold": False, "tags": ["t"],
+           "pool": "default", "argv": ["echo"], "items_total": 3, "items_done": 1,
+           "items_failed": 0, "submitted_at": 1_700_000_000.0, "finished_at": None}
+    rec.update(extra)
+    return rec
+
+
+class RecordingControl:
+    """Answers each op from `answers` (an Answer, or a function of the request)."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        self.hang: set[str] = set()
+        self.late_s: dict[str, float] = {}
+        self.answers: dict[str, Any] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        self.requests.clear()
+        self.hang.clear()
+        self.late_s.clear()
+        self.answers = {
+            "submit": lambda r: Answer(201, job_record(r["spec"].get("id") or "new1")),
+            "get": lambda r: Answer(200, job_record(r["id"])),
+            "list": Answer(200, [job_record("j1"), job_record("j2", state="done")]),
+            "cancel": lambda r: Answer(200, job_record(r["id"], state="cancelled")),
+            "forget": lambda r: Answer(200, job_record(r["id"], state="done")),
+            "tone": lambda r: Answer(200, job_record(r["id"])),
+            "fleet": Answer(200, {"term": 3, "leader": "m1", "members": [
+                {"name": "m1", "role": "leader", "alive": True}]}),
+            "health": Answer(200, {"ok": True, "member": "m1", "leader": "m1"}),
+            "metrics": Answer(200, {"items_running": 2, "mystery_pending": 7.5,
+                                    "is_leader": True, "note": "not a number",
+                                    "node_frames_in_F_CTL": 4,
+                                    "jobs_by_state_pool": {"running": {"default": 1}}}),
+        }
+
+    def last(self) -> dict:
+        return self.requests[-1]
+
+    def call(self, request: dict) -> concurrent.futures.Future:
+        self.requests.append(request)
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        op = request["op"]
+        if op in self.hang:
+            return fut
+        answer = self.answers[op]
+
+        def settle() -> None:
+            try:
+                fut.set_result(answer(request) if callable(answer) else answer)
+            except ControlError as e:
+                fut.set_exception(e)
+
+        if op in self.late_s:
+            threading.Timer(self.late_s[op], settle).start()
+        else:
+            settle()
+        return fut
+
+
+class Server:
+    def __init__(self, blobs: Any = None) -> None:
+        self.control = RecordingControl()
+        self.blobs = blobs if blobs is not None else MemoryBlobStore(chunk_bytes=1024)
+        self.api = mhttp.HttpApi("127.0.0.1", 0, self.control, self.blobs, "m1")
+        ready = threading.Event()
+        self.thread = threading.Thread(target=self.api.run, args=(ready,), daemon=True)
+        self.thread.start()
+        assert ready.wait(10), "the HTTP server did not start"
+        assert self.api.error is None
+        self.port = self.api.bound_port
+
+    def request(self, method: str, path: str, body: Any = None,
+                headers: dict | None = None, raw: bytes | None = None) -> tuple[int, Any, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+            headers = dict(headers or {})
+            if data is not None:
+                headers.setdefault("Content-Type", "application/json")
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            return resp.status, resp.headers, resp.read()
+        finally:
+            conn.close()
+
+    def json(self, method: str, path: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
+        status, headers, data = self.request(method, path, body, **kw)
+        assert headers["Content-Type"].startswith("application/json"), (status, data)
+        return status, json.loads(data)
+
+    def close(self) -> None:
+        self.api.stop()
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+
+
+class LateDamageStore(MemoryBlobStore):
+    """A store whose reader finds damage after its first chunk, as LMDB's does at the end."""
+
+    def open(self, digest: str) -> Iterator[bytes] | None:
+        chunks = super().open(digest)
+        if chunks is None:
+            return None
+
+        def damaged() -> Iterator[bytes]:
+            yield next(chunks)
+            raise BlobCorrupt(digest)
+        return damaged()
+
+
+# --- The item driver on its own thread, as the jobs side runs it -----------------------------
+
+
+class DriverHarness:
+    """A `Driver` over `blobs` with its spool in `tmp_path`, run on a thread of its own (unless
+    `run` is false: a test then starts it, or close() does); the items' ends arrive on a queue."""
+
+    def __init__(self, tmp_path: Any, blobs: Any, run: bool = True, **driver_kw: Any) -> None:
+        self.spool = tmp_path / "spool"
+        self.blobs = blobs
+        self.ends: queue.Queue[ItemEnd] = queue.Queue()
+        self.driver = Driver(blobs, str(self.spool), self.ends.put, **driver_kw)
+        self.thread = threading.Thread(target=self.driver.run, daemon=True)
+        if run:
+            self.thread.start()
+
+    def end(self) -> ItemEnd:
+        return self.ends.get(timeout=ITEM_WAIT_S)
+
+    def spooled(self) -> list[str]:
+        return sorted(os.listdir(self.spool))
+
+    def live(self, key: tuple[str, int, int], stream: str = "stdout") -> bytes:
+        got = self.driver.read_output(key, stream, 0, 1 << 30)
+        return b"" if got is None else got[0]
+
+    def size(self, key: tuple[str, int, int]) -> int:
+        got = self.driver.read_output(key, "stdout", 0, 0)
+        return 0 if got is None else got[1]
+
+    def out(self, end: ItemEnd) -> bytes:
+        assert end.stdout is not None
+        return self.blobs.get(end.stdout) or b""
+
+    def err(self, end: ItemEnd) -> str:
+        assert end.stderr is not None
+        return (self.blobs.get(end.stderr) or b"").decode()
+
+    def close(self) -> None:
+        self.driver.stop()
+        if not self.thread.is_alive() and self.thread.ident is None:
+            self.thread.start()
+        self.thread.join(ITEM_WAIT_S)
+        assert not self.thread.is_alive(), "run() did not return after stop()"
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs; a zombie waiting for its new parent to reap it is dead for our
+    purposes."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+# --- Members' links on their own threads (tests of links and of what talks over them) --------
+
+LINKS_SECRET = bytes(range(32))  # the fleet secret of in-process link tests
+LINKS_WAIT_S = 30.0  # the longest a link test waits for a thread to end
+
+
+class LinksMember:
+    """A `Links` named `name` on its own thread, the frames it received and the peer events it
+    saw. A part that talks over the links (item logs, the blob mover) subclasses it: it builds
+    its part with `run=False`, routes frames by overriding `_on_frame`, appends its threads to
+    `threads` and calls `start()`."""
+
+    def __init__(self, name: str, listen: tuple[str, int] = ("127.0.0.1", 0),
+                 boot: str | None = None, secret: bytes = LINKS_SECRET, run: bool = True,
+                 **kw: Any) -> None:
+        self.name = name
+        self.frames: list[tuple[str, Frame]] = []
+        self.events: list[tuple[str, bool, dict]] = []
+        self._mu = threading.Lock()
+        self.links = Links(name, boot or os.urandom(4).hex(), listen, secret,
+                           on_frame=self._on_frame, on_peer=self._on_peer, **kw)
+        self.threads = [threading.Thread(target=self.links.run, name=f"links-{name}", daemon=True)]
+        if run:
+            self.start()
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.links.address
+
+    def _on_frame(self, peer: str, frame: Frame) -> None:
+        with self._mu:
+            self.frames.append((peer, frame))
+
+    def _on_peer(self, peer: str, up: bool, hello: dict) -> None:
+        with self._mu:
+            self.events.append((peer, up, hello))
+
+    def got(self, peer: str, ftype: FrameType) -> list[dict]:
+        with self._mu:
+            return [f.body for p, f in self.frames if p == peer and f.type == ftype]
+
+    def up(self, peer: str) -> bool:
+        return bool(self.links.peers().get(peer, {}).get("up"))
+
+    def stop(self) -> None:
+        self.links.stop()
+        for t in self.threads:
+            t.join(timeout=LINKS_WAIT_S)
+            assert not t.is_alive(), f"{t.name} did not end after stop()"
