@@ -8,7 +8,7 @@ import pytest
 from meshjobs import limits
 from meshjobs.config import ConfigError, load_config
 from meshjobs.configfile import ConfigFile, key_path, read
-from tests.fleet import Meshd, member_config
+from tests.helpers import Meshd, member_config
 
 SEVERAL = """
 name = "a"

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.fleet import env_with_path
+from tests.helpers import env_with_path
 
 USUAL_KEYS = {"event", "level", "timestamp"}
 

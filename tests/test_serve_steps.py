@@ -14,7 +14,7 @@ import sys
 import textwrap
 
 from meshjobs import daemon
-from tests.fleet import Meshd, env_with_path
+from tests.helpers import Meshd, env_with_path
 
 STEPS = ["_open_tls", "_open_secret", "_watch_disk", "_find_voters", "_open_blobs",
          "_build_node", "_build_replica", "_build_parts", "_start_threads", "_write_addr_files",
