@@ -26,23 +26,19 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-import blake3
 
 from meshjobs import bulk, cron, limits, reruns
 from meshjobs.compact import entry_payloads, pack_items
 from meshjobs.control import CHANGE_OPS, OUTPUT_INDEX, Answer, ControlError, parse_request
 from meshjobs.node.catchup import CatchUpRing
-from meshjobs.node.copies import Recopies
+from meshjobs.node.copies import Copies, Recopies
 from meshjobs.node.events import (
-    EMPTY_DIGEST,
     MEMBER_OWNER,
     Applied,
     BlobBytes,
     BlobsCopied,
-    CopyBlobs,
     Ctl,
     Cut,
     DiskFull,
@@ -82,19 +78,6 @@ class _Change:
     req: dict | None = None
     sent_ms: int = 0
     fp: str | None = None  # the fingerprint the change's request id is bound to
-
-
-@dataclass
-class _Copies:
-    """Blob copies a result waits for before it may be proposed."""
-
-    owner: str
-    digests: tuple[str, ...]
-    have: set[str] = field(default_factory=set)  # members that confirmed every digest
-    asked: dict[str, int] = field(default_factory=dict)  # member -> when
-    # For a submit's inputs: the request to carry on with once they are copied, and by when.
-    then: tuple[list[int], dict] | None = None
-    deadline_ms: int = 0
 
 
 def _other_request(fp: str | None, seen_fp: Any) -> bool:
@@ -139,8 +122,9 @@ class JobNode:
         self.feed = Feed(table, self._count, self._reply)
         self.runs = Runs(self._count)  # items running here, results not yet committed
         # Results (job, index, epoch) and submits ("in", rid) waiting for their blobs to be on
-        # enough members.
-        self._awaiting_copies: dict[tuple, _Copies] = {}
+        # enough members (copies.py).
+        self.copies = Copies(config, self.runs, self._others, self._count, self._emit,
+                             self._reply, self._carry_on)
         # Answers to forwarded changes, held until this member's table has the entry they name.
         self._parked: list[tuple[int, int, Answer, int]] = []
         self._was_ready = False
@@ -208,8 +192,7 @@ class JobNode:
     def _on_link(self, ev: PeerLink) -> None:
         self._links[ev.peer] = ev.up
         if not ev.up:
-            for copies in self._awaiting_copies.values():
-                copies.asked.pop(ev.peer, None)  # asked again as soon as it is back
+            self.copies.link_down(ev.peer)
 
     def take(self) -> list[Any]:
         """Reconcile, then hand over every effect made since the last call."""
@@ -234,7 +217,7 @@ class JobNode:
         ds += [w[2] for ws in self._waiters.values() for w in ws]
         ds += self.feed.deadlines()
         ds += [p[3] for p in self._parked]
-        ds += [c.deadline_ms for c in self._awaiting_copies.values() if c.then is not None]
+        ds += self.copies.deadlines()
         held = self.proposals.deadline_ms()
         if held is not None:
             ds.append(held)
@@ -278,9 +261,8 @@ class JobNode:
         else:
             ch = self._changes.get(rid) or self._forwarded.get(rid)
             other = ch.fp if ch is not None else None
-            waiting = self._awaiting_copies.get(("in", rid))
-            if other is None and waiting is not None and waiting.then is not None:
-                other = waiting.then[1].get("fp")
+            if other is None:
+                other = self.copies.input_fp(rid)
         return other is not None and other != fp
 
     # --- control ------------------------------------------------------------------------------
@@ -370,24 +352,9 @@ class JobNode:
                 "is freed on it; submit through another member, or free space")
 
     def _copy_inputs_first(self, token: int, req: dict) -> bool:
-        """A submit's stdin blobs are on this member only (the HTTP edge stored them here): they
-        go to `blob_copies` members before the submit goes on, so that losing this member loses
-        no acknowledged job. True when the submit now waits for that."""
-        digests = tuple(sorted({d for d in req["items"] if d is not None and d != EMPTY_DIGEST}))
-        if not digests or self.cfg.blob_copies <= 1 or not self._others():
-            return False
-        rid = req["rid"]
-        waiting = self._awaiting_copies.get(("in", rid))
-        if waiting is not None and waiting.then is not None:
-            waiting.then[0].append(token)  # a retry of a submit already waiting for its copies
-            return True
-        if req["spec"].get("id") is None:
-            # The job's id is stamped here, so that the copies are pinned under it.
-            req = {**req, "spec": {**req["spec"], "id": self._new_id()}}
-        self._awaiting_copies[("in", rid)] = _Copies(
-            req["spec"]["id"], digests, then=([token], req),
-            deadline_ms=self.now_ms + limits.ctl_commit_ms_max)
-        return True
+        """A submit's stdin blobs go to `blob_copies` members before the submit goes on
+        (copies.py). True when the submit now waits for that."""
+        return self.copies.inputs_first(token, req, self.now_ms, self._new_id)
 
     def _get(self, token: int, req: dict) -> None:
         job = self.table.jobs.get(req["id"])
@@ -685,7 +652,7 @@ class JobNode:
                 if job is not None:
                     self.leadership.note_run(job.pool, r[8], r[9])
                 self.runs.committed(key)
-                self._awaiting_copies.pop(key, None)
+                self.copies.drop(key)
                 if (self.recopies.lost and job is not None and self._leading()
                         and self.recopies.has_room()
                         and 0 <= r[1] < job.n and job.epoch[r[1]] == r[2]):
@@ -713,81 +680,28 @@ class JobNode:
         # The outputs are pinned for the job already: the blob writers pin them in the same
         # transaction that stores them (and the empty payload is pinned for good).
         outs = tuple(d for d in (ev.stdout, ev.stderr) if d is not None)
-        to_copy = tuple(sorted(set(outs) - {EMPTY_DIGEST}))
-        if to_copy and self.cfg.blob_copies > 1 and self._others():
-            self._awaiting_copies[key] = _Copies(ev.job_id, to_copy)
+        self.copies.ended(key, ev.job_id, outs)
 
     # --- blob copies --------------------------------------------------------------------------
 
     def _copied(self, member: str, digests: tuple[str, ...]) -> None:
         got = set(digests)
         self.recopies.copied(member, got, self.now_ms, self._links)
-        for copies in self._awaiting_copies.values():
-            if got.issuperset(copies.digests):
-                copies.have.add(member)
+        self.copies.copied(member, got)
 
     def _others(self) -> set[str]:
         """The other members this member knows of."""
         return ({v for v in self.cfg.voters} | set(self.roster.known)) - {self.cfg.member}
 
+    def _carry_on(self, token: int, req: dict) -> None:
+        """Go on with a submit whose inputs are copied: proposed here, or sent to the leader."""
+        if self._leading():
+            self._change(token, req)
+        else:
+            self._forward(token, req)
+
     def _ask_copies(self) -> None:
-        """A result's outputs (and a submit's inputs) must be on `blob_copies` members before
-        it is proposed: ask `blob_copies - 1` linked members and `copy_spares` more at once,
-        and go on with the first `blob_copies - 1` that confirm. (Asking one at a time made
-        one silent member, whose link still looks up until it times out, hold every copy back
-        for seconds; asking every member would store every output everywhere.) A member that
-        has not confirmed is asked again after `proposal_retry_ms`, and another one in its
-        place at once."""
-        if not self._awaiting_copies:
-            return
-        now = self.now_ms
-        need = min(self.cfg.blob_copies - 1, len(self._others()))
-        linked = sorted(p for p, up in self._links.items() if up and p != self.cfg.member)
-        for key, copies in list(self._awaiting_copies.items()):
-            if len(copies.have) >= need:
-                del self._awaiting_copies[key]
-                row = self.runs.results.get(key)
-                if row is not None and copies.have:
-                    # The result names who confirmed copies, so that the table knows where its
-                    # outputs are when a member is lost (see copies.py).
-                    if len(row) == 10:
-                        row.append(None)
-                    row.append(sorted(copies.have)[:limits.result_holders_max])
-                if copies.then is not None:
-                    tokens, req = copies.then
-                    for token in tokens:
-                        if self._leading():
-                            self._change(token, req)
-                        else:
-                            self._forward(token, req)
-                continue
-            if copies.then is not None and now >= copies.deadline_ms:
-                del self._awaiting_copies[key]
-                self._count("inputs_not_copied")
-                for token in copies.then[0]:
-                    self._reply(token, 503, {
-                        "error": "the job's inputs could not be copied to another member in time "
-                                 "(members unreachable?); nothing was submitted: try again"})
-                continue
-            # The members still needed and the spares at once, from a place in the list that
-            # depends on the owner, so that copies spread over the members.
-            waiting = sum(1 for p, t in copies.asked.items()
-                          if p not in copies.have and now - t < limits.proposal_retry_ms)
-            room = need - len(copies.have) + limits.copy_spares - waiting
-            if room <= 0 or not linked:
-                continue
-            start = blake3.blake3(copies.owner.encode()).digest()[0] % len(linked)
-            for to in linked[start:] + linked[:start]:
-                if room <= 0:
-                    break
-                if to in copies.have:
-                    continue
-                asked = copies.asked.get(to)
-                if asked is not None and now - asked < limits.proposal_retry_ms:
-                    continue
-                copies.asked[to] = now
-                room -= 1
-                self._out.append(CopyBlobs(to, copies.owner, copies.digests))
+        self.copies.ask(self.now_ms, self._links)
 
     # --- reconciling --------------------------------------------------------------------------
 
@@ -869,7 +783,7 @@ class JobNode:
         for key in list(self.runs.running):
             if not table.lease_current(*key):
                 ended = self.runs.gone(key)
-                self._awaiting_copies.pop(key, None)
+                self.copies.drop(key)
                 if not ended:
                     self._out.append(Cut(*key))
         # A lease naming this incarnation's boot id was made after this process started, so it
@@ -1086,11 +1000,11 @@ class JobNode:
         return self.roster.alive(name, self.now_ms, boot)
 
     def _frees_slot(self, key: tuple[str, int, int]) -> bool:
-        return self.runs.frees_slot(key, self._awaiting_copies)
+        return self.runs.frees_slot(key, self.copies)
 
     def _due_results(self, rows_max: int) -> list[list]:
         """Results ready to go, marked sent now (runs.py)."""
-        return self.runs.due(rows_max, self.now_ms, self._awaiting_copies)
+        return self.runs.due(rows_max, self.now_ms, self.copies)
 
     def _propose_results(self) -> None:
         now = self.now_ms
