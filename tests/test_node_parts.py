@@ -160,7 +160,7 @@ def test_run_time_average_weight_comes_from_limits(monkeypatch: pytest.MonkeyPat
 PARTS = {"proposals": "Proposals", "feed": "Feed", "storage": "Storage", "recopies": "Recopies",
          "roster": "Members", "ring": "CatchUpRing", "orders": "Orders", "notices": "Notices",
          "follower": "Follower", "leadership": "Leadership",
-         "runs": "Runs"}
+         "runs": "Runs", "copies": "Copies", "changes": "Changes"}
 
 
 def test_the_node_is_composed_of_parts_not_mixins() -> None:

@@ -39,7 +39,7 @@ PURE_SIBLINGS = frozenset({"meshjobs", "meshjobs.limits", "meshjobs.table", "mes
                            "meshjobs.node.leader", "meshjobs.node.follow",
                            "meshjobs.node.feed", "meshjobs.fleetctl", "meshjobs.node.hooks",
                            "meshjobs.node.ready", "meshjobs.node.proposals",
-                           "meshjobs.node.catchup", "meshjobs.node.copies",
+                           "meshjobs.node.catchup", "meshjobs.node.copies", "meshjobs.node.changes",
                            "meshjobs.node.storage", "meshjobs.node.members",
                            "meshjobs.node.runs",
                            "meshjobs.reruns", "meshjobs.watchplan", "meshjobs.watchplan.config",

@@ -186,7 +186,7 @@ class EagerNode(JobNode):
             for e in entries:
                 if e.get("k") != "submit":
                     continue
-                change = self._changes.get(e["rid"])
+                change = self.changes.pending.get(e["rid"])
                 for token in change.tokens if change else []:
                     self._answer(token, Answer(201, {"id": e["id"], "items_total": entry_item_count(e)}))
         extra, self._out = self._out, []

@@ -1,4 +1,6 @@
-"""A part of the job node: restoring `blob_copies` of committed outputs after a member is lost.
+"""Parts of the job node: blob copies. `Copies` holds results and submits back until their blobs
+are on `blob_copies` members; `Recopies` restores `blob_copies` of committed outputs after a
+member is lost.
 
 Theory of operation. The table knows who held each item's outputs when its result committed
 (the member that ran it and those that confirmed copies). When a member is newly found lost,
@@ -17,10 +19,14 @@ asked; it is given the config, the table, the node's counter and the way out for
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
+
+import blake3
 
 from meshjobs import limits
 from meshjobs.node.events import EMPTY_DIGEST, CopyBlobs, FetchBlobs, NodeConfig
+from meshjobs.node.runs import Runs
 from meshjobs.table import FINAL, JobTable
 
 
@@ -139,3 +145,151 @@ class Recopies:
         for key, (_sent, digests, have) in list(self.asked.items()):
             if digests <= got and member not in have:
                 self._step(key, tuple(sorted(digests)), have | {member}, now_ms, links)
+
+
+@dataclass
+class _Copies:
+    """Blob copies a result waits for before it may be proposed."""
+
+    owner: str
+    digests: tuple[str, ...]
+    have: set[str] = field(default_factory=set)  # members that confirmed every digest
+    asked: dict[str, int] = field(default_factory=dict)  # member -> when
+    # For a submit's inputs: the request to carry on with once they are copied, and by when.
+    then: tuple[list[int], dict] | None = None
+    deadline_ms: int = 0
+
+
+class Copies:
+    """Results (job, index, epoch) and submits ("in", rid) waiting for their blobs to be on
+    enough members.
+
+    Rule: pure. It owns what waits; it is given the config, the runs (whose result rows name
+    who confirmed copies), the other members this member knows of, the node's counter, the way
+    out for its `CopyBlobs` effects, the way to answer a client, and the way to carry on with a
+    submit whose inputs are copied (proposed here when leading, else forwarded)."""
+
+    def __init__(self, cfg: NodeConfig, runs: Runs, others: Callable[[], set[str]],
+                 count: Callable[..., None], emit: Callable[[Any], None],
+                 reply: Callable[[int, int, Any], None],
+                 carry_on: Callable[[int, dict], None]) -> None:
+        self.cfg = cfg
+        self.runs = runs
+        self._others = others
+        self._count = count
+        self._emit = emit
+        self._reply = reply
+        self._carry_on = carry_on
+        self.waiting: dict[tuple, _Copies] = {}
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.waiting
+
+    def __bool__(self) -> bool:
+        return bool(self.waiting)
+
+    def deadlines(self) -> list[int]:
+        return [c.deadline_ms for c in self.waiting.values() if c.then is not None]
+
+    def link_down(self, peer: str) -> None:
+        for copies in self.waiting.values():
+            copies.asked.pop(peer, None)  # asked again as soon as it is back
+
+    def drop(self, key: tuple) -> None:
+        """A result committed or a run gone: nothing waits for its copies any more."""
+        self.waiting.pop(key, None)
+
+    def input_fp(self, rid: str) -> Any:
+        """The fingerprint of a submit waiting under `rid` for its inputs' copies, if any."""
+        waiting = self.waiting.get(("in", rid))
+        if waiting is not None and waiting.then is not None:
+            return waiting.then[1].get("fp")
+        return None
+
+    def inputs_first(self, token: int, req: dict, now_ms: int,
+                     new_id: Callable[[], str]) -> bool:
+        """A submit's stdin blobs are on this member only (the HTTP edge stored them here): they
+        go to `blob_copies` members before the submit goes on, so that losing this member loses
+        no acknowledged job. True when the submit now waits for that."""
+        digests = tuple(sorted({d for d in req["items"] if d is not None and d != EMPTY_DIGEST}))
+        if not digests or self.cfg.blob_copies <= 1 or not self._others():
+            return False
+        rid = req["rid"]
+        waiting = self.waiting.get(("in", rid))
+        if waiting is not None and waiting.then is not None:
+            waiting.then[0].append(token)  # a retry of a submit already waiting for its copies
+            return True
+        if req["spec"].get("id") is None:
+            # The job's id is stamped here, so that the copies are pinned under it.
+            req = {**req, "spec": {**req["spec"], "id": new_id()}}
+        self.waiting[("in", rid)] = _Copies(
+            req["spec"]["id"], digests, then=([token], req),
+            deadline_ms=now_ms + limits.ctl_commit_ms_max)
+        return True
+
+    def ended(self, key: tuple, owner: str, outs: tuple[str, ...]) -> None:
+        """A run ended here with these outputs: its result waits for their copies."""
+        to_copy = tuple(sorted(set(outs) - {EMPTY_DIGEST}))
+        if to_copy and self.cfg.blob_copies > 1 and self._others():
+            self.waiting[key] = _Copies(owner, to_copy)
+
+    def copied(self, member: str, got: set[str]) -> None:
+        for copies in self.waiting.values():
+            if got.issuperset(copies.digests):
+                copies.have.add(member)
+
+    def ask(self, now_ms: int, links: dict[str, bool]) -> None:
+        """A result's outputs (and a submit's inputs) must be on `blob_copies` members before
+        it is proposed: ask `blob_copies - 1` linked members and `copy_spares` more at once,
+        and go on with the first `blob_copies - 1` that confirm. (Asking one at a time made
+        one silent member, whose link still looks up until it times out, hold every copy back
+        for seconds; asking every member would store every output everywhere.) A member that
+        has not confirmed is asked again after `proposal_retry_ms`, and another one in its
+        place at once."""
+        if not self.waiting:
+            return
+        now = now_ms
+        need = min(self.cfg.blob_copies - 1, len(self._others()))
+        linked = sorted(p for p, up in links.items() if up and p != self.cfg.member)
+        for key, copies in list(self.waiting.items()):
+            if len(copies.have) >= need:
+                del self.waiting[key]
+                row = self.runs.results.get(key)
+                if row is not None and copies.have:
+                    # The result names who confirmed copies, so that the table knows where its
+                    # outputs are when a member is lost (see Recopies).
+                    if len(row) == 10:
+                        row.append(None)
+                    row.append(sorted(copies.have)[:limits.result_holders_max])
+                if copies.then is not None:
+                    tokens, req = copies.then
+                    for token in tokens:
+                        self._carry_on(token, req)
+                continue
+            if copies.then is not None and now >= copies.deadline_ms:
+                del self.waiting[key]
+                self._count("inputs_not_copied")
+                for token in copies.then[0]:
+                    self._reply(token, 503, {
+                        "error": "the job's inputs could not be copied to another member in time "
+                                 "(members unreachable?); nothing was submitted: try again"})
+                continue
+            # The members still needed and the spares at once, from a place in the list that
+            # depends on the owner, so that copies spread over the members.
+            waiting = sum(1 for p, t in copies.asked.items()
+                          if p not in copies.have and now - t < limits.proposal_retry_ms)
+            room = need - len(copies.have) + limits.copy_spares - waiting
+            if room <= 0 or not linked:
+                continue
+            start = blake3.blake3(copies.owner.encode()).digest()[0] % len(linked)
+            for to in linked[start:] + linked[:start]:
+                if room <= 0:
+                    break
+                if to in copies.have:
+                    continue
+                asked = copies.asked.get(to)
+                if asked is not None and now - asked < limits.proposal_retry_ms:
+                    continue
+                copies.asked[to] = now
+                room -= 1
+                self._emit(CopyBlobs(to, copies.owner, copies.digests))

@@ -26,23 +26,19 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
-
-import blake3
 
 from meshjobs import bulk, cron, limits, reruns
 from meshjobs.compact import entry_payloads, pack_items
 from meshjobs.control import CHANGE_OPS, OUTPUT_INDEX, Answer, ControlError, parse_request
 from meshjobs.node.catchup import CatchUpRing
-from meshjobs.node.copies import Recopies
+from meshjobs.node.changes import Change, Changes
+from meshjobs.node.copies import Copies, Recopies
 from meshjobs.node.events import (
-    EMPTY_DIGEST,
     MEMBER_OWNER,
     Applied,
     BlobBytes,
     BlobsCopied,
-    CopyBlobs,
     Ctl,
     Cut,
     DiskFull,
@@ -52,7 +48,6 @@ from meshjobs.node.events import (
     PeerLink,
     Pin,
     Pressure,
-    Reply,
     Run,
     Send,
     Tick,
@@ -71,30 +66,6 @@ from meshjobs.node.ready import Ready
 from meshjobs.node.runs import Runs
 from meshjobs.node.storage import Storage
 from meshjobs.table import RID_REUSED, JobTable
-
-
-@dataclass
-class _Change:
-    tokens: list[int]
-    deadline_ms: int
-    op: str
-    job_id: str | None
-    req: dict | None = None
-    sent_ms: int = 0
-    fp: str | None = None  # the fingerprint the change's request id is bound to
-
-
-@dataclass
-class _Copies:
-    """Blob copies a result waits for before it may be proposed."""
-
-    owner: str
-    digests: tuple[str, ...]
-    have: set[str] = field(default_factory=set)  # members that confirmed every digest
-    asked: dict[str, int] = field(default_factory=dict)  # member -> when
-    # For a submit's inputs: the request to carry on with once they are copied, and by when.
-    then: tuple[list[int], dict] | None = None
-    deadline_ms: int = 0
 
 
 def _other_request(fp: str | None, seen_fp: Any) -> bool:
@@ -126,23 +97,15 @@ class JobNode:
         self.view = View()
         self._out: list[Any] = []
         self.proposals = Proposals(self._count, self._emit)
-        self._changes: dict[str, _Change] = {}
-        self._forwarded: dict[str, _Change] = {}
-        # token -> (member, rid, fingerprint) of a change another member forwarded here
-        self._remote: dict[int, tuple[str, str, str | None]] = {}
-        self._next_remote = 0
-        self._next_fleet_ask = 0  # numbers the fleet views asked of the leader
-        # job id -> (token, items, deadline, since) of each read waiting for the job to end
-        # (since None) or to change after version `since`.
-        self._waiters: dict[str, list[tuple[int, bool, int, int | None]]] = {}
+        # Changes and reads in flight, forwarded, waiting or parked (changes.py).
+        self.changes = Changes(config, table, self._count, self._emit)
         # The feed of committed changes (`changes` op, GET /events).
         self.feed = Feed(table, self._count, self._reply)
         self.runs = Runs(self._count)  # items running here, results not yet committed
         # Results (job, index, epoch) and submits ("in", rid) waiting for their blobs to be on
-        # enough members.
-        self._awaiting_copies: dict[tuple, _Copies] = {}
-        # Answers to forwarded changes, held until this member's table has the entry they name.
-        self._parked: list[tuple[int, int, Answer, int]] = []
+        # enough members (copies.py).
+        self.copies = Copies(config, self.runs, self._others, self._count, self._emit,
+                             self._reply, self._carry_on)
         self._was_ready = False
         self._whole = False  # this member's table has caught up once since start (`_behind`)
         self.storage = Storage(self._count)
@@ -201,15 +164,13 @@ class JobNode:
         if ev.leader is not None:
             self.follower.leader_seen_ms = self.now_ms
         if ev.leader != self.view.leader:
-            for ch in self._forwarded.values():
-                ch.sent_ms = -limits.proposal_retry_ms  # to the new leader at once
+            self.changes.new_leader()
         self.view = ev
 
     def _on_link(self, ev: PeerLink) -> None:
         self._links[ev.peer] = ev.up
         if not ev.up:
-            for copies in self._awaiting_copies.values():
-                copies.asked.pop(ev.peer, None)  # asked again as soon as it is back
+            self.copies.link_down(ev.peer)
 
     def take(self) -> list[Any]:
         """Reconcile, then hand over every effect made since the last call."""
@@ -229,12 +190,10 @@ class JobNode:
 
     def next_deadline_ms(self) -> int | None:
         """When the node next needs a tick even if nothing happens."""
-        ds = [c.deadline_ms for c in self._changes.values()]
-        ds += [c.deadline_ms for c in self._forwarded.values()]
-        ds += [w[2] for ws in self._waiters.values() for w in ws]
+        ds = self.changes.deadlines()
         ds += self.feed.deadlines()
-        ds += [p[3] for p in self._parked]
-        ds += [c.deadline_ms for c in self._awaiting_copies.values() if c.then is not None]
+        ds += [p[3] for p in self.changes.parked]
+        ds += self.copies.deadlines()
         held = self.proposals.deadline_ms()
         if held is not None:
             ds.append(held)
@@ -260,10 +219,8 @@ class JobNode:
         return self.view.is_leader and self.view.ready
 
     def _new_change(self, tokens: list[int], op: str, job_id: str | None,
-                    req: dict | None = None, fp: str | None = None) -> _Change:
-        if fp is None and req is not None:
-            fp = req.get("fp")
-        return _Change(tokens, self.now_ms + limits.ctl_commit_ms_max, op, job_id, req, fp=fp)
+                    req: dict | None = None, fp: str | None = None) -> Change:
+        return self.changes.new_change(self.now_ms, tokens, op, job_id, req, fp)
 
     def _rid_reused(self, req: dict) -> bool:
         """Whether a change's request id was used before for a different request: an
@@ -276,11 +233,10 @@ class JobNode:
         if seen is not None:
             other = seen.get("fp")
         else:
-            ch = self._changes.get(rid) or self._forwarded.get(rid)
+            ch = self.changes.pending.get(rid) or self.changes.forwarded.get(rid)
             other = ch.fp if ch is not None else None
-            waiting = self._awaiting_copies.get(("in", rid))
-            if other is None and waiting is not None and waiting.then is not None:
-                other = waiting.then[1].get("fp")
+            if other is None:
+                other = self.copies.input_fp(rid)
         return other is not None and other != fp
 
     # --- control ------------------------------------------------------------------------------
@@ -370,24 +326,9 @@ class JobNode:
                 "is freed on it; submit through another member, or free space")
 
     def _copy_inputs_first(self, token: int, req: dict) -> bool:
-        """A submit's stdin blobs are on this member only (the HTTP edge stored them here): they
-        go to `blob_copies` members before the submit goes on, so that losing this member loses
-        no acknowledged job. True when the submit now waits for that."""
-        digests = tuple(sorted({d for d in req["items"] if d is not None and d != EMPTY_DIGEST}))
-        if not digests or self.cfg.blob_copies <= 1 or not self._others():
-            return False
-        rid = req["rid"]
-        waiting = self._awaiting_copies.get(("in", rid))
-        if waiting is not None and waiting.then is not None:
-            waiting.then[0].append(token)  # a retry of a submit already waiting for its copies
-            return True
-        if req["spec"].get("id") is None:
-            # The job's id is stamped here, so that the copies are pinned under it.
-            req = {**req, "spec": {**req["spec"], "id": self._new_id()}}
-        self._awaiting_copies[("in", rid)] = _Copies(
-            req["spec"]["id"], digests, then=([token], req),
-            deadline_ms=self.now_ms + limits.ctl_commit_ms_max)
-        return True
+        """A submit's stdin blobs go to `blob_copies` members before the submit goes on
+        (copies.py). True when the submit now waits for that."""
+        return self.copies.inputs_first(token, req, self.now_ms, self._new_id)
 
     def _get(self, token: int, req: dict) -> None:
         job = self.table.jobs.get(req["id"])
@@ -397,7 +338,7 @@ class JobNode:
             return
         since = req.get("since")
         if req["wait_ms"] and not job.finished and (since is None or job.version <= since):
-            self._waiters.setdefault(job.id, []).append(
+            self.changes.waiters.setdefault(job.id, []).append(
                 (token, req["items"], self.now_ms + req["wait_ms"], since))
             return
         # The record's version goes with it: a member that asked on its client's behalf answers
@@ -410,16 +351,16 @@ class JobNode:
         it says "no such job", a member that does not lead asks the leader (F_CTL), and answers
         with the leader's word once its own table has the job. True when asked."""
         leader = self.view.leader
-        if (self._leading() or token in self._remote or leader is None
+        if (self._leading() or token in self.changes.remote or leader is None
                 or leader == self.cfg.member or req["id"] in self.table.forgotten):
             return False
-        self._next_fleet_ask += 1
-        rid = f"#get.{self.cfg.member}.{self._next_fleet_ask}"  # no client request id has "#"
+        self.changes.next_fleet_ask += 1
+        rid = f"#get.{self.cfg.member}.{self.changes.next_fleet_ask}"  # no client request id has "#"
         ask = {"op": "get", "id": req["id"], "items": req["items"], "wait_ms": 0}
         ch = self._new_change([token], "get", req["id"], ask)
         ch.deadline_ms = ch.sent_ms = self.now_ms
         ch.deadline_ms += limits.fleet_ask_ms
-        self._forwarded[rid] = ch
+        self.changes.forwarded[rid] = ch
         self._count("ctl_get_asked_leader")
         self._out.append(Send(leader, "F_CTL", {"rid": rid, "req": ask}))
         return True
@@ -450,8 +391,8 @@ class JobNode:
 
     def _change(self, token: int, req: dict) -> None:
         rid = req["rid"]
-        if rid in self._changes:  # the same change asked again while it is in flight
-            self._changes[rid].tokens.append(token)
+        if rid in self.changes.pending:  # the same change asked again while it is in flight
+            self.changes.pending[rid].tokens.append(token)
             return
         seen = self.table.rids.get(rid)
         if seen is not None:  # already applied: answer as then
@@ -462,7 +403,7 @@ class JobNode:
             self._reply(token, 503, {"error": "this member does not lead now (an election is "
                                               "under way); try again shortly"})
             return
-        if len(self._changes) >= limits.ctl_pending_max:
+        if len(self.changes.pending) >= limits.ctl_pending_max:
             self._reply(token, 503, {"error": "too many changes in flight: try again shortly"})
             return
         op = req["op"]
@@ -511,7 +452,7 @@ class JobNode:
                         entry[k] = req[k]
             elif op == "rerun":
                 entry["failed_only"] = req["failed_only"]
-        self._changes[rid] = self._new_change([token], op, job_id, fp=req.get("fp"))
+        self.changes.pending[rid] = self._new_change([token], op, job_id, fp=req.get("fp"))
         self.proposals.change(entry)
 
     def _pools(self) -> set[str]:
@@ -596,7 +537,7 @@ class JobNode:
         while True:
             job_id = f"{self.now_ms // 1000:x}-{self.rng.getrandbits(32):08x}"
             if job_id not in self.table.jobs and job_id not in self.table.forgotten and all(
-                c.job_id != job_id for c in self._changes.values()
+                c.job_id != job_id for c in self.changes.pending.values()
             ):
                 return job_id
 
@@ -648,8 +589,8 @@ class JobNode:
                     self._applied(Applied(ev.index, sub, sub_out, None))
             return
         rid = e.get("rid")
-        if rid is not None and rid in self._changes:
-            ch = self._changes.pop(rid)
+        if rid is not None and rid in self.changes.pending:
+            ch = self.changes.pending.pop(rid)
             for token in ch.tokens:
                 if _other_request(ch.fp, e.get("fp")):
                     # Another request under the same key committed first (its entry was in the
@@ -685,7 +626,7 @@ class JobNode:
                 if job is not None:
                     self.leadership.note_run(job.pool, r[8], r[9])
                 self.runs.committed(key)
-                self._awaiting_copies.pop(key, None)
+                self.copies.drop(key)
                 if (self.recopies.lost and job is not None and self._leading()
                         and self.recopies.has_room()
                         and 0 <= r[1] < job.n and job.epoch[r[1]] == r[2]):
@@ -713,89 +654,36 @@ class JobNode:
         # The outputs are pinned for the job already: the blob writers pin them in the same
         # transaction that stores them (and the empty payload is pinned for good).
         outs = tuple(d for d in (ev.stdout, ev.stderr) if d is not None)
-        to_copy = tuple(sorted(set(outs) - {EMPTY_DIGEST}))
-        if to_copy and self.cfg.blob_copies > 1 and self._others():
-            self._awaiting_copies[key] = _Copies(ev.job_id, to_copy)
+        self.copies.ended(key, ev.job_id, outs)
 
     # --- blob copies --------------------------------------------------------------------------
 
     def _copied(self, member: str, digests: tuple[str, ...]) -> None:
         got = set(digests)
         self.recopies.copied(member, got, self.now_ms, self._links)
-        for copies in self._awaiting_copies.values():
-            if got.issuperset(copies.digests):
-                copies.have.add(member)
+        self.copies.copied(member, got)
 
     def _others(self) -> set[str]:
         """The other members this member knows of."""
         return ({v for v in self.cfg.voters} | set(self.roster.known)) - {self.cfg.member}
 
+    def _carry_on(self, token: int, req: dict) -> None:
+        """Go on with a submit whose inputs are copied: proposed here, or sent to the leader."""
+        if self._leading():
+            self._change(token, req)
+        else:
+            self._forward(token, req)
+
     def _ask_copies(self) -> None:
-        """A result's outputs (and a submit's inputs) must be on `blob_copies` members before
-        it is proposed: ask `blob_copies - 1` linked members and `copy_spares` more at once,
-        and go on with the first `blob_copies - 1` that confirm. (Asking one at a time made
-        one silent member, whose link still looks up until it times out, hold every copy back
-        for seconds; asking every member would store every output everywhere.) A member that
-        has not confirmed is asked again after `proposal_retry_ms`, and another one in its
-        place at once."""
-        if not self._awaiting_copies:
-            return
-        now = self.now_ms
-        need = min(self.cfg.blob_copies - 1, len(self._others()))
-        linked = sorted(p for p, up in self._links.items() if up and p != self.cfg.member)
-        for key, copies in list(self._awaiting_copies.items()):
-            if len(copies.have) >= need:
-                del self._awaiting_copies[key]
-                row = self.runs.results.get(key)
-                if row is not None and copies.have:
-                    # The result names who confirmed copies, so that the table knows where its
-                    # outputs are when a member is lost (see copies.py).
-                    if len(row) == 10:
-                        row.append(None)
-                    row.append(sorted(copies.have)[:limits.result_holders_max])
-                if copies.then is not None:
-                    tokens, req = copies.then
-                    for token in tokens:
-                        if self._leading():
-                            self._change(token, req)
-                        else:
-                            self._forward(token, req)
-                continue
-            if copies.then is not None and now >= copies.deadline_ms:
-                del self._awaiting_copies[key]
-                self._count("inputs_not_copied")
-                for token in copies.then[0]:
-                    self._reply(token, 503, {
-                        "error": "the job's inputs could not be copied to another member in time "
-                                 "(members unreachable?); nothing was submitted: try again"})
-                continue
-            # The members still needed and the spares at once, from a place in the list that
-            # depends on the owner, so that copies spread over the members.
-            waiting = sum(1 for p, t in copies.asked.items()
-                          if p not in copies.have and now - t < limits.proposal_retry_ms)
-            room = need - len(copies.have) + limits.copy_spares - waiting
-            if room <= 0 or not linked:
-                continue
-            start = blake3.blake3(copies.owner.encode()).digest()[0] % len(linked)
-            for to in linked[start:] + linked[:start]:
-                if room <= 0:
-                    break
-                if to in copies.have:
-                    continue
-                asked = copies.asked.get(to)
-                if asked is not None and now - asked < limits.proposal_retry_ms:
-                    continue
-                copies.asked[to] = now
-                room -= 1
-                self._out.append(CopyBlobs(to, copies.owner, copies.digests))
+        self.copies.ask(self.now_ms, self._links)
 
     # --- reconciling --------------------------------------------------------------------------
 
     def _reconcile(self) -> None:
         now = self.now_ms
-        for pending in (self._changes, self._forwarded):
+        for pending in (self.changes.pending, self.changes.forwarded):
             for rid, ch in list(pending.items()):
-                if rid in self.table.rids and pending is self._changes:
+                if rid in self.table.rids and pending is self.changes.pending:
                     del pending[rid]
                     seen = self.table.rids[rid]
                     for token in ch.tokens:
@@ -829,8 +717,8 @@ class JobNode:
                 self._was_ready = True
                 self._out.append(UnpinAllBut(frozenset(self.table.jobs) | {MEMBER_OWNER}))
             # Changes this member forwarded before it came to lead: its own to propose now.
-            for rid, ch in list(self._forwarded.items()):
-                del self._forwarded[rid]
+            for rid, ch in list(self.changes.forwarded.items()):
+                del self.changes.forwarded[rid]
                 if ch.op in ("fleet", "pools"):
                     for token in ch.tokens:  # this member leads now: its own view is whole
                         self._reply(token, 200, self.fleet() if ch.op == "fleet" else self.pools())
@@ -844,12 +732,12 @@ class JobNode:
 
     def _answer_waiters(self) -> None:
         self.feed.answer_waiters(self.now_ms)
-        if not self._waiters:
+        if not self.changes.waiters:
             return
         now = self.now_ms
-        for job_id in list(self._waiters):
+        for job_id in list(self.changes.waiters):
             job = self.table.jobs.get(job_id)
-            ws = self._waiters[job_id]
+            ws = self.changes.waiters[job_id]
             keep = []
             for token, items, deadline, since in ws:
                 if job is None:
@@ -860,16 +748,16 @@ class JobNode:
                 else:
                     keep.append((token, items, deadline, since))
             if keep:
-                self._waiters[job_id] = keep
+                self.changes.waiters[job_id] = keep
             else:
-                del self._waiters[job_id]
+                del self.changes.waiters[job_id]
 
     def _follow_own_leases(self) -> None:
         table = self.table
         for key in list(self.runs.running):
             if not table.lease_current(*key):
                 ended = self.runs.gone(key)
-                self._awaiting_copies.pop(key, None)
+                self.copies.drop(key)
                 if not ended:
                     self._out.append(Cut(*key))
         # A lease naming this incarnation's boot id was made after this process started, so it
@@ -948,81 +836,22 @@ class JobNode:
         if not isinstance(body, dict) or not isinstance(body.get("rid"), str):
             self._count("frames_bad_ctl")
             return
-        self._next_remote -= 1
-        token = self._next_remote
-        req = body.get("req")
-        fp = req.get("fp") if isinstance(req, dict) else None
-        self._remote[token] = (peer, body["rid"], fp if isinstance(fp, str) else None)
+        token = self.changes.remote_token(peer, body)
         self._ctl(token, body.get("req"), forwarded=True)
 
     def _on_ctl_reply(self, peer: str, body: Any) -> None:
-        if not isinstance(body, dict) or type(body.get("status")) is not int:
-            self._count("frames_bad_ctl_reply")
-            return
-        ch = self._forwarded.get(body.get("rid"))
-        if ch is None:
-            return  # answered already (a duplicate, or after our deadline)
-        if "fp" in body and body["fp"] != ch.fp:
-            # A late answer to an earlier request under the same key (one that timed out
-            # here), not to the change waiting now: that one must not get its answer.
-            self._count("ctl_replies_of_another_request")
-            return
-        del self._forwarded[body["rid"]]
-        index = body.get("index")
-        index = index if type(index) is int else 0
-        for token in ch.tokens:
-            answer = Answer(body["status"], body.get("body"))
-            if index > self.table.applied_index:
-                # Read your writes: the client's next read here must see its change, so the
-                # answer waits until this member's table has the entry (or a deadline passes).
-                self._parked.append((index, token, answer, self.now_ms + limits.ctl_commit_ms_max))
-            else:
-                self._answer(token, answer)
+        self.changes.on_ctl_reply(body, self.now_ms)
 
     def _release_parked(self) -> None:
-        if not self._parked:
-            return
-        keep = []
-        for index, token, answer, deadline in self._parked:
-            if index <= self.table.applied_index or deadline <= self.now_ms:
-                self._answer(token, answer)
-            else:
-                keep.append((index, token, answer, deadline))
-        self._parked = keep
+        self.changes.release_parked(self.now_ms)
 
     def _forward(self, token: int, req: dict) -> None:
-        """A change asked of a member that does not lead: send it to the leader (F_CTL)."""
-        leader = self.view.leader
-        if leader is None or leader == self.cfg.member:
-            self._count("ctl_no_leader")
-            self._reply(token, 503, {"error": "no leader: the fleet cannot commit changes now "
-                                              "(an election is under way, or a majority of voters "
-                                              "is unreachable); try again shortly"})
-            return
-        rid = req["rid"]
-        ch = self._forwarded.get(rid)
-        if ch is not None:
-            ch.tokens.append(token)
-            return
-        self._forwarded[rid] = self._new_change([token], req["op"], req.get("id"), req)
-        self._forwarded[rid].sent_ms = self.now_ms
-        # Forwarded changes are re-sent (same request id) when the leader changes, and every
-        # `ctl_resend_ms` while unanswered: a frame to a leader that just died is lost.
-        self._count("ctl_forwarded")
-        self._out.append(Send(leader, "F_CTL", {"rid": rid, "req": req}))
+        """A change asked of a member that does not lead: send it to the leader (changes.py)."""
+        self.changes.forward(token, req, self.view.leader, self.now_ms)
 
     def _answer(self, token: int, answer: Answer, index: int = 0) -> None:
-        """Every answer goes out here: to a local client, or back to the member that forwarded
-        the request (F_CTL_REPLY, with the log index of the entry it depends on)."""
-        remote = self._remote.pop(token, None)
-        if remote is None:
-            self._out.append(Reply(token, answer))
-        else:
-            peer, rid, fp = remote
-            # The fingerprint says which request under this key the answer is for.
-            self._out.append(Send(peer, "F_CTL_REPLY", {"rid": rid, "fp": fp,
-                                                        "status": answer.status,
-                                                        "body": answer.body, "index": index}))
+        """Every answer goes out here (changes.py)."""
+        self.changes.answer(token, answer, index)
 
     def _on_state(self, peer: str, body: Any) -> None:
         self.follower.on_state(peer, body, self.view, self.now_ms)
@@ -1040,7 +869,7 @@ class JobNode:
         rows = self._due_results(len(self.runs.results))
         for k in range(0, len(rows), limits.result_batch_max):
             self._out.append(Send(leader, "F_RESULT", {"r": rows[k:k + limits.result_batch_max]}))
-        for rid, ch in self._forwarded.items():
+        for rid, ch in self.changes.forwarded.items():
             if now - ch.sent_ms >= limits.ctl_resend_ms:
                 ch.sent_ms = now
                 self._out.append(Send(leader, "F_CTL", {"rid": rid, "req": ch.req}))
@@ -1086,11 +915,11 @@ class JobNode:
         return self.roster.alive(name, self.now_ms, boot)
 
     def _frees_slot(self, key: tuple[str, int, int]) -> bool:
-        return self.runs.frees_slot(key, self._awaiting_copies)
+        return self.runs.frees_slot(key, self.copies)
 
     def _due_results(self, rows_max: int) -> list[list]:
         """Results ready to go, marked sent now (runs.py)."""
-        return self.runs.due(rows_max, self.now_ms, self._awaiting_copies)
+        return self.runs.due(rows_max, self.now_ms, self.copies)
 
     def _propose_results(self) -> None:
         now = self.now_ms
@@ -1128,13 +957,13 @@ class JobNode:
         leader = self.view.leader
         if leader is None or leader == self.cfg.member:
             return False
-        self._next_fleet_ask += 1
-        rid = f"#fleet.{self.cfg.member}.{self._next_fleet_ask}"  # no client request id has "#"
+        self.changes.next_fleet_ask += 1
+        rid = f"#fleet.{self.cfg.member}.{self.changes.next_fleet_ask}"  # no client request id has "#"
         req = {"op": op}
         ch = self._new_change([token], op, None, req)
         ch.deadline_ms = self.now_ms + limits.fleet_ask_ms
         ch.sent_ms = self.now_ms
-        self._forwarded[rid] = ch
+        self.changes.forwarded[rid] = ch
         self._out.append(Send(leader, "F_CTL", {"rid": rid, "req": req}))
         return True
 
@@ -1221,7 +1050,7 @@ class JobNode:
         m["jobs_forgotten_total"] = len(self.table.forgotten)
         m["items_leased"] = len(self.table.leased)
         m["items_running"] = self.runs.running_count()
-        m["changes_in_flight"] = len(self._changes) + len(self._forwarded)
+        m["changes_in_flight"] = len(self.changes.pending) + len(self.changes.forwarded)
         m["raft_term"] = self.view.term
         m["is_leader"] = 1 if self.view.is_leader else 0
         m["applied_index"] = self.table.applied_index
