@@ -3,7 +3,7 @@
 Items of kind "command" run as subprocesses; items of kind "python" are calls made by the
 workers of the python pool (meshjobs.pypool), which the driver thread owns.
 
-Theory of operation. The jobs thread hands the driver `RunItem`s (`start`) and revocations
+Theory of operation. The jobs thread hands the driver `Run`s (`start`) and revocations
 (`cut`); both only append to state guarded by one lock and wake the driver thread through a pipe.
 The driver thread (`run`) waits with one selector on that pipe and on a pidfd per running
 process, with a timeout equal to the nearest deadline (a runtime limit or the end of a cut's
@@ -101,12 +101,10 @@ class BlobStore(Protocol):
 
 # What the driver runs is the node's `Run` effect itself, and what it reports is the node's
 # `ItemEnded` event (meshjobs/node/events.py): one type per concept, no copy at the edge.
-# `ItemEnd`'s state is "done" (rc 0), "failed" (rc != 0, killed by a signal, or could not
+# `ItemEnded`'s state is "done" (rc 0), "failed" (rc != 0, killed by a signal, or could not
 # start), "timeout" (its runtime limit passed) or "cut" (revoked by `Driver.cut`); stdout and
 # stderr are digests of the captured output (the empty payload has one too), None only when no
 # process ran, and then error says why.
-RunItem = Run
-ItemEnd = ItemEnded
 
 
 def _wall_ms() -> int:
@@ -132,7 +130,7 @@ class _Run:
     __slots__ = ("item", "pid", "proc", "pidfd", "stdin_path", "out", "err", "pipes",
                  "started_ms", "deadline", "kill_at", "reason")
 
-    def __init__(self, item: RunItem, out: Capture, err: Capture, started_ms: int) -> None:
+    def __init__(self, item: Run, out: Capture, err: Capture, started_ms: int) -> None:
         self.item = item
         self.pid = 0
         self.proc: subprocess.Popen[bytes] | None = None  # None: spawned by meshjobs.spawn
@@ -154,7 +152,7 @@ class Driver:
         self,
         blobs: BlobStore,
         spool_dir: str,
-        on_end: Callable[[ItemEnd], None],
+        on_end: Callable[[ItemEnded], None],
         clock_ms: Callable[[], int] = _wall_ms,
         log: Any = None,
         writers: Any = None,
@@ -192,7 +190,7 @@ class Driver:
 
         # Shared with other threads, under _lock.
         self._lock = threading.Lock()
-        self._starts: deque[RunItem] = deque()
+        self._starts: deque[Run] = deque()
         self._cuts: set[RunKey] = set()
         self._accepted: set[RunKey] = set()  # started and not yet reported ended
         # The stdout and stderr of each running process, and whether it has ended (they are
@@ -218,7 +216,7 @@ class Driver:
 
     # --- Other threads -------------------------------------------------------------------------
 
-    def start(self, item: RunItem) -> None:
+    def start(self, item: Run) -> None:
         """Queue an item to run; a no-op if that (job_id, index, epoch) is already accepted.
 
         Raises queue.Full when limits.driver_queue_max items wait to be spawned.
@@ -383,7 +381,7 @@ class Driver:
         base = os.path.join(self._spool_dir, f"{_SPOOL_PREFIX}{self._seq}")
         return (base + ".in", base + ".out", base + ".err")
 
-    def _spawn(self, item: RunItem) -> None:
+    def _spawn(self, item: Run) -> None:
         started_ms = self._clock_ms()
         argv0 = item.argv[0] if item.argv else ""
         if not item.argv:
@@ -473,7 +471,7 @@ class Driver:
         self._log.debug("item_started", job=item.job_id, index=item.index, epoch=item.epoch,
                         pid=run.pid)
 
-    def _launch(self, item: RunItem, env: dict[str, str], fds: list[int],
+    def _launch(self, item: Run, env: dict[str, str], fds: list[int],
                 ids: dict[str, Any]) -> tuple[int, subprocess.Popen[bytes] | None]:
         """Start the item's program on the stdin, stdout and stderr `fds`, in a new session;
         its pid, and its Popen when it was started that way.
@@ -616,7 +614,7 @@ class Driver:
             raise runas.RunAsError(why)
         return ident
 
-    def _spool_stdin(self, item: RunItem, path: str) -> str | None:
+    def _spool_stdin(self, item: Run, path: str) -> str | None:
         """Write the item's stdin blob to path; return why it could not, or None."""
         if item.stdin is None:
             return None
@@ -700,7 +698,7 @@ class Driver:
                               else self._blobs.put_file(src) for src in sources)
             self._pin_outputs(item.job_id, stdout, stderr)
             self._remove(tuple(src for src in sources if isinstance(src, str)))
-            self._report(ItemEnd(item.job_id, item.index, item.epoch, state, rc, sig, stdout,
+            self._report(ItemEnded(item.job_id, item.index, item.epoch, state, rc, sig, stdout,
                                  stderr, run.started_ms, ended_ms, why))
             return
         # The writers make both outputs durable (one fsync for many items) and remove their
@@ -716,12 +714,12 @@ class Driver:
                 futs.append(self._writers.put(src, owner=item.job_id))
             else:
                 futs.append(self._writers.put_file(src, owner=item.job_id, remove=True))
-        self._when_stored(item, futs, lambda stdout, stderr: ItemEnd(
+        self._when_stored(item, futs, lambda stdout, stderr: ItemEnded(
             item.job_id, item.index, item.epoch, state, rc, sig, stdout, stderr,
             run.started_ms, ended_ms, why))
 
-    def _when_stored(self, item: RunItem, futs: list[Future],
-                     make_end: Callable[[str, str], ItemEnd]) -> None:
+    def _when_stored(self, item: Run, futs: list[Future],
+                     make_end: Callable[[str, str], ItemEnded]) -> None:
         """Report make_end(stdout, stderr) once both outputs are durable (from a writer thread,
         or at once when both were durable already)."""
         left = [len(futs)]
@@ -758,7 +756,7 @@ class Driver:
             self._pool.start()
         return self._pool
 
-    def _py_start(self, item: RunItem) -> None:
+    def _py_start(self, item: Run) -> None:
         if not item.argv:
             self._report_unstarted(item, "failed", self._clock_ms(),
                                    "empty argv: give the job's argv[0] as 'package.module:function'")
@@ -780,7 +778,7 @@ class Driver:
             item = dataclasses.replace(item, env={**self._full_env, **item.env})
         self._python_pool().submit(item)
 
-    def _py_load(self, item: RunItem) -> bytes | str:
+    def _py_load(self, item: Run) -> bytes | str:
         """The item's stdin payload, or why it cannot be had."""
         if item.stdin is None:
             return b""
@@ -814,14 +812,14 @@ class Driver:
                 end = dataclasses.replace(end, error=why if end.error is None
                                           else f"{end.error}; {why}"[:limits.item_error_chars_max])
         if end.stdout is None or end.stderr is None:
-            self._report(ItemEnd(item.job_id, item.index, item.epoch, end.state, end.rc,
+            self._report(ItemEnded(item.job_id, item.index, item.epoch, end.state, end.rc,
                                  end.signal, None, None, end.started_ms, end.ended_ms, end.error))
             return
         if self._writers is None:
             stdout = self._blobs.put(end.stdout)
             stderr = self._blobs.put(end.stderr)
             self._pin_outputs(item.job_id, stdout, stderr)
-            self._report(ItemEnd(item.job_id, item.index, item.epoch, end.state, end.rc,
+            self._report(ItemEnded(item.job_id, item.index, item.epoch, end.state, end.rc,
                                  end.signal, stdout, stderr, end.started_ms, end.ended_ms,
                                  end.error))
             return
@@ -834,11 +832,11 @@ class Driver:
                 done: Future = Future()
                 done.set_result(EMPTY_DIGEST)
                 futs.append(done)
-        self._when_stored(item, futs, lambda stdout, stderr: ItemEnd(
+        self._when_stored(item, futs, lambda stdout, stderr: ItemEnded(
             item.job_id, item.index, item.epoch, end.state, end.rc, end.signal, stdout, stderr,
             end.started_ms, end.ended_ms, end.error))
 
-    def _write_paths(self, item: RunItem, sources: tuple[outpaths.Source, outpaths.Source]
+    def _write_paths(self, item: Run, sources: tuple[outpaths.Source, outpaths.Source]
                      ) -> str | None:
         """Write the outputs to the job's --stdout/--stderr paths (as the item's user); why
         some could not be, or None."""
@@ -862,14 +860,14 @@ class Driver:
             for d in digests:
                 pin(d, job_id)
 
-    def _report_unstarted(self, item: RunItem, state: str, started_ms: int,
+    def _report_unstarted(self, item: Run, state: str, started_ms: int,
                           error: str | None) -> None:
         self._log.debug("item_ended", job=item.job_id, index=item.index, epoch=item.epoch,
                         pid=None, rc=None, state=state, error=error)
-        self._report(ItemEnd(item.job_id, item.index, item.epoch, state, None, None, None, None,
+        self._report(ItemEnded(item.job_id, item.index, item.epoch, state, None, None, None, None,
                              started_ms, self._clock_ms(), error))
 
-    def _report(self, end: ItemEnd) -> None:
+    def _report(self, end: ItemEnded) -> None:
         key = (end.job_id, end.index, end.epoch)
         with self._lock:
             if self._stopping:
@@ -948,7 +946,7 @@ def _cwd_error(cwd: str, member: str, why: str) -> str:
             f"there, or submit with another --cwd (or --no-cwd: the member's own folder)")
 
 
-def _start_error(item: RunItem, argv0: str, e: Exception, member: str = "") -> str:
+def _start_error(item: Run, argv0: str, e: Exception, member: str = "") -> str:
     """Say why the item's program could not start, and what to do about it."""
     if isinstance(e, OSError):
         why = e.strerror or str(e)

@@ -58,7 +58,7 @@ class PyEnd:
     """How one python call ended. stdout and stderr are None only when no worker took the item
     (then error says why)."""
 
-    item: Any  # the driver's RunItem
+    item: Any  # the driver's Run
     state: str  # done | failed | timeout | cut
     rc: int | None
     signal: int | None
@@ -86,7 +86,7 @@ class _Worker:
         self.writing = False  # w_fd is registered for EVENT_WRITE
         self.ready = False
         self.start_by: float | None = start_by  # time.monotonic() its ready frame is due by
-        self.item: Any = None  # the RunItem of the call it is making
+        self.item: Any = None  # the Run of the call it is making
         self.started_ms = 0
         self.deadline: float | None = None  # time.monotonic() when the item's runtime passes
         self.reason: str | None = None  # "timeout" or "cut" once the pool killed it for that

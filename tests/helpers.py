@@ -57,7 +57,7 @@ import pytest
 from blobstore import BlobCorrupt, MemoryBlobStore
 from meshjobs import http as mhttp
 from meshjobs.control import Answer, ControlError
-from meshjobs.driver import Driver, ItemEnd
+from meshjobs.driver import Driver
 from meshjobs.frames import Frame, FrameType
 from meshjobs.links import Links
 from meshjobs.node import (
@@ -1175,13 +1175,13 @@ class DriverHarness:
     def __init__(self, tmp_path: Any, blobs: Any, run: bool = True, **driver_kw: Any) -> None:
         self.spool = tmp_path / "spool"
         self.blobs = blobs
-        self.ends: queue.Queue[ItemEnd] = queue.Queue()
+        self.ends: queue.Queue[ItemEnded] = queue.Queue()
         self.driver = Driver(blobs, str(self.spool), self.ends.put, **driver_kw)
         self.thread = threading.Thread(target=self.driver.run, daemon=True)
         if run:
             self.thread.start()
 
-    def end(self) -> ItemEnd:
+    def end(self) -> ItemEnded:
         return self.ends.get(timeout=ITEM_WAIT_S)
 
     def spooled(self) -> list[str]:
@@ -1195,11 +1195,11 @@ class DriverHarness:
         got = self.driver.read_output(key, "stdout", 0, 0)
         return 0 if got is None else got[1]
 
-    def out(self, end: ItemEnd) -> bytes:
+    def out(self, end: ItemEnded) -> bytes:
         assert end.stdout is not None
         return self.blobs.get(end.stdout) or b""
 
-    def err(self, end: ItemEnd) -> str:
+    def err(self, end: ItemEnded) -> str:
         assert end.stderr is not None
         return (self.blobs.get(end.stderr) or b"").decode()
 

@@ -15,7 +15,7 @@ import pytest
 from blobstore import limits as blob_limits
 from blobstore.store import LmdbBlobStore
 from meshjobs import limits
-from meshjobs.driver import RunItem
+from meshjobs.node import Run
 from tests.helpers import DriverHarness as Harness
 from tests.helpers import alive, wait_until
 
@@ -28,11 +28,11 @@ def put_bytes(blobs: LmdbBlobStore, data: bytes) -> str:
 
 def item(argv: list[str], index: int = 0, job_id: str = "j1", epoch: int = 1,
          env: dict[str, str] | None = None, cwd: str | None = None, stdin: str | None = None,
-         runtime_s: float | None = None) -> RunItem:
-    return RunItem(job_id, index, epoch, argv, env or {}, cwd, stdin, runtime_s)
+         runtime_s: float | None = None) -> Run:
+    return Run(job_id, index, epoch, argv, env or {}, cwd, stdin, runtime_s)
 
 
-def sh(script: str, **kw: object) -> RunItem:
+def sh(script: str, **kw: object) -> Run:
     return item(["sh", "-c", script], **kw)  # type: ignore[arg-type]
 
 

@@ -16,7 +16,7 @@ import pytest
 from blobstore.digest import EMPTY_DIGEST
 from blobstore.store import LmdbBlobStore
 from meshjobs import limits
-from meshjobs.driver import RunItem
+from meshjobs.node import Run
 from tests.helpers import DriverHarness as Harness
 from tests.helpers import alive, wait_until
 
@@ -25,8 +25,8 @@ MEMORY = limits.item_output_memory_bytes_max
 
 
 def sh(script: str, stdin: str | None = None, index: int = 0, cwd: str | None = None,
-       env: dict[str, str] | None = None) -> RunItem:
-    return RunItem("j", index, 1, ["sh", "-c", script], env or {}, cwd, stdin, None)
+       env: dict[str, str] | None = None) -> Run:
+    return Run("j", index, 1, ["sh", "-c", script], env or {}, cwd, stdin, None)
 
 
 @pytest.fixture
@@ -322,11 +322,11 @@ def test_a_relative_program_runs_from_the_items_folder(h: Harness, blobs: LmdbBl
     work.mkdir()
     (work / "tool").write_text("#!/bin/sh\npwd\n")
     (work / "tool").chmod(0o755)
-    h.driver.start(RunItem("j", 0, 1, ["./tool"], {}, str(work), None, None))
+    h.driver.start(Run("j", 0, 1, ["./tool"], {}, str(work), None, None))
     end = h.end()
     assert end.state == "done" and end.stdout is not None
     assert blobs.get(end.stdout) == f"{work}\n".encode()
-    h.driver.start(RunItem("j", 1, 1, ["./tool"], {}, str(tmp_path / "gone"), None, None))
+    h.driver.start(Run("j", 1, 1, ["./tool"], {}, str(tmp_path / "gone"), None, None))
     end = h.end()
     assert (end.state, end.stdout) == ("failed", None)
     assert end.error is not None and "working directory" in end.error and "gone" in end.error
@@ -340,7 +340,7 @@ def test_every_start_runs_however_it_meets_the_drivers_wakeups(h: Harness) -> No
     for _ in range(150):
         burst = []
         for _ in range(3):
-            h.driver.start(RunItem("j", index, 1, ["/bin/true"], {}, None, None, None))
+            h.driver.start(Run("j", index, 1, ["/bin/true"], {}, None, None, None))
             burst.append(index)
             index += 1
         assert sorted(h.end().index for _ in burst) == burst

@@ -78,7 +78,7 @@ def test_driver_runs_the_node_run_and_reports_the_node_end() -> None:
     `ItemEnded` event, so that the jobs thread hands both on without copying them."""
     from meshjobs import driver
 
-    assert driver.RunItem is events.Run and driver.ItemEnd is events.ItemEnded
+    assert not hasattr(driver, "RunItem") and not hasattr(driver, "ItemEnd")
     run = events.Run("j", 2, 3, ["true"], {}, None, None, None)
     assert run.key == ("j", 2, 3)
 

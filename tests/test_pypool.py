@@ -16,7 +16,7 @@ from blobstore import BlobWriters
 from blobstore.store import LmdbBlobStore
 from meshjobs import limits
 from meshjobs.config import ConfigError, load_config
-from meshjobs.driver import ItemEnd, RunItem
+from meshjobs.node import ItemEnded, Run
 from tests.helpers import DriverHarness, Meshd, alive, wait_until
 
 WAIT_S = 30  # the longest a test waits for anything
@@ -76,8 +76,8 @@ def huge(data):
 
 def _item(target: str, index: int = 0, job_id: str = "j1", epoch: int = 1,
           env: dict[str, str] | None = None, cwd: str | None = None, stdin: str | None = None,
-          runtime_s: float | None = None, args: tuple[str, ...] = ()) -> RunItem:
-    return RunItem(job_id, index, epoch, [target, *args], env or {}, cwd, stdin, runtime_s,
+          runtime_s: float | None = None, args: tuple[str, ...] = ()) -> Run:
+    return Run(job_id, index, epoch, [target, *args], env or {}, cwd, stdin, runtime_s,
                    "python")
 
 
@@ -91,7 +91,7 @@ class Harness(DriverHarness):
         (self.dir / "pyfuncs.py").write_text(FUNCS)
         super().__init__(tmp_path, blobs, python_workers=workers, writers=writers)
 
-    def call(self, func: str, data: bytes = b"", **kw: object) -> ItemEnd:
+    def call(self, func: str, data: bytes = b"", **kw: object) -> ItemEnded:
         self.start(func, data, **kw)
         return self.end()
 
@@ -331,7 +331,7 @@ def test_many_items_end_exactly_once(tmp_path: Path, blobs: LmdbBlobStore) -> No
             h.driver.start(_item("bench.noop:run", index=i))
         for i in range(5):
             h.start("echo", f"item {i}".encode(), job_id="echoes", index=i)
-        seen: dict[tuple[str, int], ItemEnd] = {}
+        seen: dict[tuple[str, int], ItemEnded] = {}
         for _ in range(n + 5):
             end = h.end()
             key = (end.job_id, end.index)

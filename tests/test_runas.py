@@ -18,7 +18,8 @@ import pytest
 from blobstore.store import LmdbBlobStore
 from meshjobs.config import ConfigError, load_config
 from meshjobs.control import ControlError, parse_submit, parse_user
-from meshjobs.driver import Driver, ItemEnd, RunItem
+from meshjobs.driver import Driver
+from meshjobs.node import ItemEnded, Run
 from meshjobs.runas import can_switch_user
 from tests.helpers import Meshd, make_fleet, member_config
 
@@ -339,8 +340,8 @@ def blobs(tmp_path: Path) -> Iterator[LmdbBlobStore]:
     store.close()
 
 
-def _drive(tmp_path: Path, blobs: LmdbBlobStore, item: RunItem, **kw) -> ItemEnd:
-    ends: queue.Queue[ItemEnd] = queue.Queue()
+def _drive(tmp_path: Path, blobs: LmdbBlobStore, item: Run, **kw) -> ItemEnded:
+    ends: queue.Queue[ItemEnded] = queue.Queue()
     driver = Driver(blobs, str(tmp_path / "spool"), ends.put, member="m9", **kw)
     thread = threading.Thread(target=driver.run, daemon=True)
     thread.start()
@@ -355,15 +356,15 @@ def _drive(tmp_path: Path, blobs: LmdbBlobStore, item: RunItem, **kw) -> ItemEnd
 def test_driver_that_may_not_switch(tmp_path, blobs):
     """may_switch_user=False (a member not root): another user fails the item without running,
     its own uid:gid runs; a python item never runs as another user."""
-    end = _drive(tmp_path, blobs, RunItem("j", 0, 1, ["true"], {}, "/", None, None,
+    end = _drive(tmp_path, blobs, Run("j", 0, 1, ["true"], {}, "/", None, None,
                                           user="nobody"), may_switch_user=False)
     assert end.state == "failed" and end.stdout is None
     assert "member m9" in end.error and "cannot run items as user 'nobody'" in end.error
     own = f"{os.geteuid()}:{os.getegid()}"
-    end = _drive(tmp_path, blobs, RunItem("j", 1, 1, ["true"], {}, "/", None, None, user=own),
+    end = _drive(tmp_path, blobs, Run("j", 1, 1, ["true"], {}, "/", None, None, user=own),
                  may_switch_user=False)
     assert end.state == "done", end
-    end = _drive(tmp_path, blobs, RunItem("j", 2, 1, ["json:dumps"], {}, None, None, None,
+    end = _drive(tmp_path, blobs, Run("j", 2, 1, ["json:dumps"], {}, None, None, None,
                                           kind="python", user="nobody"), python_workers=0)
     assert end.state == "failed" and "pool of kind python on member m9" in end.error
 
@@ -410,7 +411,7 @@ def test_python_items_inherit_env(tmp_path, blobs, monkeypatch):
         "import os\n\ndef secret(data):\n    return os.environ.get('RUNAS_PY_SECRET', 'unset')\n")
     outs = []
     for inherit in (False, True):
-        end = _drive(tmp_path, blobs, RunItem("j", int(inherit), 1, ["runasmod:secret"], {},
+        end = _drive(tmp_path, blobs, Run("j", int(inherit), 1, ["runasmod:secret"], {},
                                               str(tmp_path), None, None, kind="python",
                                               inherit_env=inherit), python_workers=1)
         assert end.state == "done", end
