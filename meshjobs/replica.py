@@ -705,36 +705,3 @@ class WorkerReplica:
     def close(self) -> None:
         os.close(self._r)
         os.close(self._w)
-
-
-class _Assembler:
-    """Frames too large for one link frame travel in parts; this puts them back together,
-    bounded in count and bytes (a peer cannot make us hold more)."""
-
-    def __init__(self) -> None:
-        self._parts: dict[tuple[str, int], tuple[int, list[bytes | None], int]] = {}
-
-    def add(self, peer: str, body: dict) -> Any:
-        seq, part, parts, data = body.get("seq"), body.get("part"), body.get("parts"), body.get("data")
-        if not (type(seq) is int and type(part) is int and type(parts) is int
-                and isinstance(data, bytes) and 0 <= part < parts <= limits.frame_parts_max):
-            return None
-        key = (peer, seq)
-        if key not in self._parts:
-            if len(self._parts) >= limits.frame_assemblies_max:
-                self._parts.pop(next(iter(self._parts)))
-            self._parts[key] = (parts, [None] * parts, 0)
-        n, chunks, size = self._parts[key]
-        if n != parts or chunks[part] is not None:
-            del self._parts[key]
-            return None
-        chunks[part] = data
-        size += len(data)
-        self._parts[key] = (n, chunks, size)
-        if any(c is None for c in chunks):
-            return None
-        del self._parts[key]
-        try:
-            return msgpack.unpackb(b"".join(chunks), raw=False, strict_map_key=False)  # type: ignore[arg-type]
-        except Exception:
-            return None
