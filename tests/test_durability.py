@@ -129,16 +129,8 @@ def test_log_compacted_by_size(meshd):
     everything is still there after a restart."""
     from meshjobs import limits
 
-    # An array entry of this many items, each its own payload, is larger (an entry names each
-    # distinct payload once: the same few payloads would make it small).
-    n = limits.log_compaction_bytes_min // 30
-    status, rec = meshd.request("POST", "/jobs", {"argv": ["true"], "hold": True,
-                                                  "items": [str(k) for k in range(n)]})
-    assert status == 201, rec
-    # A compaction keeps the last applied entry: two more entries let the big one go.
-    for _ in range(2):
-        status, _small = meshd.request("POST", "/jobs", {"argv": ["true"], "hold": True})
-        assert status == 201
+    rec = submit_big_entry(meshd)
+    n = limits.log_compaction_bytes_min // 30  # the items submit_big_entry submits
     wait_until(lambda: os.path.getsize(_journal(meshd)) < limits.log_compaction_bytes_min, 30,
                what="the journal compacted")
     assert os.path.exists(os.path.join(meshd.data, "raft.dump"))
