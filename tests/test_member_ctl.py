@@ -95,9 +95,13 @@ def test_stop_exits_once_running_items_end(fleet, tmp_path) -> None:
     assert [it["member"] for it in done["items"]] == [target.name, target.name]
     assert [it["attempts"] for it in done["items"]] == [1, 1]
     target.start()
-    wait_until(lambda: fleet_row(lead, target.name)["alive"], what="the member back")
-    row = fleet_row(lead, target.name)
-    assert row["stopping"] is False and row["drained"] is False, row
+    # The row is the old boot's until the new boot's hello reaches the leader: wait for that.
+    wait_until(
+        lambda: (row := fleet_row(lead, target.name))["alive"]
+        and row["stopping"] is False
+        and row["drained"] is False,
+        what="the new boot's row: alive, neither stopping nor drained",
+    )
 
 
 def test_stop_with_grace_cuts_and_the_item_runs_elsewhere(fleet, tmp_path) -> None:
