@@ -20,7 +20,7 @@ import uuid
 
 import structlog
 
-from meshjobs import limits, logs
+from meshjobs import limits, logs, sdnotify
 from meshjobs.config import Config, ConfigError, load_config, parse_addr, python_workers
 from meshjobs.dumpfile import DumpCorrupt
 from meshjobs.failpoints import Failpoints
@@ -115,6 +115,8 @@ class Member:
             return e.code
         self._start_threads()
         self._write_addr_files()
+        # systemd (Type=notify): the member serves now.
+        sdnotify.notify(f"READY=1\nSTATUS=serving HTTP on {self.cfg.http[0]}:{self.http.bound_port}")
         self._wait()
         self._shut_down()
         return 0
@@ -399,6 +401,12 @@ class Member:
             extra.append(guarded("itemlogs", self.item_logs.run))
         extra.append(guarded("history", self.history.run))
         extra.append(guarded("notify", notifier.run))
+        # systemd's watchdog (WatchdogSec=): pinged while the jobs thread answers.
+        self.watchdog = None
+        period_s = sdnotify.watchdog_period_s()
+        if period_s is not None:
+            self.watchdog = sdnotify.Watchdog(period_s, self._jobs_answer)
+            extra.append(guarded("watchdog", self.watchdog.run))
         for t in extra:
             t.start()
         self.http_ready = http_ready = threading.Event()
@@ -406,6 +414,17 @@ class Member:
         self.t_driver.start()
         self.t_jobs.start()
         self.t_http.start()
+
+    def _jobs_answer(self, timeout_s: float) -> bool:
+        """Whether the jobs thread answers a health request within `timeout_s` (the watchdog's
+        test of life: a stuck or dead jobs thread answers nothing)."""
+        import concurrent.futures
+
+        try:
+            self.jobs.call({"op": "health"}).result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            return False
+        return True
 
     def _write_addr_files(self) -> None:
         """Once HTTP listens (exit 2 if it does not within `http_start_s_max`): its address in
@@ -450,7 +469,10 @@ class Member:
         (running items cut), the blob writers, the other threads, then the journal synced and
         closed and the blob store closed."""
         log.info("meshd_stopping")
+        sdnotify.notify("STOPPING=1")
         join_s = limits.thread_join_s_max
+        if self.watchdog is not None:
+            self.watchdog.stop()
         self.http.stop()
         self.t_http.join(join_s)
         self.jobs.stop()
