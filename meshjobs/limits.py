@@ -239,6 +239,10 @@ raft_send_queue_bytes_max = 2 * raft_message_bytes_max
 raft_ping_s = 1.0  # an idle Raft connection carries a ping this often
 raft_idle_s_max = 3.5  # a Raft connection that brings nothing for this long is closed
 raft_connect_retry_s = 0.25  # a voter dials a voter it is not connected to this often
+# A voter's host name is looked up again this often (a voter back on another address is found
+# within it), and a failed lookup is tried again this often (pysyncobj's defaults: 600 s, 30 s).
+raft_dns_cache_s = 5.0
+raft_dns_retry_s = 1.0
 raft_read_bytes = 1 << 18  # one recv on the Raft port
 raft_reads_per_event_max = 16  # recvs per poll event, so that one busy peer cannot starve the others
 fleet_ask_ms = 2_000  # the fleet view asked of the leader; unanswered by then, a member gives its own

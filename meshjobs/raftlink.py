@@ -102,6 +102,13 @@ class _Conn:
         self.addr = addr
 
 
+def bind_choice(infos: list) -> tuple:
+    """Of getaddrinfo's answers for our own Raft address, the one to listen on: IPv4 when the
+    name has one, as pysyncobj's resolver dials IPv4 first (a name such as `localhost` that is
+    both ::1 and 127.0.0.1 would otherwise be listened on at ::1 and dialled at 127.0.0.1)."""
+    return next((i for i in infos if i[0] == socket.AF_INET), infos[0])
+
+
 class SealedTransport(Transport):
     """pysyncobj's transport for meshjobs: see the module's rules. The fleet secret is the
     SyncObj's `fleet_secret`; the journal gate its `journal_sync()`."""
@@ -130,6 +137,10 @@ class SealedTransport(Transport):
         self.sent_entries = 0  # log entries in them
         for node in otherNodes:
             self.addNode(node)
+        # pysyncobj's resolver keeps an address 600 s (a failed lookup 30 s): a voter that comes
+        # back on another address under its name (a rescheduled pod, a recreated container)
+        # would be dialled at its old one for ten minutes.
+        globalDnsResolver().setTimeouts(limits.raft_dns_cache_s, limits.raft_dns_retry_s)
         syncObj.addOnTickCallback(self._on_tick)
 
     # --- pysyncobj's interface ---------------------------------------------------------------
@@ -207,7 +218,7 @@ class SealedTransport(Transport):
         host, _, port = address.rpartition(":")
         host = host.strip("[]")
         infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
-        family, _, _, _, sockaddr = infos[0]
+        family, _, _, _, sockaddr = bind_choice(infos)
         server = socket.socket(family, socket.SOCK_STREAM)
         try:
             server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
