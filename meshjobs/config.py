@@ -1,4 +1,4 @@
-"""meshd's configuration: the TOML file of DESIGN.md, with defaults for a fleet of one.
+"""meshd's configuration: the TOML file of docs/configuration.md, with defaults for a fleet of one.
 
 Every key is optional but `name` (in a file); with no file at all, meshd runs a fleet of one on
 127.0.0.1 with its data folder in the current directory and a `default` pool of kind `command`

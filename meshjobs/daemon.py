@@ -2,7 +2,7 @@
 
 With no arguments it runs a fleet of one: data folder `./meshjobs-data`, HTTP on 127.0.0.1:7700,
 Raft on 127.0.0.1:7702, a `default` pool of kind `command` with one slot per core. `--config FILE`
-takes the TOML keys of DESIGN.md. SIGTERM or SIGINT stops it cleanly (exit 0): running items are
+takes the TOML keys of docs/configuration.md. SIGTERM or SIGINT stops it cleanly (exit 0): running items are
 cut, and their leases are revoked and re-leased when the member starts again.
 """
 

@@ -969,7 +969,7 @@ class JobTable:
         return job is not None and 0 <= i < job.n and job.st[i] == LEASED and job.epoch[i] == epoch
 
     def record(self, job: Job, items: bool = False) -> dict:
-        """A job as clients see it (DESIGN.md: the job record)."""
+        """A job as clients see it: the job record of `GET /jobs/{id}`."""
         rec = {
             "id": job.id,
             "state": job.state,

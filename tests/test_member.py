@@ -23,7 +23,7 @@ pytestmark = pytest.mark.fleet
 
 def test_hello_submit_wait_results(meshd):
     """A plain command is a job of one item: submit prints the id, wait exits 0, results prints
-    the output; status --json has the fields of DESIGN.md."""
+    the output; status --json has the job record's fields."""
     job = meshd.submit("--", "sh", "-c", "echo hello")
     r = meshd.ctl("job", "wait", job)
     assert r.returncode == 0, r.stderr

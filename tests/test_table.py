@@ -800,7 +800,7 @@ ITEM_FIELDS = {"index", "state", "attempts", "member", "epoch", "rc", "stdout", 
 
 
 def test_records_have_design_fields() -> None:
-    """Job record: at least the fields DESIGN.md names, item records likewise, JSON-able values."""
+    """Job record: at least the fields clients read, item records likewise, JSON-able values."""
     import json
 
     log = Log()
