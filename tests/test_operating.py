@@ -10,12 +10,17 @@ a new or emptied voter may vote."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 from tests.helpers import (
+    ROOT,
     Meshd,
+    env_with_path,
     free_port,
     holds_bytes,
     leader_of,
@@ -255,3 +260,28 @@ def test_fleet_of_one_restored_goes_back_to_its_backup(tmp_path, meshd_factory):
     assert results_text(m, kept).strip() == "kept"
     status, _ = m.request("GET", f"/jobs/{later}")
     assert status == 404
+
+
+def test_readme_first_commands_run_as_written(tmp_path, meshd):
+    """The README's first commands against a member: `ID=$(meshctl job submit ...)` keeps the
+    job's id (submit prints it alone), and `meshctl job wait $ID && meshctl job results $ID`
+    prints the item's output."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    block = re.search(r"For your own member.*?```sh\n(.*?)```", readme, re.S)
+    assert block is not None, "the README's block of first meshctl commands"
+    lines = [line.split("#")[0].rstrip() for line in block.group(1).splitlines()[:2]]
+    assert lines[0].startswith("ID=$(meshctl job submit"), lines
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "meshctl").write_text(f'#!/bin/sh\nexec {sys.executable} -m meshjobs.cli "$@"\n')
+    (shim / "meshctl").chmod(0o755)
+    env = env_with_path({"MESHJOBS_AT": meshd.url,
+                         "PATH": f"{shim}{os.pathsep}{os.environ.get('PATH', '')}"})
+    r = subprocess.run(["sh", "-ec", "\n".join(lines) + '\necho "id=$ID"'], capture_output=True,
+                       text=True, env=env, cwd=str(tmp_path), timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    job_id = out[-1].removeprefix("id=")
+    assert out == [f"{job_id}: done", "hello", f"id={job_id}"], r.stdout
+    assert meshd.record(job_id)["state"] == "done"
