@@ -239,6 +239,36 @@ def test_voter_restored_from_a_backup(tmp_path):
             m.stop()
 
 
+def test_whole_fleet_restored_from_copies_taken_stopped(tmp_path):
+    """docs/operating.md "Backup and restore": copies of every voter taken while the whole fleet
+    was stopped give back the fleet as it was then: its jobs and their outputs, and none of the
+    jobs submitted after the copies."""
+    members, _ = fleet_of(str(tmp_path), names=3, voters=3)
+    try:
+        start_all(members)
+        for m in members:
+            m.new_ports = None  # the copies hold these ports' fleet: keep them
+        kept = run_jobs(members, 2)
+        stop_all(members)
+        for m in members:
+            shutil.copytree(m.data, m.data + ".backup", symlinks=True)
+        start_all(members)
+        later = run_jobs(members, 1)
+        stop_all(members)
+        for m in members:
+            shutil.rmtree(m.data)
+            shutil.copytree(m.data + ".backup", m.data, symlinks=True)
+        start_all(members)
+        leader = leader_of(members)
+        for m in members:
+            wait_until(lambda m=m: all(has_job_done(m, j) for j in kept), what=f"{m.name} restored")
+            assert m.request("GET", f"/jobs/{later[0]}")[0] == 404
+        assert results_text(leader, kept[0]).strip() == f"out-{kept[0]}"
+    finally:
+        for m in members:
+            m.stop()
+
+
 def test_fleet_of_one_restored_goes_back_to_its_backup(tmp_path, meshd_factory):
     """docs/operating.md "Backup and restore": a fleet of one is the only copy of its jobs, so a
     restore brings back what the backup held and nothing after it (a job submitted later reads
