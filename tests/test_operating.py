@@ -315,3 +315,34 @@ def test_readme_first_commands_run_as_written(tmp_path, meshd):
     job_id = out[-1].removeprefix("id=")
     assert out == [f"{job_id}: done", "hello", f"id={job_id}"], r.stdout
     assert meshd.record(job_id)["state"] == "done"
+
+
+def test_rolling_restart_one_member_at_a_time(tmp_path):
+    """docs/operating.md "Upgrading one member at a time": followers first, then the leader, each
+    stopped by `meshctl member stop NAME --grace S` (meshd exits 0 once its running item ended)
+    and started again once the one before is back; the fleet commits throughout and keeps every
+    job."""
+    members, _ = fleet_of(str(tmp_path), names=3, voters=3)
+    try:
+        start_all(members)
+        for m in members:
+            m.new_ports = None
+        jobs = run_jobs(members, 1)
+        leader = leader_of(members)
+        for m in [*(x for x in members if x is not leader), leader]:
+            others = [x for x in members if x is not m]
+            _, running = submit_anywhere(members, {"argv": ["sh", "-c", "sleep 2; echo slow"],
+                                                   "member": m.name})
+            wait_until(lambda m=m, r=running: m.record(r, items=True)["items"][0]["state"]
+                       in ("running", "done"), what=f"the item started on {m.name}")
+            r = others[0].ctl("member", "stop", m.name, "--grace", "60")
+            assert r.returncode == 0, r.stderr
+            assert m.proc is not None and m.proc.wait(60) == 0, m.log_tail()
+            assert others[0].wait_job(running)["state"] == "done"
+            jobs += [running, *run_jobs(others, 1)]
+            m.start()
+            wait_until(lambda m=m, jobs=tuple(jobs): all(has_job_done(m, j) for j in jobs),
+                       what=f"{m.name} back")
+    finally:
+        for m in members:
+            m.stop()
