@@ -37,6 +37,7 @@ from typing import IO, Any, NoReturn
 import blake3
 import click
 
+import meshjobs
 from meshjobs import limits, placement
 from meshjobs.control import JOB_FINAL_STATES, JOB_STATES
 
@@ -368,7 +369,7 @@ def _bulk(ctx: click.Context, action: str, job_ids: tuple[str, ...], flt: dict[s
               help="Read the token from FILE's first line (else env MESHJOBS_TOKEN).")
 @click.option("--cacert", envvar="MESHJOBS_CACERT", metavar="FILE",
               help="Trust this CA or self-signed certificate for https:// (env MESHJOBS_CACERT).")
-@click.version_option("0.1.0", prog_name="meshctl")
+@click.version_option(meshjobs.version(), prog_name="meshctl")
 @click.pass_context
 def cli(ctx: click.Context, ats: tuple[str, ...], as_json: bool, token_file: str | None,
         cacert: str | None) -> None:
