@@ -276,19 +276,40 @@ def _or(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
+def read_toml(path: str) -> dict[str, Any]:
+    """The parsed TOML file at `path`, read whole (at most `config_file_bytes_max` bytes). What
+    keeps it from being read (no file, a folder, no permission, too big, not UTF-8, not TOML)
+    is a ConfigError saying so and what to do."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limits.config_file_bytes_max + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"no config file at {path}: check the path") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path} is a folder, not a config file: name the TOML file in "
+                          "it") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read the config file {path}: {e.strerror or e} (check its "
+                          "permissions: meshd's user must be able to read it)") from None
+    if len(data) > limits.config_file_bytes_max:
+        raise ConfigError(f"{path} is over {limits.config_file_bytes_max} bytes "
+                          "(config_file_bytes_max): is it really meshd's config file?")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path} is not valid TOML: not UTF-8 text (byte {e.start}): is it "
+                          "really meshd's config file?") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path} is not valid TOML: {e}") from None
+
+
 def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
     """Read the TOML file at `path` (None: the defaults of a fleet of one), then apply overrides
     given on meshd's command line (name, data, http, raft, peer). A file with problems raises
     one ConfigError naming every problem found."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        try:
-            with open(path, "rb") as f:
-                raw = tomllib.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"no config file at {path}") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path} is not valid TOML: {e}") from None
+    raw: dict[str, Any] = read_toml(path) if path is not None else {}
     # What the command line overrides is checked there (below), not in the file, as before.
     given_now = {k for k, v in (overrides or {}).items() if v is not None}
     checked = {k: v for k, v in raw.items() if k not in given_now - {"http"}}

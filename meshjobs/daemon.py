@@ -20,6 +20,7 @@ import uuid
 
 import structlog
 
+import meshjobs
 from meshjobs import limits, logs, sdnotify
 from meshjobs.config import Config, ConfigError, load_config, parse_addr, python_workers
 from meshjobs.dumpfile import DumpCorrupt
@@ -47,11 +48,21 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log-level", default=None, help="debug, info, warning or error")
     p.add_argument("--demo", action="store_true",
                    help="start a throw-away fleet of one, run a few jobs through it, show them, stop")
+    p.add_argument("--version", action="version", version=f"meshd, version {meshjobs.version()}",
+                   help="print meshd's version and exit")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    check = sub.add_parser(
+        "check-config", help="check a config file as meshd would load it, without starting: "
+        "every problem at once (exit 2), or a summary (exit 0)")
+    check.add_argument("file", metavar="FILE", help="the TOML config file to check")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
+    if args.command == "check-config":
+        from meshjobs.checkconfig import check_config
+        sys.exit(check_config(args.file))
     if args.demo:
         from meshjobs.demo import run_demo
         sys.exit(run_demo())

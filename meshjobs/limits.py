@@ -352,6 +352,8 @@ watch_state_name_bytes_max = 255  # NAME_MAX: a file whose state file name is lo
 watch_xattr_bytes_max = 1024  # a state kept in an xattr (ext4 keeps one block for all of a file's)
 watch_tick_s_max = 1.0  # a running watcher looks at its refresh and rescan times at least this often
 
+# --- meshd's config file (meshd --config FILE, meshd check-config FILE; meshjobs/config.py) ------
+config_file_bytes_max = 1 << 20  # one TOML config file, read whole (a real one is a few KiB)
 
 # --- How the limits relate ----------------------------------------------------------------------
 # Checked when this module is imported: a change of one limit that contradicts another stops
