@@ -21,7 +21,7 @@ import uuid
 import structlog
 
 import meshjobs
-from meshjobs import limits, logs, sdnotify
+from meshjobs import limits, logs, ports, sdnotify
 from meshjobs.config import Config, ConfigError, load_config, parse_addr, python_workers
 from meshjobs.dumpfile import DumpCorrupt
 from meshjobs.failpoints import Failpoints
@@ -125,12 +125,14 @@ class Member:
         except _StartFailed as e:
             return e.code
         self._start_threads()
-        self._write_addr_files()
-        # systemd (Type=notify): the member serves now.
-        sdnotify.notify(f"READY=1\nSTATUS=serving HTTP on {self.cfg.http[0]}:{self.http.bound_port}")
-        self._wait()
+        code = self._write_addr_files()
+        if code == 0:
+            # systemd (Type=notify): the member serves now.
+            sdnotify.notify(
+                f"READY=1\nSTATUS=serving HTTP on {self.cfg.http[0]}:{self.http.bound_port}")
+            self._wait()
         self._shut_down()
-        return 0
+        return code
 
     # --- the steps of `serve` --------------------------------------------------------------------
 
@@ -144,6 +146,14 @@ class Member:
         fail_stop(log, why, exc, exit_fn=codes.append, path=self.cfg.data)
         print(f"meshd: {why}: {describe(exc, self.cfg.data)}", file=sys.stderr)
         return _StartFailed(codes[0])
+
+    def _listen_failed(self, part: str, addr: tuple[str, int], exc: BaseException | None) -> int:
+        """A listener that cannot bind (`ports.refusal`): a log line and a line on stderr
+        naming the address and what to do; meshd's exit status for it."""
+        why = ports.refusal(part, addr[0], addr[1], exc)
+        log.error("listen_failed", part=part, addr=ports.where(*addr), error=why)
+        print(f"meshd: {why}", file=sys.stderr)
+        return ports.EXIT_CODE
 
     def _open_tls(self) -> None:
         """The HTTPS context, when the config names a certificate and key (exit 2 if they do
@@ -289,11 +299,9 @@ class Member:
                     raise self._start_failed("the journal could not be opened or written",
                                              e) from None
                 if "BindError" in repr(e):
-                    print(f"meshd: cannot listen on Raft address {cfg.raft_addr}: is another "
-                          "meshd running, or is that host not an address of this machine? "
-                          "(use --raft or the config's raft key)", file=sys.stderr)
+                    code = self._listen_failed("raft", cfg.raft, e)
                     blobs.close()
-                    raise _StartFailed(2) from None
+                    raise _StartFailed(code) from None
                 raise
         else:
             self.replica = WorkerReplica()
@@ -328,10 +336,19 @@ class Member:
         if not cfg.fleet_of_one:
             from meshjobs.blobmover import BlobMover
             from meshjobs.links import Links
-            links = Links(cfg.name, self.boot, cfg.peer, self.secret,
-                          on_frame=lambda peer, frame: self.jobs.frame_in(peer, frame),
-                          on_peer=lambda peer, up, hello: self.jobs.peer_changed(peer, up, hello),
-                          discovery=lambda: {n: f"{a[0]}:{a[1]}" for n, a in voter_peers.items()})
+            try:
+                links = Links(cfg.name, self.boot, cfg.peer, self.secret,
+                              on_frame=lambda peer, frame: self.jobs.frame_in(peer, frame),
+                              on_peer=lambda peer, up, hello: self.jobs.peer_changed(peer, up,
+                                                                                    hello),
+                              discovery=lambda: {n: f"{a[0]}:{a[1]}"
+                                                 for n, a in voter_peers.items()})
+            except OSError as e:
+                code = self._listen_failed("peer", cfg.peer, e)
+                self.replica.journal_sync()
+                self.replica.close()
+                blobs.close()
+                raise _StartFailed(code) from None
             for name, addr in voter_peers.items():
                 if name != cfg.name:
                     links.connect(name, addr)
@@ -390,6 +407,8 @@ class Member:
                 try:
                     body()
                 except BaseException as exc:
+                    if name == "http" and self._http_bind_error() is exc:
+                        return  # the main thread says so and stops (_write_addr_files)
                     if is_disk_error(exc):  # the disk's code and message, as everywhere
                         fail_stop(log, f"the {name} thread stopped on an error", exc,
                                   path=cfg.data)
@@ -437,13 +456,25 @@ class Member:
             return False
         return True
 
-    def _write_addr_files(self) -> None:
+    def _http_bind_error(self) -> BaseException | None:
+        """What kept HTTP from listening (an OSError of its bind), if that is why it stopped."""
+        error = self.http.error
+        if isinstance(error, OSError) and not self.http.bound_port:
+            return error
+        return None
+
+    def _write_addr_files(self) -> int:
         """Once HTTP listens (exit 2 if it does not within `http_start_s_max`): its address in
-        `http.addr` in the data folder, and the ready line in the log."""
+        `http.addr` in the data folder, and the ready line in the log; 0. If HTTP cannot listen
+        (its port taken): nothing written as ready, the reason said, and the exit status."""
         cfg, http = self.cfg, self.http
         if not self.http_ready.wait(limits.http_start_s_max):
             print(f"meshd: HTTP did not start on {cfg.http[0]}:{cfg.http[1]}", file=sys.stderr)
             os._exit(2)
+        error = self._http_bind_error()
+        if error is not None:
+            self.stop.set()  # the threads end now without that stopping the member (exit 70)
+            return self._listen_failed("http", cfg.http, error)
         addr = f"{cfg.http[0]}:{http.bound_port}"
         # http.addr is host:port for HTTP (as before), the whole URL for HTTPS.
         _write_file(os.path.join(cfg.data, "http.addr"),
@@ -451,6 +482,7 @@ class Member:
         log.info("meshd_ready", member=cfg.name, http=f"{http.scheme}://{addr}", raft=cfg.raft_addr,
                  data=cfg.data, pools={p.name: p.slots for p in cfg.pools.values()},
                  boot=self.boot)
+        return 0
 
     def _wait(self) -> None:
         """The main thread's own work while it waits for the stop: collecting blobs whose pins

@@ -40,6 +40,22 @@ def stdlib_formatter(renderer: structlog.typing.Processor) -> logging.Formatter:
     )
 
 
+class BindFailedWithoutTraceback(logging.Filter):
+    """pysyncobj logs a Raft port it cannot bind as "failed to perform initialization" with a
+    whole traceback; meshd says which address and what to do itself (the `listen_failed` line
+    and stderr, meshjobs/ports.py). The line stays, with the cause as one line of text."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "failed to perform initialization" and record.exc_info:
+            exc = record.exc_info[1]
+            cause = exc.__cause__ or exc.__context__ if exc is not None else None
+            record.msg = "failed to perform initialization: %s"
+            record.args = (repr(cause if cause is not None else exc),)
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
 def configure(level: str | None = None, stream=None) -> None:
     """Set up structlog (and the stdlib logging pysyncobj uses) once per process."""
     stream = stream or sys.stderr
@@ -48,6 +64,7 @@ def configure(level: str | None = None, stream=None) -> None:
     renderer = renderer_for(stream)
     handler = logging.StreamHandler(stream)
     handler.setFormatter(stdlib_formatter(renderer))
+    handler.addFilter(BindFailedWithoutTraceback())
     # pysyncobj and asyncio are chatty at info: their lines start at warning.
     logging.basicConfig(level=max(lvl, logging.WARNING), handlers=[handler])
     structlog.configure(
