@@ -153,6 +153,8 @@ disk_poll_s = 1.0  # free space is checked this often
 # --- Frames and links between members (frames.py, links.py) -----------------------------------
 frame_bytes_max = 4 * 1024 * 1024  # one frame, header and tag included (a 1 MiB blob chunk fits)
 link_handshake_bytes_max = 4096  # one handshake frame (hello, challenge, proof), MAC included
+link_protocol_max = 65535  # a protocol number in a hello (proto, proto_min; meshjobs/versions.py)
+link_version_chars_max = 64  # a hello's version string, as logged (longer is cut)
 link_clock_skew_warn_ms = 30_000  # a peer's hello this far off our wall clock is logged (never refused)
 link_queue_frames_max = 1024  # frames queued to one peer (and as many table frames waiting)
 link_queue_bytes_max = 8 * 1024 * 1024  # bytes queued to one peer (and as many waiting)

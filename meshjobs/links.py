@@ -8,7 +8,7 @@ which take one short lock and never block on the network.
 
 Rules:
 - A connection opens with the handshake of `frames`: the dialler's F_HELLO `{"name", "boot",
-  "peer", "to", "wall_ms"}` and its nonce, the acceptor's F_CHALLENGE (its own hello fields and
+  "peer", "to", "wall_ms", "version", "proto", "proto_min"}` and its nonce, the acceptor's F_CHALLENGE (its own hello fields and
   nonce), the dialler's F_PROOF. The acceptor answers only a good hello that is meant for it;
   until the proof no other frame is accepted, and a connection that has not completed its
   handshake within `link_hello_ms_max` is closed. The nonces and the fresh X25519 keys
@@ -28,6 +28,10 @@ Rules:
   the `on_frame` / `on_peer` callbacks is a bug of ours and does.
 - The handshake frames, F_PING and F_VOTERS are the links' own: they are not passed to
   `on_frame`.
+- Versions (meshjobs/versions.py): a peer whose link protocols do not overlap ours is refused
+  on both ends, each logging both versions and which member to upgrade, counted as "protocol".
+  The acceptor still sends its challenge first (its versions in it), so that the dialler can
+  say so too; the dialler then sends no proof.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ from typing import Any
 
 import structlog
 
-from meshjobs import limits
+import meshjobs
+from meshjobs import limits, versions
 from meshjobs.frames import (
     KX_BYTES,
     NONCE_BYTES,
@@ -88,12 +93,20 @@ def discover(addr: tuple[str, int], self_name: str, boot: str, secret: bytes,
     hello: dict[str, Any] | None = None
     with socket.create_connection(addr, timeout=timeout_s) as sock:
         sock.sendall(session.hello({"name": self_name, "boot": boot, "peer": "",
-                                    "to": DISCOVER, "wall_ms": wall_ms()},
+                                    "to": DISCOVER, "wall_ms": wall_ms(),
+                                    **versions.hello_fields(meshjobs.version())},
                                    os.urandom(NONCE_BYTES), os.urandom(KX_BYTES)))
         while True:
             event = session.next_event()
             if isinstance(event, Hello):
                 hello = event.body
+                theirs = versions.protocols(hello)
+                ours = (versions.PROTOCOL_MIN, versions.PROTOCOL)
+                if versions.common(ours, theirs) is None:
+                    detail, hint = versions.refusal(
+                        f"the member at {addr[0]}:{addr[1]}", meshjobs.version(), ours,
+                        versions.version_of(hello), theirs)
+                    raise FrameError("protocol", f"{detail}; {hint}")
                 sock.sendall(session.proof())
                 continue
             if isinstance(event, Frame):
@@ -198,7 +211,9 @@ class Links:
                  silent_ms_max: int = limits.link_silent_ms_max,
                  hello_ms_max: int = limits.link_hello_ms_max,
                  frame_bytes_max: int = limits.frame_bytes_max,
-                 discovery: Callable[[], dict[str, str]] | None = None) -> None:
+                 discovery: Callable[[], dict[str, str]] | None = None,
+                 version: str | None = None,
+                 protocols: tuple[int, int] = (versions.PROTOCOL_MIN, versions.PROTOCOL)) -> None:
         if queue_bytes_max < frame_bytes_max:
             raise ValueError("a link's queue must hold at least one frame of the largest size")
         self.self_name = self_name
@@ -216,6 +231,9 @@ class Links:
         self._silent_ms_max = silent_ms_max
         self._hello_ms_max = hello_ms_max
         self._frame_bytes_max = frame_bytes_max
+        # What our hellos say (meshjobs/versions.py); a test gives another release's.
+        self._version = version if version is not None else meshjobs.version()
+        self._protocols = protocols
 
         self._lock = threading.Lock()
         self._peers: dict[str, _Peer] = {}
@@ -333,6 +351,7 @@ class Links:
                     "addr": f"{p.addr[0]}:{p.addr[1]}" if p.addr else None,
                     "boot": p.hello.get("boot") if p.hello else None,
                     "clock_skew_ms": p.skew_ms,
+                    "version": versions.version_of(p.hello) if p.hello else None,
                 }
                 for p in self._peers.values()
             }
@@ -439,7 +458,7 @@ class Links:
     def _hello_body(self, to: str) -> dict[str, Any]:
         host, port = self.address
         return {"name": self.self_name, "boot": self.boot, "peer": f"{host}:{port}", "to": to,
-                "wall_ms": self._clock_ms()}
+                "wall_ms": self._clock_ms(), **versions.hello_fields(self._version, self._protocols)}
 
     def _new_conn(self, sock: socket.socket, outgoing: bool, name: str | None,
                   addr: str) -> _Conn:
@@ -582,9 +601,18 @@ class Links:
             self._garbage(conn, "hello", "missing or mistyped fields")
             return
         conn.claimed = name
+        try:
+            theirs = versions.protocols(body)
+        except FrameError as e:
+            self._garbage(conn, e.reason, e.detail)
+            return
+        compatible = versions.common(self._protocols, theirs) is not None
         if conn.outgoing:
             if name != conn.name or to != self.self_name:
                 self._garbage(conn, "hello", f"dialled {conn.name!r}, {name!r} answered to {to!r}")
+                return
+            if not compatible:
+                self._refuse_protocol(conn, name, body, theirs)
                 return
             conn.hello = dict(body)
             conn.out += conn.session.proof()
@@ -610,6 +638,27 @@ class Links:
         # and one that replays a recorded hello gets a challenge it cannot answer.
         conn.out += conn.session.challenge(self._hello_body(name), os.urandom(NONCE_BYTES),
                                            os.urandom(KX_BYTES))
+        if not compatible:
+            # Our challenge first (a few hundred bytes on a fresh socket: one send, no wait),
+            # so that the dialler learns our versions and says why too.
+            try:
+                conn.sock.send(conn.out)
+            except OSError:
+                pass
+            self._refuse_protocol(conn, name, body, theirs)
+
+    def _refuse_protocol(self, conn: _Conn, name: str, body: dict[str, Any],
+                         theirs: tuple[int, int]) -> None:
+        """A peer whose link protocols do not overlap ours: counted as "protocol", logged with
+        both versions and which member to upgrade, closed."""
+        detail, hint = versions.refusal(name, self._version, self._protocols,
+                                        versions.version_of(body), theirs)
+        self._count("protocol")
+        self._log.warning("link_refused", reason="protocol", detail=detail, peer=name,
+                          addr=conn.addr, proven=False, outgoing=conn.outgoing,
+                          version=self._version, peer_version=versions.version_of(body),
+                          hint=hint)
+        self._close(conn, "protocol")
 
     def _proven(self, conn: _Conn) -> None:
         """The dialler proved it holds the secret: the connection is the claimed member's."""

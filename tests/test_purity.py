@@ -22,7 +22,7 @@ import meshjobs
 
 PURE = ("table", "node", "control", "auth", "connbook", "frames", "raftseam", "raftwire", "webui",
         "bulk", "placement", "fleetctl", "reruns", "cron", "watchplan", "jsonbody", "compact",
-        "sim", "blobxfer", "ports")
+        "sim", "blobxfer", "ports", "versions")
 FORBIDDEN = frozenset({
     "os", "socket", "threading", "time", "random", "lmdb", "pysyncobj", "subprocess",
     # Other ways to reach the world, the clock or entropy from a module that must not.
