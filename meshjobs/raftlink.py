@@ -15,7 +15,10 @@ Rules:
   `{"raft": its Raft address, "to": the address dialled, "wall_ms"}`, the acceptor's F_CHALLENGE
   `{"raft": its Raft address, "wall_ms"}`, the dialler's F_PROOF. The acceptor answers only a
   hello from a voter it knows that is meant for it; the dialler goes on only if the challenge
-  comes from the voter it dialled. As in pysyncobj, only the voter whose address sorts greater
+  comes from the voter it dialled. Both carry the sender's version and link protocols
+  (meshjobs/versions.py): a voter with no protocol in common is refused on both ends, counted
+  as `protocol` (the acceptor sends its challenge first, so that the dialler says so too). As
+  in pysyncobj, only the voter whose address sorts greater
   dials; a newer connection from a voter replaces the older one. A connection that has not
   completed its handshake within `link_hello_ms_max` is closed; at most
   `link_pending_conns_max` are pending at once.
@@ -53,7 +56,8 @@ from pysyncobj.dns_resolver import globalDnsResolver
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.transport import Transport, TransportNotReadyError
 
-from meshjobs import limits, raftwire
+import meshjobs
+from meshjobs import limits, raftwire, versions
 from meshjobs.frames import (
     KX_BYTES,
     NONCE_BYTES,
@@ -76,7 +80,8 @@ _RWW = _RW | POLL_EVENT_TYPE.WRITE
 # transport: `oversized` and `garbage`).
 _REASONS = {"length": "oversized", "magic": "garbage", "type": "garbage", "flags": "garbage",
             "body": "garbage", "handshake": "garbage", "message": "garbage", "mac": "mac",
-            "challenge": "challenge", "proof": "proof", "aead": "aead", "hello": "stranger"}
+            "challenge": "challenge", "proof": "proof", "aead": "aead", "hello": "stranger",
+            "protocol": "protocol"}
 
 
 def _mono() -> float:
@@ -284,7 +289,8 @@ class SealedTransport(Transport):
         conn.node = node
         self._dialing[node] = conn
         conn.out += session.hello({"raft": self._self.address, "to": node.address,
-                                   "wall_ms": time.time_ns() // 1_000_000},
+                                   "wall_ms": time.time_ns() // 1_000_000,
+                                   **versions.hello_fields(meshjobs.version())},
                                   os.urandom(NONCE_BYTES), os.urandom(KX_BYTES))
         self._poller.subscribe(conn.fd, functools.partial(self._on_event, conn), _RWW)
 
@@ -400,9 +406,13 @@ class SealedTransport(Transport):
         body = event.body
         claimed = body.get("raft")
         node = self._nodes.get(claimed) if isinstance(claimed, str) else None
+        theirs = versions.protocols(body)
+        ours = (versions.PROTOCOL_MIN, versions.PROTOCOL)
         if conn.outgoing:
             if node is not conn.node:
                 raise FrameError("hello", f"the voter at {conn.addr} answered as {claimed!r}")
+            if versions.common(ours, theirs) is None:
+                raise self._protocol_refusal(conn, body, ours, theirs)
             self._write(conn, conn.session.proof())
             if not conn.closed:
                 self._dialing.pop(conn.node, None)
@@ -413,8 +423,21 @@ class SealedTransport(Transport):
                                       f"{str(body.get('to'))[:64]!r}: not a voter of ours")
         conn.node = node
         self._write(conn, conn.session.challenge(
-            {"raft": self._self.address, "wall_ms": time.time_ns() // 1_000_000},
+            {"raft": self._self.address, "wall_ms": time.time_ns() // 1_000_000,
+             **versions.hello_fields(meshjobs.version())},
             os.urandom(NONCE_BYTES), os.urandom(KX_BYTES)))
+        if versions.common(ours, theirs) is None:  # refused after our challenge (its versions)
+            raise self._protocol_refusal(conn, body, ours, theirs)
+
+    def _protocol_refusal(self, conn: _Conn, body: dict, ours: tuple[int, int],
+                          theirs: tuple[int, int]) -> FrameError:
+        """A voter with no link protocol in common: logged with both versions and which voter
+        to upgrade; the FrameError to refuse the connection with (counted as `protocol`)."""
+        where = conn.node.address if conn.node is not None else conn.addr
+        detail, hint = versions.refusal(f"the voter at {where}", meshjobs.version(), ours,
+                                        versions.version_of(body), theirs)
+        log.warning("raft.incompatible", peer=conn.addr, detail=detail, hint=hint)
+        return FrameError("protocol", detail)
 
     def _open(self, conn: _Conn) -> None:
         node = conn.node
