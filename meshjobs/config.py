@@ -289,8 +289,8 @@ def read_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"{path} is a folder, not a config file: name the TOML file in "
                           "it") from None
     except OSError as e:
-        raise ConfigError(f"cannot read the config file {path}: {e.strerror or e} (check its "
-                          "permissions: meshd's user must be able to read it)") from None
+        raise ConfigError(f"cannot read the config file {path}: {e.strerror or e}: name a "
+                          "regular file meshd's user can read (check its permissions)") from None
     if len(data) > limits.config_file_bytes_max:
         raise ConfigError(f"{path} is over {limits.config_file_bytes_max} bytes "
                           "(config_file_bytes_max): is it really meshd's config file?")

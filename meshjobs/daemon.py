@@ -50,7 +50,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="start a throw-away fleet of one, run a few jobs through it, show them, stop")
     p.add_argument("--version", action="version", version=f"meshd, version {meshjobs.version()}",
                    help="print meshd's version and exit")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    # Shown as optional: with no command, meshd runs the member.
+    sub = p.add_subparsers(dest="command", metavar="[COMMAND]", title="commands")
     check = sub.add_parser(
         "check-config", help="check a config file as meshd would load it, without starting: "
         "every problem at once (exit 2), or a summary (exit 0)")

@@ -5,14 +5,18 @@ traceback. `meshd --config` reads a file with the same code, so it says the same
 
 from __future__ import annotations
 
+import glob
+import io
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
 
 from meshjobs import limits
-from tests.helpers import env_with_path
+from meshjobs.checkconfig import check_config
+from tests.helpers import ROOT, env_with_path
 
 RUN_S_MAX = 60
 
@@ -98,6 +102,16 @@ def test_an_unreadable_file_says_to_check_its_permissions(tmp_path):
     assert "permissions" in found[0]
 
 
+def test_a_socket_instead_of_a_file_is_one_clear_problem(tmp_path):
+    """Not a regular file (open fails with ENXIO, whoever runs it): said, not a traceback."""
+    path = tmp_path / "meshd.toml"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(path))
+        found = _problems(_check(path, tmp_path))
+    assert found == [f"cannot read the config file {path}: No such device or address: name a "
+                     "regular file meshd's user can read (check its permissions)"]
+
+
 def test_meshd_config_with_a_folder_exits_2_without_a_traceback(tmp_path):
     """meshd itself reads the file with the same code (it used to raise IsADirectoryError)."""
     r = subprocess.run([sys.executable, "-m", "meshjobs.daemon", "--config", str(tmp_path)],
@@ -113,3 +127,24 @@ def test_check_config_needs_a_file(tmp_path):
                        env=env_with_path())
     assert r.returncode == 2
     assert "FILE" in r.stderr and "Traceback" not in r.stderr
+
+
+DEPLOY_TOMLS = sorted(glob.glob(os.path.join(ROOT, "deploy", "**", "*.toml"), recursive=True))
+
+
+@pytest.mark.parametrize("path", DEPLOY_TOMLS, ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_shipped_config_checks_ok(path):
+    """The example configs of deploy/ are good (the function the command runs, in-process)."""
+    out, err = io.StringIO(), io.StringIO()
+    assert check_config(path, out, err) == 0, err.getvalue()
+    assert out.getvalue().startswith(f"ok: {path}: member ")
+
+
+def test_there_are_shipped_configs():
+    assert len(DEPLOY_TOMLS) >= 3
+
+
+def test_help_names_the_command(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "meshjobs.daemon", "--help"], capture_output=True,
+                       text=True, timeout=RUN_S_MAX, cwd=tmp_path, env=env_with_path())
+    assert r.returncode == 0 and "check-config" in r.stdout and "--version" in r.stdout
