@@ -8,8 +8,8 @@ which take one short lock and never block on the network.
 
 Rules:
 - A connection opens with the handshake of `frames`: the dialler's F_HELLO `{"name", "boot",
-  "peer", "to", "wall_ms", "version", "proto", "proto_min"}` and its nonce, the acceptor's F_CHALLENGE (its own hello fields and
-  nonce), the dialler's F_PROOF. The acceptor answers only a good hello that is meant for it;
+  "peer", "to", "wall_ms", "version", "proto", "proto_min"}` and its nonce, the acceptor's
+  F_CHALLENGE (its own hello fields and nonce), the dialler's F_PROOF. The acceptor answers only a good hello that is meant for it;
   until the proof no other frame is accepted, and a connection that has not completed its
   handshake within `link_hello_ms_max` is closed. The nonces and the fresh X25519 keys
   come from `os.urandom` here.

@@ -18,10 +18,9 @@ Rules:
   comes from the voter it dialled. Both carry the sender's version and link protocols
   (meshjobs/versions.py): a voter with no protocol in common is refused on both ends, counted
   as `protocol` (the acceptor sends its challenge first, so that the dialler says so too). As
-  in pysyncobj, only the voter whose address sorts greater
-  dials; a newer connection from a voter replaces the older one. A connection that has not
-  completed its handshake within `link_hello_ms_max` is closed; at most
-  `link_pending_conns_max` are pending at once.
+  in pysyncobj, only the voter whose address sorts greater dials; a newer connection from a
+  voter replaces the older one. A connection that has not completed its handshake within
+  `link_hello_ms_max` is closed; at most `link_pending_conns_max` are pending at once.
 - Every Raft message is one sealed F_RAFT frame of at most `raft_message_bytes_max` bytes: MAC'd,
   replay-protected (the AEAD nonce is the frame's count on its connection) and keyed by the
   fleet secret and the handshake's fresh keys. An idle connection carries an F_PING every
