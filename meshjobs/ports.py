@@ -58,6 +58,9 @@ def refusal(part: str, host: str, port: int, exc: BaseException | None) -> str:
     elif code == errno.EADDRNOTAVAIL:
         why = f"{host} is not an address of this machine"
         todo = f"set {key} to one of its addresses (ip -brief addr) (or use {flag})"
+    elif type(err).__name__ == "gaierror":  # socket.gaierror: the host name did not resolve
+        why = f"{host} does not resolve to an address ({err.strerror or err})"
+        todo = f"fix the name (or its DNS entry), or set {key} to an IP address (or use {flag})"
     elif code in (errno.EACCES, errno.EPERM):
         why = f"port {port} needs privileges (ports below 1024 do)"
         todo = (f"set {key} to a port of 1024 or more (or use {flag}), or give meshd "

@@ -128,6 +128,16 @@ def test_an_address_not_of_this_machine_says_so(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+def test_a_host_name_that_does_not_resolve_says_so(tmp_path):
+    cfg = tmp_path / "m1.toml"
+    cfg.write_text('name = "m1"\nhttp = "nohost.invalid:7700"\n[auth]\nallow_anonymous = true\n')
+    r = _run(tmp_path, "--config", str(cfg), "--raft", f"127.0.0.1:{free_port()}")
+    assert r.returncode == ports.EXIT_CODE, r.stderr
+    assert ("meshd: cannot listen on HTTP address nohost.invalid:7700: nohost.invalid does not "
+            "resolve to an address") in r.stderr
+    assert "set [http] listen to an IP address" in r.stderr and "Traceback" not in r.stderr
+
+
 # --- the words, from real bind errors --------------------------------------------------------
 
 
