@@ -272,6 +272,7 @@ class _Client:
     phase: str = "submit"
     job_id: str | None = None
     attempt: int = 0  # bumped when a phase starts over with a fresh request id
+    sent: dict | None = None  # the request last sent: a retry under its request id sends it again
     inflight: tuple | None = None
     deadline_ms: int = 0
     next_ms: int = 0
@@ -1482,6 +1483,15 @@ class Sim:
         rid = f"c{c.cid}.{c.phase}.{c.attempt}"
         if c.phase == "submit":
             return c.req
+        if c.sent is not None and c.sent.get("rid") == rid:
+            # A client retrying under the same key sends the same request (over HTTP a key
+            # bound to one request refuses another, so a bulk retry of a single change, or a
+            # single retry of a bulk one, would not be answered with the other's outcome).
+            return c.sent
+        c.sent = self._new_client_request(c, rid)
+        return c.sent
+
+    def _new_client_request(self, c: _Client, rid: str) -> dict:
         if c.phase == "release":
             return {"op": "tone", "rid": rid, "fp": _fp(rid), "id": c.job_id, "hold": False}
         if c.phase in ("cancel", "forget"):
