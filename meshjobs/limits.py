@@ -253,6 +253,7 @@ py_workers_max = 256  # worker processes of one member's python pools together
 py_read_bytes = 1 << 20  # one read of a python worker's answer pipe; a frame may take many
 ctl_batch_max = 1024  # control changes the leader puts in one entry
 state_resend_ms = 1_000  # a worker behind what was sent, not moving this long, is sent it again
+state_snapshot_resend_ms = 10_000  # but not the whole table again sooner than this after the last
 http_store_batch_max = 4_096  # distinct inline payloads of a submit stored per write transaction
 
 # --- Following committed changes (GET /jobs/{id}?since=, GET /events) ------------------------
