@@ -196,6 +196,9 @@ state_ring_entries_max = 2_048  # committed entries a voter keeps to catch worke
 state_ring_rows_max = 65_536  # and item rows in them (grants, results, submitted items) together
 member_names_max = 4_096  # distinct member names the table shares one string for
 have_ms = 250  # members report what they have (F_JOB_HAVE) this often
+# A worker that has not heard the leader for this long sends its reports to the voters too (they
+# answer who leads): well under dead_ms, which a new leader gives unheard members to report.
+leader_quiet_ms = 4 * have_ms
 frame_parts_max = 256  # a body too large for one frame travels in at most this many parts
 frame_assemblies_max = 8  # bodies in parts being put back together at once
 # A body whose msgpack is larger than this travels in parts of this size (frames.Chunker); the

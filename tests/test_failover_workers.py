@@ -124,3 +124,37 @@ def test_workers_behind_in_the_same_round_share_one_snapshot_body() -> None:
     snaps = _snapshots(f)
     assert sorted(s.to for s in snaps) == ["w1", "w2", "w3"]
     assert snaps[0].body is snaps[1].body is snaps[2].body
+
+
+def _worker() -> JobNode:
+    cfg = NodeConfig(member="w1", boot="wb", pools={"default": Pool("default", slots=1)},
+                     role="worker", voters=VOTERS)
+    node = JobNode(JobTable(), cfg, random.Random(3))
+    node.step(Tick(NOW))
+    node.step(View())
+    node.take()
+    node.step(FrameIn("v1", "F_JOB_STATE", {"term": 3, "leader": "v1", "prev": 0, "entries": []}))
+    node.take()
+    return node
+
+
+def _haves(node: JobNode, now: int) -> set[str]:
+    node.step(Tick(now))
+    return {e.to for e in node.take() if isinstance(e, Send) and e.ftype == "F_JOB_HAVE"}
+
+
+def test_a_worker_asks_the_voters_who_leads_once_the_leader_is_quiet() -> None:
+    """Rule: a worker that has not heard the leader for leader_quiet_ms (well under dead_ms)
+    sends its reports to the voters too; a voter's answer naming a newer leader turns its
+    reports there, before that leader's grace for unheard members runs out."""
+    node = _worker()
+    assert _haves(node, NOW + limits.have_ms) == {"v1"}, "the leader talks: only to it"
+    quiet = NOW + limits.leader_quiet_ms + limits.have_ms
+    assert quiet - NOW < limits.member_dead_ms
+    assert _haves(node, quiet) == {"v1", "v2", "v3"}
+    node.step(FrameIn("v2", "F_JOB_STATE", {"term": 4, "leader": "v2", "voters": list(VOTERS)}))
+    node.take()
+    assert "v2" in _haves(node, quiet + limits.have_ms)
+    node.step(FrameIn("v2", "F_JOB_STATE", {"term": 4, "leader": "v2", "prev": 0, "entries": []}))
+    node.take()
+    assert _haves(node, quiet + 2 * limits.have_ms) == {"v2"}, "the new leader talks: only to it"
