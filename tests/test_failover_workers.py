@@ -10,12 +10,17 @@ the dead leader had their leases revoked and their items run twice. These tests 
 from __future__ import annotations
 
 import random
+import types
 from typing import Any
 
-from meshjobs import limits
+import msgpack
+import pytest
+
+from meshjobs import jobsd, limits
+from meshjobs.frames import Assembler, FrameType
 from meshjobs.node import Applied, FrameIn, JobNode, NodeConfig, Pool, Send, Tick, View
 from meshjobs.table import JobTable
-from tests.helpers import T0, Fleet1, spec, submitted
+from tests.helpers import T0, Fleet1, LinksMember, spec, submitted, wait_until
 
 NOW = 1_700_000_000_000
 VOTERS = ("v1", "v2", "v3")
@@ -158,3 +163,35 @@ def test_a_worker_asks_the_voters_who_leads_once_the_leader_is_quiet() -> None:
     node.step(FrameIn("v2", "F_JOB_STATE", {"term": 4, "leader": "v2", "prev": 0, "entries": []}))
     node.take()
     assert _haves(node, quiet + 2 * limits.have_ms) == {"v2"}, "the new leader talks: only to it"
+
+
+def test_a_table_body_sent_to_many_members_is_packed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule: the jobs thread packs (and cuts into parts) a table body it sends to member after
+    member once; each member gets every part and puts the whole body back together."""
+    packs: list[int] = []
+
+    def packb(obj: Any, **kw: Any) -> bytes:
+        packs.append(1)
+        return msgpack.packb(obj, **kw)
+    monkeypatch.setattr(jobsd, "msgpack", types.SimpleNamespace(packb=packb))
+    leader, workers = LinksMember("v1"), [LinksMember("w1"), LinksMember("w2")]
+    try:
+        for w in workers:
+            leader.links.connect(w.name, w.address)
+            wait_until(lambda w=w: leader.up(w.name), what=f"v1 -> {w.name} up")
+        jobs = jobsd.JobsThread(JobNode(JobTable(), NodeConfig(member="v1", boot="b1"),
+                                        random.Random(1)), None, None, None, links=leader.links)
+        body = {"term": 2, "leader": "v1", "snapshot": {"blob": bytes(range(256)) * 20_000},
+                "index": 7}  # 5 MB: more than one frame
+        for w in workers:
+            jobs._send(Send(w.name, "F_JOB_STATE", body, table=True))
+        assert len(packs) == 1
+        for w in workers:
+            parts = wait_until(lambda w=w: (lambda got: len(got) >= 2 and got)(
+                w.got("v1", FrameType.F_JOB_STATE)), what=f"{w.name} gets the parts")
+            assembler = Assembler()
+            whole = [assembler.add("v1", p) for p in parts]
+            assert whole[-1] == body and all(x is None for x in whole[:-1])
+    finally:
+        for m in (leader, *workers):
+            m.stop()
