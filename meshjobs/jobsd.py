@@ -94,6 +94,8 @@ class JobsThread:
         self._stop = threading.Event()
         self._last_view = None
         self._chunker = Chunker()
+        self._sent_body: Any = None  # the body _send packed last, and its parts (None: one frame)
+        self._sent_parts: list[dict] | None = None
         self._assembler = Assembler()
         # Items whose stdin blob is on another member: started once it is fetched, or at the
         # deadline (the driver then fails the item, saying the input is missing).
@@ -483,15 +485,25 @@ class JobsThread:
         if self.links is None:
             return
         ftype = FrameType[eff.ftype]
-        raw = msgpack.packb(eff.body, use_bin_type=True)
-        if self._chunker.fits(raw):
+        if eff.table and eff.body is self._sent_body:
+            # The table body just sent to another member (the whole table, to every worker
+            # behind: leader.push_state shares it): packed and split once, not once per member.
+            parts = self._sent_parts
+        else:
+            raw = msgpack.packb(eff.body, use_bin_type=True)
+            if self._chunker.fits(raw):
+                parts = None
+            else:
+                # Too large for one frame (a table snapshot, a large batch of entries): in
+                # parts, as one table batch, so that a part that cannot be queued drops the rest.
+                try:
+                    parts = self._chunker.split(raw)
+                except ValueError:
+                    log.error("frame_too_large", to=eff.to, ftype=eff.ftype, bytes=len(raw))
+                    return
+            if eff.table:
+                self._sent_body, self._sent_parts = eff.body, parts
+        if parts is None:
             self.links.send(eff.to, ftype, eff.body, table=eff.table)
-            return
-        # Too large for one frame (a table snapshot, a large batch of entries): in parts, as
-        # one table batch, so that a part that cannot be queued drops the rest.
-        try:
-            parts = self._chunker.split(raw)
-        except ValueError:
-            log.error("frame_too_large", to=eff.to, ftype=eff.ftype, bytes=len(raw))
             return
         self.links.send_batch(eff.to, [(ftype, part) for part in parts], table=True)

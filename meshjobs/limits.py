@@ -198,6 +198,9 @@ state_ring_entries_max = 2_048  # committed entries a voter keeps to catch worke
 state_ring_rows_max = 65_536  # and item rows in them (grants, results, submitted items) together
 member_names_max = 4_096  # distinct member names the table shares one string for
 have_ms = 250  # members report what they have (F_JOB_HAVE) this often
+# A worker that has not heard the leader for this long sends its reports to the voters too (they
+# answer who leads): well under dead_ms, which a new leader gives unheard members to report.
+leader_quiet_ms = 4 * have_ms
 frame_parts_max = 256  # a body too large for one frame travels in at most this many parts
 frame_assemblies_max = 8  # bodies in parts being put back together at once
 # A body whose msgpack is larger than this travels in parts of this size (frames.Chunker); the
@@ -259,6 +262,7 @@ py_workers_max = 256  # worker processes of one member's python pools together
 py_read_bytes = 1 << 20  # one read of a python worker's answer pipe; a frame may take many
 ctl_batch_max = 1024  # control changes the leader puts in one entry
 state_resend_ms = 1_000  # a worker behind what was sent, not moving this long, is sent it again
+state_snapshot_resend_ms = 10_000  # but not the whole table again sooner than this after the last
 http_store_batch_max = 4_096  # distinct inline payloads of a submit stored per write transaction
 
 # --- Following committed changes (GET /jobs/{id}?since=, GET /events) ------------------------

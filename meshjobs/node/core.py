@@ -114,8 +114,11 @@ class JobNode:
         self.recopies = Recopies(config, table, self._count, self._emit)
         self.roster = Members(config, self._count)  # what the leader knows of the members
         # Recent committed entries (prev table index, index, entry), to catch workers up.
-        # Kept only while the leader knows of worker members; bounded by entries and by rows.
+        # Kept only while the leader knows of worker members, or by a voter once a lease went to
+        # a member that is not a voter (so that a new leader catches the workers up with
+        # entries, not each with the whole table); bounded by entries and by rows.
         self.ring = CatchUpRing()
+        self._workers_seen = False
         self.counts: dict[str, int] = {}
         self.orders = Orders(config, table, self.roster.boot_of, self._count, self._emit)
         self.notices = Notices(table, self._count, self._emit)
@@ -572,7 +575,7 @@ class JobNode:
 
     def _applied(self, ev: Applied) -> None:
         e, out = ev.entry, ev.outcome
-        if ev.prev is not None and self.roster.workers_known():
+        if ev.prev is not None and (self._workers_seen or self.roster.workers_known()):
             self.ring.add(ev.prev, ev.index, e)
         if ev.prev is not None:
             self.feed.follows(ev.prev, ev.index)
@@ -611,6 +614,9 @@ class JobNode:
             hints: dict[str, list] = {}
             for g in e["g"]:
                 self.leadership.leased(g[0], g[1])
+                if (not self._workers_seen and self.cfg.role == "voter" and self.cfg.voters
+                        and g[2] != self.cfg.member and g[2] not in self.cfg.voters):
+                    self._workers_seen = True
                 m = self.roster.known.get(g[2])
                 if self._leading() and m is not None and m.role == "worker":
                     hints.setdefault(g[2], []).append([g[0], g[1]])

@@ -101,7 +101,15 @@ class Follower:
         if now_ms >= self.next_have_ms:
             self.next_have_ms = now_ms + limits.have_ms
             body = report()
-            targets = [leader] if leader else [v for v in self.cfg.voters if v != self.cfg.member]
+            voters = [v for v in self.cfg.voters if v != self.cfg.member]
+            targets = [leader] if leader else voters
+            if (leader and self.cfg.role == "worker"
+                    and now_ms - self.leader_seen_ms > limits.leader_quiet_ms):
+                # The leader has been quiet for a while: it may be gone. The voters answer with
+                # who leads now, so that this member reports to a new leader well before that
+                # leader's grace for unheard members (dead_ms from its reign's start) runs out
+                # and its leases here are revoked (and their items run again elsewhere).
+                targets += [v for v in voters if v != leader]
             for to in targets:
                 self._emit(Send(to, "F_JOB_HAVE", body))
         return leader

@@ -248,6 +248,7 @@ class Leadership:
         """Send each worker the committed entries it does not have yet (F_JOB_STATE), from the
         ring of recent entries, or the whole table when it is further behind than the ring."""
         applied = self.table.applied_index
+        whole: dict[str, Any] | None = None  # one body for every worker sent the whole table
         for m in self.roster.known.values():
             if m.role != "worker" or not self.roster.alive(m.name, now_ms, m.boot):
                 continue
@@ -261,10 +262,14 @@ class Leadership:
             if behind and not entries:
                 entries = None  # the table moved on without entries in the ring (a snapshot)
             if entries is None:
-                body["snapshot"] = self.table.to_state()
-                body["index"] = applied
+                if whole is None:
+                    # The same body (and so one encoding of it: jobsd.py packs a body sent to
+                    # many once) for every worker that needs the whole table this round.
+                    whole = {**body, "snapshot": self.table.to_state(), "index": applied}
+                body = whole
                 self._count("state_snapshots_sent")
                 m.sent_upto = applied
+                m.snapshot_ms = now_ms
             else:
                 body["prev"] = m.sent_upto
                 body["entries"] = entries

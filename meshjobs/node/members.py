@@ -39,6 +39,7 @@ class Member:
     sent_upto: int = 0  # the table position F_JOB_STATE has been sent up to (workers)
     sent_ms: int = 0  # when F_JOB_STATE last went to it (entries or a keep-alive)
     pos_ms: int = 0  # when its reported position last moved
+    snapshot_ms: int = 0  # when the whole table last went to it (workers)
 
 
 def parse_have(body: Any) -> dict | None:
@@ -88,6 +89,7 @@ class Members:
             m = self.known[peer] = Member(peer)
         if m.boot and m.boot != have["boot"]:
             m.sent_upto = 0  # a new incarnation starts its table again
+            m.snapshot_ms = 0
         if have["pos"] != m.pos:
             m.pos_ms = now_ms
         m.boot, m.role, m.pools = have["boot"], have["role"], have["pools"]
@@ -96,10 +98,13 @@ class Members:
         m.disk_full = have["disk_full"]
         m.last_ms = now_ms
         if m.role == "worker" and (m.pos > m.sent_upto or (
-                m.pos < m.sent_upto and now_ms - m.pos_ms >= limits.state_resend_ms)):
+                m.pos < m.sent_upto and now_ms - m.pos_ms >= limits.state_resend_ms
+                and now_ms - m.snapshot_ms >= limits.state_snapshot_resend_ms)):
             # Caught up by other means; or behind what was sent and not moving: frames were
             # lost, so send again from where it is. (Not timed from the last send: keep-alives
-            # go out every `have_ms` and would put this off for ever.)
+            # go out every `have_ms` and would put this off for ever.) The whole table takes a
+            # while to arrive and load on a busy worker: sent again before that, it would only
+            # pile more copies of itself on the links.
             m.sent_upto = m.pos
             m.pos_ms = now_ms
 
