@@ -161,8 +161,10 @@ class ScaleSim:
 
     def __init__(self, voters: int = 5, workers: int = 200, seed: int = 1,
                  jobs_per_s: float = 3.0, link_mbit: float = 1000.0,
-                 node_cls: type[JobNode] = JobNode) -> None:
+                 node_cls: type[JobNode] = JobNode, run_ms: tuple[int, int] = RUN_MS,
+                 items_max: int = 100) -> None:
         self.rng = random.Random(seed)
+        self.run_ms, self.items_max = run_ms, items_max
         self.node_cls = node_cls
         self.now = T0_MS
         self.voters = tuple(f"v{k}" for k in range(1, voters + 1))
@@ -444,7 +446,7 @@ class ScaleSim:
                 self.waiting.remove(item)
             except ValueError:
                 pass
-        lo, hi = RUN_MS
+        lo, hi = self.run_ms
         run_ms = int(math.exp(self.rng.uniform(math.log(lo), math.log(hi))))
         ev = ItemEnded(eff.job_id, eff.index, eff.epoch, "done", 0, None, None, None,
                        self.now, self.now + run_ms)
@@ -463,7 +465,7 @@ class ScaleSim:
 
     def _new_client(self) -> None:
         cid = len(self.clients)
-        n = self.rng.randint(1, 100)
+        n = self.rng.randint(1, self.items_max)
         req = {"op": "submit", "rid": f"s{cid}", "spec": {"argv": ["sim", str(cid)]},
                "items": [None] * n}
         self.clients.append(Client(cid, req, n, next_ms=self.now))

@@ -114,7 +114,8 @@ class JobNode:
         self.recopies = Recopies(config, table, self._count, self._emit)
         self.roster = Members(config, self._count)  # what the leader knows of the members
         # Recent committed entries (prev table index, index, entry), to catch workers up.
-        # Kept only while the leader knows of worker members; bounded by entries and by rows.
+        # Kept while this member knows of worker members, and by every voter of a fleet of
+        # several (it may come to lead them); bounded by entries and by rows.
         self.ring = CatchUpRing()
         self.counts: dict[str, int] = {}
         self.orders = Orders(config, table, self.roster.boot_of, self._count, self._emit)
@@ -572,7 +573,10 @@ class JobNode:
 
     def _applied(self, ev: Applied) -> None:
         e, out = ev.entry, ev.outcome
-        if ev.prev is not None and self.roster.workers_known():
+        if ev.prev is not None and (self.roster.workers_known() or (
+                self.cfg.role == "voter" and len(self.cfg.voters) > 1)):
+            # A voter keeps the ring while it follows too: should it come to lead, workers a
+            # little behind get entries from it rather than each a whole table at once.
             self.ring.add(ev.prev, ev.index, e)
         if ev.prev is not None:
             self.feed.follows(ev.prev, ev.index)
@@ -618,6 +622,7 @@ class JobNode:
             # are some at this index, so that one that is behind asks to catch up.
             for member, items in hints.items():
                 self._out.append(Send(member, "F_LEASE", {"index": ev.index, "g": items}))
+                self.leadership.urgent.add(member)  # its entries go now (leader.push_state)
         elif kind == "result":
             jobs = self.table.jobs
             for r in e["r"]:

@@ -16,6 +16,9 @@ from meshjobs import limits
 from meshjobs.node.events import Applied, NodeConfig, Send, View
 from meshjobs.table import JobTable
 
+# Fields of a member's report that change on their own all the time (sent with the keep-alive).
+_DRIFTING = ("pos", "running", "blob_bytes")
+
 
 class Follower:
     """A part of the node: a member that does not lead follows the leader. It owns when it last
@@ -35,6 +38,9 @@ class Follower:
         self.leader_seen_ms = 0  # a worker: when a frame from the leader itself last came
         self.leader_hint_ms = 0  # and when a voter last said who leads
         self.next_have_ms = 0
+        # What the last report said (but its position and running items, which move all the
+        # time under load) and to whom: a report with nothing else new waits for the keep-alive.
+        self._said: tuple[str | None, dict] | None = None
 
     def on_lease(self, body: Any) -> None:
         index = body.get("index") if isinstance(body, dict) else None
@@ -98,9 +104,16 @@ class Follower:
             self._set_view(view)
             self._count("leader_lost")
         leader = view.leader if view.leader != self.cfg.member else None
-        if now_ms >= self.next_have_ms:
-            self.next_have_ms = now_ms + limits.have_ms
-            body = report()
+        # Every `have_ms` while no leader is known (it is looked for); to a known leader, at
+        # once when it is new or something but the position and running items changed, else
+        # every `have_keepalive_ms`: 200 workers' reports every have_ms are 800 frames a
+        # second of chatter. A worker behind or missing entries reports at once (next_have_ms
+        # is set to 0).
+        body = report()
+        said = (leader, {k: v for k, v in body.items() if k not in _DRIFTING})
+        if now_ms >= self.next_have_ms or (leader is not None and said != self._said):
+            self.next_have_ms = now_ms + (limits.have_keepalive_ms if leader else limits.have_ms)
+            self._said = said
             targets = [leader] if leader else [v for v in self.cfg.voters if v != self.cfg.member]
             for to in targets:
                 self._emit(Send(to, "F_JOB_HAVE", body))
