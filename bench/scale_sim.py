@@ -417,8 +417,10 @@ class ScaleSim:
             return
         for t in self.thin.values():
             if self.now >= t.next_have_ms:
-                t.next_have_ms = self.now + limits.have_ms
-                to = t.leader or self.leader
+                t.next_have_ms = self.now + limits.have_keepalive_ms
+                # (A real worker finds a new leader within dead_ms through the voters' hints;
+                # a stand-in is told at once.)
+                to = self.leader
                 raw = _pack(t.have())
                 f = self.frames.setdefault("F_JOB_HAVE", [0, 0])
                 f[0] += 1
@@ -646,10 +648,11 @@ def failover(args: argparse.Namespace) -> dict:
     slots; the leader is killed; jobs are submitted right after. Time to the first lease
     committed and the first Run, and the bytes and CPU the new leader spends on the workers."""
     sim, out = big_fleet(args, 0)
-    for k in range(1, args.workers + 1):
-        sim.add_thin(f"t{k:03d}")
-    real = sim.add_worker("wreal", 8)
     applied = sim.leader_table().applied_index
+    for k in range(1, args.workers + 1):
+        # Following the leader already (they would have caught up one by one as they joined).
+        sim.add_thin(f"t{k:03d}").pos = applied
+    real = sim.add_worker("wreal", 8)
     ok = sim.run_while(lambda: real.table.applied_index < applied or any(
         t.pos < applied for t in sim.thin.values()), 900_000)
     old = sim.leader
