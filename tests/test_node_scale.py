@@ -155,3 +155,23 @@ def test_new_leader_catches_workers_up_from_its_ring() -> None:
     assert "snapshot" not in state.body
     assert state.body["prev"] == 3 and [i for i, _e in state.body["entries"]] == [4, 5, 6]
     assert node.counts.get("state_snapshots_sent", 0) == 0
+
+
+def test_worker_that_loses_its_leader_asks_the_voters_at_once() -> None:
+    """Rule: a worker that has not heard from its leader for dead_ms reports to every voter at
+    once (to learn who leads now), not at its next keep-alive up to have_keepalive_ms later."""
+    cfg = NodeConfig(member="w1", boot="wb", pools={"default": Pool("default", slots=1)},
+                     role="worker", voters=("v1", "v2", "v3"))
+    node = JobNode(JobTable(), cfg, random.Random(3))
+    node.step(Tick(T0))
+    node.step(View())
+    node.take()
+    node.step(FrameIn("v1", "F_JOB_STATE", {"term": 3, "leader": "v1", "prev": 0, "entries": []}))
+    node.take()
+    now = T0 + limits.member_dead_ms - limits.have_keepalive_ms // 2
+    node.step(Tick(now))
+    assert _sends(node.take(), "F_JOB_HAVE", "v1"), "the keep-alive to the leader"
+    node.step(Tick(T0 + limits.member_dead_ms + 1))
+    asked = {s.to for s in _sends(node.take(), "F_JOB_HAVE")}
+    assert node.counts.get("leader_lost") == 1
+    assert asked == {"v1", "v2", "v3"}, asked

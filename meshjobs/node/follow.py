@@ -103,6 +103,7 @@ class Follower:
             view = View(term=view.term)
             self._set_view(view)
             self._count("leader_lost")
+            self.next_have_ms = 0  # ask the voters who leads now, not at the next keep-alive
         leader = view.leader if view.leader != self.cfg.member else None
         # Every `have_ms` while no leader is known (it is looked for); to a known leader, at
         # once when it is new or something but the position and running items changed, else
