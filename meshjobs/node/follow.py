@@ -103,7 +103,8 @@ class Follower:
             view = View(term=view.term)
             self._set_view(view)
             self._count("leader_lost")
-            self.next_have_ms = 0  # ask the voters who leads now, not at the next keep-alive
+            # Ask the voters who leads now, as while no leader is known, not at the next keep-alive.
+            self.next_have_ms = min(self.next_have_ms, now_ms + limits.have_ms)
         leader = view.leader if view.leader != self.cfg.member else None
         # Every `have_ms` while no leader is known (it is looked for); to a known leader, at
         # once when it is new or something but the position and running items changed, else
