@@ -198,9 +198,14 @@ state_ring_entries_max = 2_048  # committed entries a voter keeps to catch worke
 state_ring_rows_max = 65_536  # and item rows in them (grants, results, submitted items) together
 member_names_max = 4_096  # distinct member names the table shares one string for
 have_ms = 250  # members report what they have (F_JOB_HAVE) this often
-# A worker that has not heard the leader for this long sends its reports to the voters too (they
-# answer who leads): well under dead_ms, which a new leader gives unheard members to report.
-leader_quiet_ms = 4 * have_ms
+have_keepalive_ms = 1_000  # but to a known leader, with nothing new but position and running items, this often
+state_push_ms = 100  # a worker is sent new entries this often, at once when they hold leases of its own
+state_keepalive_ms = 1_000  # a caught-up worker is told this often who leads (an empty F_JOB_STATE)
+state_snapshots_max = 4  # whole tables a leader sends per state_resend_ms (more behind wait their turn)
+# A worker that has not heard the leader for this long (two of its keep-alives) sends its reports
+# to the voters too (they answer who leads): under dead_ms, which a new leader gives unheard
+# members to report.
+leader_quiet_ms = 2 * state_keepalive_ms
 frame_parts_max = 256  # a body too large for one frame travels in at most this many parts
 frame_assemblies_max = 8  # bodies in parts being put back together at once
 # A body whose msgpack is larger than this travels in parts of this size (frames.Chunker); the
@@ -393,6 +398,16 @@ RELATIONS: tuple[tuple[str, str, Callable[[dict[str, Any]], bool]], ...] = (
      lambda v: v["link_idle_ms"] < v["link_silent_ms_max"]),
     ("members report more often than a silent one is taken as dead", "have_ms",
      lambda v: v["have_ms"] < v["member_dead_ms"]),
+    ("members with nothing new report more often than a silent one is taken as dead",
+     "have_keepalive_ms", lambda v: v["have_keepalive_ms"] < v["member_dead_ms"]),
+    ("the leader tells caught-up workers it leads before they give it up", "state_keepalive_ms",
+     lambda v: v["state_keepalive_ms"] < v["member_dead_ms"]),
+    ("new entries go out to workers more often than keep-alives", "state_push_ms",
+     lambda v: v["state_push_ms"] <= v["state_keepalive_ms"]),
+    ("a worker takes its leader as quiet only after missing a keep-alive", "leader_quiet_ms",
+     lambda v: v["state_keepalive_ms"] < v["leader_quiet_ms"]),
+    ("a quiet leader's workers ask the voters before a new leader revokes them", "leader_quiet_ms",
+     lambda v: v["leader_quiet_ms"] + v["have_ms"] < v["member_dead_ms"]),
     ("a member is dead before its copies are lost", "member_dead_ms",
      lambda v: v["member_dead_ms"] < v["member_lost_ms"]),
     ("a forwarded change is resent before its commit wait ends", "ctl_resend_ms",

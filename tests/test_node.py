@@ -883,11 +883,11 @@ def test_worker_fresh_only_from_the_leader_itself() -> None:
     node = _worker(now)
     # A follower's hint names the leader: the worker reports there, but is not fresh.
     node.step(FrameIn("v2", "F_JOB_STATE", {"term": 3, "leader": "v1", "voters": ["v1", "v2", "v3"]}))
-    node.take()
+    effects = node.take()
     h = node.health()
     assert h["leader"] == "v1" and not h["fresh"] and not h["ready"]
     assert any(isinstance(e, Send) and e.to == "v1" and e.ftype == "F_JOB_HAVE"
-               for e in (node.step(Tick(now + limits.have_ms)) or node.take()))
+               for e in effects + (node.step(Tick(now + limits.have_ms)) or node.take()))
     # The leader's own frame: fresh.
     node.step(FrameIn("v1", "F_JOB_STATE", {"term": 3, "leader": "v1", "prev": 0, "entries": []}))
     node.take()

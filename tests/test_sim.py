@@ -210,7 +210,9 @@ def test_planted_early_ack_is_caught() -> None:
         run(3, SimConfig(liveness_ms_max=1_000), node_cls=EagerNode)
     msg = str(info.value)
     assert msg.startswith("seed=3 ") and "run(3)" in msg
-    assert "before it was committed" in msg or "twice" in msg, msg
+    # A forwarded submit answered early is answered again once committed: its remote token is
+    # gone by then, so the second answer names a token nobody asked.
+    assert ("before it was committed" in msg or "twice" in msg or "nobody asked" in msg), msg
 
 
 def test_liveness_bound_fails_with_seed() -> None:

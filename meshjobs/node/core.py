@@ -624,6 +624,7 @@ class JobNode:
             # are some at this index, so that one that is behind asks to catch up.
             for member, items in hints.items():
                 self._out.append(Send(member, "F_LEASE", {"index": ev.index, "g": items}))
+                self.leadership.urgent.add(member)  # its entries go now (leader.push_state)
         elif kind == "result":
             jobs = self.table.jobs
             for r in e["r"]:

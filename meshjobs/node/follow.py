@@ -16,6 +16,9 @@ from meshjobs import limits
 from meshjobs.node.events import Applied, NodeConfig, Send, View
 from meshjobs.table import JobTable
 
+# Fields of a member's report that change on their own all the time (sent with the keep-alive).
+_DRIFTING = ("pos", "running", "blob_bytes")
+
 
 class Follower:
     """A part of the node: a member that does not lead follows the leader. It owns when it last
@@ -35,6 +38,9 @@ class Follower:
         self.leader_seen_ms = 0  # a worker: when a frame from the leader itself last came
         self.leader_hint_ms = 0  # and when a voter last said who leads
         self.next_have_ms = 0
+        # What the last report said (but its position and running items, which move all the
+        # time under load) and to whom: a report with nothing else new waits for the keep-alive.
+        self._said: tuple[str | None, dict] | None = None
 
     def on_lease(self, body: Any) -> None:
         index = body.get("index") if isinstance(body, dict) else None
@@ -97,14 +103,26 @@ class Follower:
             view = View(term=view.term)
             self._set_view(view)
             self._count("leader_lost")
+            # Ask the voters who leads now, as while no leader is known, not at the next keep-alive.
+            self.next_have_ms = min(self.next_have_ms, now_ms + limits.have_ms)
         leader = view.leader if view.leader != self.cfg.member else None
-        if now_ms >= self.next_have_ms:
-            self.next_have_ms = now_ms + limits.have_ms
-            body = report()
+        # Every `have_ms` while no leader is known (it is looked for); to a known leader, at
+        # once when it is new or something but the position and running items changed, else
+        # every `have_keepalive_ms`: 200 workers' reports every have_ms are 800 frames a
+        # second of chatter. A worker behind or missing entries reports at once (next_have_ms
+        # is set to 0). A worker whose leader has been quiet for `leader_quiet_ms` reports
+        # every `have_ms`, to the voters too (see below).
+        body = report()
+        said = (leader, {k: v for k, v in body.items() if k not in _DRIFTING})
+        quiet = (leader is not None and self.cfg.role == "worker"
+                 and now_ms - self.leader_seen_ms > limits.leader_quiet_ms)
+        if now_ms >= self.next_have_ms or (leader is not None and said != self._said):
+            slow = leader is not None and not quiet
+            self.next_have_ms = now_ms + (limits.have_keepalive_ms if slow else limits.have_ms)
+            self._said = said
             voters = [v for v in self.cfg.voters if v != self.cfg.member]
             targets = [leader] if leader else voters
-            if (leader and self.cfg.role == "worker"
-                    and now_ms - self.leader_seen_ms > limits.leader_quiet_ms):
+            if quiet:
                 # The leader has been quiet for a while: it may be gone. The voters answer with
                 # who leads now, so that this member reports to a new leader well before that
                 # leader's grace for unheard members (dead_ms from its reign's start) runs out

@@ -9,7 +9,9 @@ still missing, and the table's epochs and request ids make a repeat harmless.
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +23,28 @@ from meshjobs.node.hooks import Orders
 from meshjobs.node.members import Members
 from meshjobs.node.proposals import Proposals
 from meshjobs.table import JobTable
+
+
+class _Spread:
+    """Members with room in one pool, most room first (then this member, then the greatest
+    name), as a heap: each item taken charges one slot, without scanning every member per
+    item (200 workers and a job of 100 items would be 20,000 looks)."""
+
+    def __init__(self, room: dict[str, dict[str, int]], pool: str, me: str) -> None:
+        self.room, self.pool = room, pool
+        names = sorted((n for n in room if room[n].get(pool, 0) > 0), reverse=True)
+        self.heap = [(-room[n][pool], n != me, rank, n) for rank, n in enumerate(names)]
+        heapq.heapify(self.heap)
+
+    def take(self) -> str:
+        """The member the next item goes to; its room is charged."""
+        neg, not_me, rank, name = self.heap[0]
+        self.room[name][self.pool] -= 1
+        if neg + 1 < 0:
+            heapq.heapreplace(self.heap, (neg + 1, not_me, rank, name))
+        else:
+            heapq.heappop(self.heap)
+        return name
 
 
 class Leadership:
@@ -49,6 +73,8 @@ class Leadership:
         self._rerunning: dict[tuple[str, int], int] = {}  # (job, run) -> when its rerun was proposed
         self._cron_sent: dict[tuple[str, int], int] = {}  # (schedule, due) -> when its fire was proposed
         self._next_expiry_ms = 0
+        self.urgent: set[str] = set()  # workers with leases in entries not yet sent to them
+        self._snapshots_sent: deque[int] = deque()  # when whole tables went out lately
 
     # --- what committed entries say -------------------------------------------------------------
 
@@ -81,9 +107,16 @@ class Leadership:
         outputs are still being copied does not (a member whose copies fail stops there):
         `frees_slot` says which runs ended so."""
         room: dict[str, dict[str, int]] = {}
+        aheads: dict[str, int] = {}  # pool -> ahead(pool), once per call (200 members share it)
 
         def cap(pools: dict[str, int]) -> dict[str, int]:
-            return {p: n * (1 + self.ahead(p)) for p, n in pools.items()}
+            out = {}
+            for p, n in pools.items():
+                a = aheads.get(p)
+                if a is None:
+                    a = aheads[p] = self.ahead(p)
+                out[p] = n * (1 + a)
+            return out
 
         if not self._takes_no_work():
             room[self.cfg.member] = cap(self.table.ctl.effective(
@@ -143,6 +176,8 @@ class Leadership:
         for key, (sent, _pool, _member) in list(self.inflight.items()):
             if now - sent >= limits.proposal_retry_ms:
                 del self.inflight[key]
+        if not self.table.ready and not any(e["k"] == "submit" for e in self.proposals.changes):
+            return  # nothing waits for a lease: no need to work out every member's room
         room = self.room(now, frees_slot)
         boots = {name: m.boot for name, m in self.roster.known.items()}
         boots[self.cfg.member] = self.cfg.boot
@@ -162,13 +197,13 @@ class Leadership:
             picked = [(jid, i) for jid, i, _member in placed]
             if len(picked) < total:
                 picked += self._new_items(pool, total - len(picked))
+            spread = _Spread(room, pool, self.cfg.member) if len(picked) > len(placed) else None
             for k, (jid, i) in enumerate(picked):
                 if k < len(placed):
                     member = placed[k][2]
                 else:
-                    member = max((n for n in room if room[n].get(pool, 0) > 0),
-                                 key=lambda n: (room[n][pool], n == self.cfg.member, n))
-                    room[member][pool] -= 1
+                    assert spread is not None
+                    member = spread.take()
                 self.inflight[(jid, i)] = (now, pool, member)
                 grants.append([jid, i, member, boots[member]])
         if grants:
@@ -246,28 +281,47 @@ class Leadership:
 
     def push_state(self, now_ms: int, term: int) -> None:
         """Send each worker the committed entries it does not have yet (F_JOB_STATE), from the
-        ring of recent entries, or the whole table when it is further behind than the ring."""
+        ring of recent entries, or the whole table when it is further behind than the ring.
+
+        With hundreds of workers a frame to each per round is most of the leader's work, so
+        new entries go to a worker at most every `state_push_ms`, at once only when they hold
+        leases of its own (`urgent`: it has items to start); a caught-up worker hears from the
+        leader every `state_keepalive_ms`. Whole tables are costly to build and to carry: one
+        is built per round however many workers need it, and at most `state_snapshots_max` go
+        out per `state_resend_ms` (after a failover the others take entries from the ring, and
+        those further behind wait their turn, told meanwhile who leads)."""
         applied = self.table.applied_index
+        urgent, self.urgent = self.urgent, set()
+        while self._snapshots_sent and now_ms - self._snapshots_sent[0] >= limits.state_resend_ms:
+            self._snapshots_sent.popleft()
         whole: dict[str, Any] | None = None  # one body for every worker sent the whole table
         for m in self.roster.known.values():
-            if m.role != "worker" or not self.roster.alive(m.name, now_ms, m.boot):
+            if m.role != "worker":
                 continue
             behind = m.sent_upto < applied
-            if not behind and now_ms - m.sent_ms < limits.have_ms:
+            since = now_ms - m.sent_ms
+            if behind and m.name not in urgent and since < limits.state_push_ms:
                 continue
-            # Caught up: an empty F_JOB_STATE every `have_ms` still tells the worker who leads
-            # (and that its table is fresh).
+            if not behind and since < limits.state_keepalive_ms:
+                continue
+            if not self.roster.alive(m.name, now_ms, m.boot):
+                continue
             body: dict[str, Any] = {"term": term, "leader": self.cfg.member}
             entries = self.ring.after(m.sent_upto, applied) if behind else []
             if behind and not entries:
                 entries = None  # the table moved on without entries in the ring (a snapshot)
-            if entries is None:
+            if entries is None and len(self._snapshots_sent) >= limits.state_snapshots_max:
+                if since < limits.state_keepalive_ms:
+                    continue
+                self._count("state_snapshots_waiting")  # told who leads; its table waits
+            elif entries is None:
                 if whole is None:
                     # The same body (and so one encoding of it: jobsd.py packs a body sent to
                     # many once) for every worker that needs the whole table this round.
                     whole = {**body, "snapshot": self.table.to_state(), "index": applied}
                 body = whole
                 self._count("state_snapshots_sent")
+                self._snapshots_sent.append(now_ms)
                 m.sent_upto = applied
                 m.snapshot_ms = now_ms
             else:
