@@ -404,7 +404,7 @@ RELATIONS: tuple[tuple[str, str, Callable[[dict[str, Any]], bool]], ...] = (
      lambda v: v["state_keepalive_ms"] < v["member_dead_ms"]),
     ("new entries go out to workers more often than keep-alives", "state_push_ms",
      lambda v: v["state_push_ms"] <= v["state_keepalive_ms"]),
-    ("a worker takes its leader as quiet only after missing a keep-alive", "leader_quiet_ms",
+    ("a worker takes its leader as quiet only after missing a keep-alive", "state_keepalive_ms",
      lambda v: v["state_keepalive_ms"] < v["leader_quiet_ms"]),
     ("a quiet leader's workers ask the voters before a new leader revokes them", "leader_quiet_ms",
      lambda v: v["leader_quiet_ms"] + v["have_ms"] < v["member_dead_ms"]),

@@ -134,9 +134,9 @@ def test_whole_tables_are_rationed_and_built_once() -> None:
 
 
 def test_new_leader_catches_workers_up_from_its_ring() -> None:
-    """Rule: a voter of a fleet of several keeps recent entries while it follows, so that when
-    it comes to lead, a worker a little behind is sent entries, not a whole table (after a
-    failover 200 workers would each be sent one at once)."""
+    """Rule: a voter of a fleet of several keeps recent entries while it follows, once a lease
+    went to a worker member, so that when it comes to lead, a worker a little behind is sent
+    entries, not a whole table (after a failover 200 workers would each be sent one at once)."""
     cfg = NodeConfig(member="v2", boot="v2b", role="voter", voters=("v1", "v2", "v3"))
     table = JobTable()
     node = JobNode(table, cfg, random.Random(1))
@@ -144,10 +144,13 @@ def test_new_leader_catches_workers_up_from_its_ring() -> None:
     node.step(View(term=1, leader="v1", is_leader=False, ready=False))
     for k in range(6):
         prev = table.applied_index
-        e = {"k": "batch", "t": T0, "p": k, "es": [_submit_entry(f"j{k}")]}
+        es = [_submit_entry(f"j{k}")]
+        if k == 0:
+            es.append({"k": "lease", "t": T0, "g": [["j0", 0, "w1", "w1b"]]})
+        e = {"k": "batch", "t": T0, "p": k, "es": es}
         node.step(Applied(k + 1, e, table.apply(e, k + 1), prev))
     node.take()
-    assert node.ring.entries, "a follower keeps the ring"
+    assert node.ring.entries, "a follower keeps the ring once workers have leases"
     node.step(Tick(T0 + 2_000))
     node.step(View(term=2, leader="v2", is_leader=True, ready=True))
     node.step(FrameIn("w1", "F_JOB_HAVE", _have(pos=3)))
