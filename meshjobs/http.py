@@ -25,6 +25,7 @@ import collections
 import concurrent.futures
 import contextlib
 import functools
+import json
 import math
 import resource
 import secrets
@@ -65,6 +66,7 @@ from meshjobs.eventstream import EventStreams
 from meshjobs.frames import LogAsk, LogPiece
 from meshjobs.metrics import MemberMetrics
 from meshjobs.openapi import openapi_document
+from meshjobs.table import ItemRows
 
 # The shortest answer a client gets when the jobs thread is slow (limits.http_ctl_slack_ms).
 CTL_SLACK_MS = limits.http_ctl_slack_ms
@@ -790,13 +792,19 @@ class HttpApi:
         if fmt == "html" or (fmt is None and "text/html" in accept and not _prefers_json(accept)):
             return await self._job_page(request, job_id)
         ask: dict[str, Any] = {"op": "get", "id": job_id, "items": items, "wait_ms": wait_ms}
+        if items:
+            ask["copy_items"] = True  # the item records are built here, not on the jobs thread
         since = request.query.get("since")
         if since is not None:
             # Answered at once when the job's version is past `since` (or it has ended), else at
             # its next change, or after `wait` seconds.
             ask["since"] = parse_version(since)
         answer = await self._ask(ask, extra_ms=wait_ms)
-        return web.json_response(await self._waiting_for(answer.body), status=answer.status)
+        body = await self._waiting_for(answer.body)
+        if isinstance(body, dict) and isinstance(body.get("items"), ItemRows):
+            return web.Response(body=await _record_json(body), status=answer.status,
+                                content_type="application/json")
+        return web.json_response(body, status=answer.status)
 
     async def _waiting_for(self, record: Any) -> Any:
         """A placed job with items waiting: why they wait (`waiting_for`), when no member it may
@@ -1494,6 +1502,24 @@ async def _machine_names() -> frozenset[str]:
     except (TimeoutError, OSError):
         pass
     return frozenset(n.lower().rstrip(".") for n in names if n)
+
+
+
+async def _record_json(record: dict) -> bytes:
+    """A job record whose "items" is an `ItemRows`, as JSON: the item records are built and
+    encoded `items_json_slice_max` at a time, so that no one call holds the interpreter for long
+    (the jobs thread runs between two), and other requests are served between slices."""
+    rows: ItemRows = record["items"]
+    head = json.dumps({k: v for k, v in record.items() if k != "items"})
+    parts = [head[:-1], ', "items": [' if len(head) > 2 else '"items": [']
+    step = limits.items_json_slice_max
+    for lo in range(0, len(rows), step):
+        if lo:
+            parts.append(", ")
+        parts.append(json.dumps(rows.records(lo, lo + step))[1:-1])
+        await asyncio.sleep(0)
+    parts.append("]}")
+    return "".join(parts).encode()
 
 
 def _html(text: str, status: int = 200, nonce: str | None = None) -> web.Response:
