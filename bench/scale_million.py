@@ -297,6 +297,16 @@ class Proc:
             body = r.read()
             return json.loads(body), r.headers, len(body)
 
+    def get_raw(self, path: str, timeout: float = 300) -> bytes:
+        req = urllib.request.Request(self.url + path, headers={"Accept": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.read()
+
+    def delete(self, path: str) -> None:
+        req = urllib.request.Request(self.url + path, method="DELETE")
+        with urllib.request.urlopen(req, timeout=120) as r:
+            r.read()
+
     def post(self, path: str, body: dict) -> Any:
         req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
                                      method="POST", headers={"Content-Type": "application/json"})
@@ -352,31 +362,47 @@ def leader_of(procs: list[Proc]) -> Proc:
     return wait_for(find, 120, "a leader")
 
 
+_PROBE = """
+import sys, time, urllib.request
+url, every = sys.argv[1], float(sys.argv[2])
+while True:
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            r.read()
+    except OSError:
+        pass
+    took = time.monotonic() - t0
+    print(t0, took, flush=True)
+    time.sleep(max(0.0, every - took))
+"""
+
+
 class Prober:
-    """GET /healthz every PROBE_S: each probe's (sent, took) seconds."""
+    """GET /healthz every PROBE_S from a process of its own (a thread here would share this
+    process's interpreter lock with the reads being measured): each probe's (sent, took)
+    seconds, on the machine's monotonic clock."""
 
     def __init__(self, p: Proc) -> None:
         self.p = p
         self.samples: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
+        self._proc: subprocess.Popen | None = None
 
     def __enter__(self) -> Prober:
-        self._t.start()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _PROBE, self.p.url + "/healthz", str(PROBE_S)],
+            stdout=subprocess.PIPE, text=True)
+        time.sleep(0.2)  # sleep-ok: the prober's interpreter starts
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._t.join()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            t0 = time.monotonic()
-            with contextlib.suppress(OSError, ValueError):
-                self.p.get("/healthz", timeout=30)
-            took = time.monotonic() - t0
-            self.samples.append((t0, took))
-            self._stop.wait(max(0.0, PROBE_S - took))
+        assert self._proc is not None
+        self._proc.terminate()
+        out, _ = self._proc.communicate(timeout=60)
+        for line in out.splitlines():
+            with contextlib.suppress(ValueError):
+                a, b = line.split()
+                self.samples.append((float(a), float(b)))
 
     def worst(self, start: float = 0.0, end: float = float("inf")) -> float:
         """The slowest probe in flight at some moment in [start, end]."""
@@ -412,6 +438,7 @@ def snapshot_step(p: Proc, top: str) -> dict:
     watcher = threading.Thread(target=dump_watch, args=(p, stop, spans), daemon=True)
     watcher.start()
     n = 0
+    made: list[str] = []
     with Prober(p) as probe:
         t_start = time.monotonic()
         # Until a dump has started (the log passes log_compaction_bytes_min), at most 4 times that.
@@ -419,14 +446,19 @@ def snapshot_step(p: Proc, top: str) -> dict:
         sent = 0
         while sent < need and not spans and time.monotonic() - t_start < 120:
             n += 1
-            p.post("/jobs", {"argv": ["true", *[arg] * 1000], "hold": True,
-                             "id": f"snap{os.getpid()}-{n}"})
+            job_id = f"snap{os.getpid()}-{n}"
+            p.post("/jobs", {"argv": ["true", *[arg] * 1000], "hold": True, "id": job_id})
             sent += 1000 * 200
+            made.append(job_id)
         # wait for the writer to end
         wait_for(lambda: not _children(p), 300, "the dump writer to end")
         time.sleep(0.2)  # sleep-ok: the probe's last samples
     stop.set()
     watcher.join()
+    # Gone again (cancelled and forgotten), so that a folder used again holds the same table.
+    for job_id in made:
+        p.post(f"/jobs/{job_id}/cancel", {})
+        p.delete(f"/jobs/{job_id}")
     worst_dump = max((probe.worst(a, b) for a, b in spans), default=0.0)
     worst_other = probe.worst()
     written = (p.metric("meshjobs_dumps_written_total") or p.metric("dumps_written")) - written0
@@ -487,8 +519,9 @@ def paging_step(p: Proc, want: dict) -> dict:
     if want.get("big"):
         with Prober(p) as probe:
             t0 = time.monotonic()
-            rec, _, size = p.get(f"/jobs/{want['big']}?items=1")
+            raw = p.get_raw(f"/jobs/{want['big']}?items=1")
             t1 = time.monotonic()
+        rec, size = json.loads(raw), len(raw)
         out["items_s"] = t1 - t0
         out["items_n"] = len(rec.get("items") or [])
         out["items_bytes"] = size
