@@ -803,7 +803,7 @@ class HttpApi:
         body = await self._waiting_for(answer.body)
         if isinstance(body, dict) and isinstance(body.get("items"), ItemRows):
             return web.Response(body=await _record_json(body), status=answer.status,
-                                content_type="application/json")
+                                content_type="application/json", charset="utf-8")
         return web.json_response(body, status=answer.status)
 
     async def _waiting_for(self, record: Any) -> Any:

@@ -1012,10 +1012,9 @@ class JobTable:
         rec.update({k: v for k, v in job.spec_fields().items()
                     if k in ("restart", "restart_delay_s", "resubmit", "stdout", "stderr")})
         rec.update(reruns.record_fields(job))
-        if items == "copy":
-            rec["items"] = ItemRows(job)
-        elif items:
-            rec["items"] = [self.item_record(job, i) for i in range(job.n)]
+        if items:
+            rec["items"] = (ItemRows(job) if items == "copy"
+                            else [self.item_record(job, i) for i in range(job.n)])
             if job.names is not None:
                 rec["names"] = list(job.names)
         return rec

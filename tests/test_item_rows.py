@@ -41,6 +41,18 @@ def test_copy_gives_the_same_records_as_the_table() -> None:
     assert materialize({"id": "x"}) == {"id": "x"}
 
 
+def test_copy_keeps_the_rest_of_the_record() -> None:
+    """A record with its items copied has every other key of the record with items (the
+    items' names among them)."""
+    f = Fleet1()
+    f.ctl(1, submit_req(n=2, names=["a", "b"]))
+    f.settle()
+    t, job = f.table, f.table.jobs["j1"]
+    copied, listed = t.record(job, items="copy"), t.record(job, items=True)
+    assert copied["names"] == ["a", "b"]
+    assert set(copied) == set(listed)
+
+
 def test_copy_is_the_job_as_it_was_read() -> None:
     """Changes to the job after the copy (its items leased, ended) are not in the copy."""
     f = Fleet1(slots=0)
