@@ -460,7 +460,8 @@ def snapshot_step(p: Proc, top: str) -> dict:
         p.post(f"/jobs/{job_id}/cancel", {})
         p.delete(f"/jobs/{job_id}")
     worst_dump = max((probe.worst(a, b) for a, b in spans), default=0.0)
-    worst_other = probe.worst()
+    worst_other = max((took for t0, took in probe.samples
+                       if not any(t0 <= b and t0 + took >= a for a, b in spans)), default=0.0)
     written = (p.metric("meshjobs_dumps_written_total") or p.metric("dumps_written")) - written0
     size = os.path.getsize(os.path.join(p.m["data"], "raft.dump"))
     return {"dumps": len(spans), "dumps_metric": written, "worst_dump_s": worst_dump,
@@ -681,8 +682,9 @@ def report(a: argparse.Namespace, want: dict, res: dict) -> None:
     print(f"| jobs-thread pause while a snapshot is written (slowest /healthz probe, "
           f"{sn['dumps']} dump(s), {sn['dump_write_s']:.1f} s each) | ≤ 50 ms | "
           f"{sn['worst_dump_s'] * 1000:.0f} ms | {_met(sn['dumps'] > 0 and sn['worst_dump_s'] <= 0.05)} |")
-    print(f"| slowest /healthz probe of that whole step ({sn['probes']} probes, {sn['submits']} "
-          f"submits) | — | {sn['worst_any_s'] * 1000:.0f} ms | — |")
+    print(f"| slowest /healthz probe of that step while no dump was written ({sn['probes']} "
+          f"probes in all, {sn['submits']} submits of 200 KB) | — | "
+          f"{sn['worst_any_s'] * 1000:.0f} ms | — |")
     print(f"| GET /jobs first page (100) | — | {pg['first_page_s'] * 1000:.0f} ms | — |")
     print(f"| GET /jobs deep page (last of 1,000) | — | {pg['deep_page_s'] * 1000:.0f} ms | — |")
     print(f"| GET /jobs all pages ({pg['walk_pages']} of 1,000, {pg['walk_jobs']:,} jobs) | — | "
