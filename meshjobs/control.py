@@ -438,7 +438,9 @@ def parse_request(req: object) -> dict:
         since = req.get("since")
         return {"op": "get", "id": parse_job_id(req.get("id")), "items": bool(req.get("items")),
                 "wait_ms": _int(wait_ms, "wait_ms", 0, limits.http_wait_s_max * 1000),
-                "since": None if since is None else _int(since, "since", 0, limits.version_max)}
+                "since": None if since is None else _int(since, "since", 0, limits.version_max),
+                # The HTTP edge builds the item records from a copy (table.ItemRows).
+                **({"copy_items": True} if req.get("copy_items") is True else {})}
     if op == "changes":
         return parse_changes(req)
     if op == "list":

@@ -172,6 +172,52 @@ def check_dump(path: str) -> Dump | None:
     return read_dump(path)
 
 
+class CheckedDump:
+    """The dump checked before start, handed once to the deserializer that loads it.
+
+    A member reads its dump twice at start otherwise: `check_dump` (before pysyncobj builds its
+    journal) and pysyncobj's load through the deserializer, each a whole read, checksum and
+    msgpack decode (seconds at a million items). `check` keeps what it read with the file's
+    identity (device, inode, size, modification time); `take` gives it back once, only while
+    the file is that same file (a dump renamed into place since is read anew), and forgets it,
+    so that the decoded state is not held beside the table built from it."""
+
+    def __init__(self) -> None:
+        self._held: tuple[str, tuple[int, ...], Dump] | None = None
+
+    def check(self, path: str) -> Dump | None:
+        """`check_dump(path)`, remembered for one `take`."""
+        self._held = None
+        try:
+            before = _identity(path)
+        except FileNotFoundError:
+            return None
+        dump = read_dump(path)
+        if _identity(path) == before:
+            self._held = (path, before, dump)
+        return dump
+
+    def take(self, path: str) -> Dump | None:
+        """The dump `check` read at `path`, if that file is still the one read; else None."""
+        held, self._held = self._held, None
+        if held is None or held[0] != path:
+            return None
+        try:
+            same = _identity(path) == held[1]
+        except FileNotFoundError:
+            return None
+        return held[2] if same else None
+
+    def forget(self) -> None:
+        """Drop what `check` read, if nothing took it."""
+        self._held = None
+
+
+def _identity(path: str) -> tuple[int, ...]:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def make_dump_pair(
     get_state: Callable[[], Any],
     set_state: Callable[[Any], None],
@@ -179,12 +225,14 @@ def make_dump_pair(
     *,
     on_corrupt: Callable[[DumpCorrupt], None] | None = None,
     health: DumpHealth | None = None,
+    checked: CheckedDump | None = None,
 ) -> tuple[Serializer, Deserializer]:
     """pysyncobj's serializer and deserializer, writing and reading meshjobs dump files.
 
     `on_corrupt` is called with the error before the deserializer raises it, because pysyncobj
     swallows that exception; the caller uses it to stop the member. `health` counts the dumps
-    written and failed (rule 3).
+    written and failed (rule 3). `checked`: the dump read by its `check` before start is
+    loaded from there, not read a second time.
     """
 
     def serializer(tmp_path: str, data: Any) -> None:
@@ -212,7 +260,9 @@ def make_dump_pair(
 
     def deserializer(path: str) -> tuple[Entry, Entry, list[str]]:
         try:
-            dump = read_dump(path)
+            dump = checked.take(path) if checked is not None else None
+            if dump is None:
+                dump = read_dump(path)
         except DumpCorrupt as e:
             log.error("dump.corrupt", path=path, error=str(e))
             if on_corrupt is not None:

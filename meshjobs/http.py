@@ -25,6 +25,7 @@ import collections
 import concurrent.futures
 import contextlib
 import functools
+import json
 import math
 import resource
 import secrets
@@ -65,6 +66,7 @@ from meshjobs.eventstream import EventStreams
 from meshjobs.frames import LogAsk, LogPiece
 from meshjobs.metrics import MemberMetrics
 from meshjobs.openapi import openapi_document
+from meshjobs.table import ItemRows
 
 # The shortest answer a client gets when the jobs thread is slow (limits.http_ctl_slack_ms).
 CTL_SLACK_MS = limits.http_ctl_slack_ms
@@ -790,13 +792,27 @@ class HttpApi:
         if fmt == "html" or (fmt is None and "text/html" in accept and not _prefers_json(accept)):
             return await self._job_page(request, job_id)
         ask: dict[str, Any] = {"op": "get", "id": job_id, "items": items, "wait_ms": wait_ms}
+        if items:
+            ask["copy_items"] = True  # the item records are built here, not on the jobs thread
         since = request.query.get("since")
         if since is not None:
             # Answered at once when the job's version is past `since` (or it has ended), else at
             # its next change, or after `wait` seconds.
             ask["since"] = parse_version(since)
         answer = await self._ask(ask, extra_ms=wait_ms)
-        return web.json_response(await self._waiting_for(answer.body), status=answer.status)
+        body = await self._waiting_for(answer.body)
+        if isinstance(body, dict) and isinstance(body.get("items"), ItemRows):
+            # Sent as it is encoded: no 36 MB string for 100,000 items, nor one copy of it.
+            resp = web.StreamResponse(status=answer.status)
+            resp.content_type = "application/json"
+            resp.charset = "utf-8"
+            await resp.prepare(request)
+            for part in _record_json(body):
+                await resp.write(part)
+                await asyncio.sleep(0)  # write() yields only when the client lags: others' turn
+            await resp.write_eof()
+            return resp
+        return web.json_response(body, status=answer.status)
 
     async def _waiting_for(self, record: Any) -> Any:
         """A placed job with items waiting: why they wait (`waiting_for`), when no member it may
@@ -1494,6 +1510,22 @@ async def _machine_names() -> frozenset[str]:
     except (TimeoutError, OSError):
         pass
     return frozenset(n.lower().rstrip(".") for n in names if n)
+
+
+
+def _record_json(record: dict) -> Iterator[bytes]:
+    """A job record whose "items" is an `ItemRows`, as JSON, in parts: the item records are
+    built and encoded `items_json_slice_max` at a time, so that no one call holds the
+    interpreter for long (the jobs thread runs between two), and the handler writes each part
+    (other requests are served while the client drains them)."""
+    rows: ItemRows = record["items"]
+    head = json.dumps({k: v for k, v in record.items() if k != "items"})
+    yield (head[:-1] + (', "items": [' if len(head) > 2 else '"items": [')).encode()
+    step = limits.items_json_slice_max
+    for lo in range(0, len(rows), step):
+        part = json.dumps(rows.records(lo, lo + step))[1:-1]
+        yield ((", " if lo else "") + part).encode()
+    yield b"]}"
 
 
 def _html(text: str, status: int = 200, nonce: str | None = None) -> web.Response:

@@ -43,6 +43,9 @@ results_sep_bytes_max = 4096  # the separator `job results --sep` writes between
 status_stderr_read_bytes_max = 1024 * 1024  # a longer stderr is not read for its tail (it is named)
 status_items_shown_max = 20  # failed items `job status` and the job page explain one by one
 webui_items_shown_max = 200  # items one page of a job's web page lists (links page the rest)
+# Item records the HTTP edge builds and encodes at a time for GET /jobs/ID?items (each slice a
+# few milliseconds: the jobs thread gets the interpreter between two).
+items_json_slice_max = 200
 webui_preview_bytes_max = 16 * 1024  # the head of an item's stdout or stderr a job page shows
 webui_poll_ms = 2000  # how often the web UI's script polls when /events does not stream
 webui_sse_retry_ms = 60_000  # polling that long, the script tries /events again

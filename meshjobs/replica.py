@@ -53,7 +53,7 @@ from pysyncobj.pipe_notifier import PipeNotifier
 
 from meshjobs import limits, raftseam
 from meshjobs.diskspace import EXIT_BUG, EXIT_DISK, describe, fix_hint, is_disk_error
-from meshjobs.dumpfile import DumpCorrupt, DumpHealth, check_dump, make_dump_pair
+from meshjobs.dumpfile import CheckedDump, DumpCorrupt, DumpHealth, make_dump_pair
 from meshjobs.dumpwriter import ForkedDumps
 from meshjobs.failpoints import Failpoints
 from meshjobs.journal import DurableJournal
@@ -122,9 +122,12 @@ class Replica(SyncObj):
             # tick and stops the member.
             self.dump_damage = exc
 
+        # The dump checked before pysyncobj builds its journal is the one it then loads: read,
+        # checked and decoded once, not twice.
+        checked = CheckedDump()
         serializer, deserializer = make_dump_pair(
             table.to_state, lambda s: table.load(JobTable.from_state(s)), failpoints,
-            on_corrupt=on_corrupt, health=self.dumps)
+            on_corrupt=on_corrupt, health=self.dumps, checked=checked)
         dump_path = os.path.join(data_dir, "raft.dump")
         conf = SyncObjConf(
             autoTick=False,
@@ -164,7 +167,7 @@ class Replica(SyncObj):
             # A damaged dump stops the member here (pysyncobj would load it with its errors
             # swallowed); a crash between writing a dump and trimming the journal is completed
             # here too, before pysyncobj would clear the journal past the dump.
-            dump = check_dump(dump_path)
+            dump = checked.check(dump_path)
             self._journal = DurableJournal(path, failpoints, dump_path=dump_path)
             if dump is not None:
                 self._journal.complete_compaction(dump.prev, dump.last)
@@ -179,6 +182,7 @@ class Replica(SyncObj):
                 super().__init__(self_addr, partner_addrs, conf, transportClass=SealedTransport)
             finally:
                 _pso.createJournal = saved
+        self._checked: CheckedDump | None = checked  # until pysyncobj's first tick loads it
         if self._journal is None:
             raise AssertionError("pysyncobj did not build its journal through our factory")
         self.journal: DurableJournal = self._journal
@@ -431,6 +435,9 @@ class Replica(SyncObj):
         if self._isLeader() and self.journal.dirty:
             self.journal_sync()
         SyncObj._onTick(self, timeToWait)
+        if self._checked is not None and not self._SyncObj__needLoadDumpFile:  # type: ignore[attr-defined]
+            self._checked.forget()  # loaded (or there was none): not held beside the table
+            self._checked = None
         self._check_quorum_step()
 
     _compaction_asked: int | None = None  # the journal's compaction count when last asked

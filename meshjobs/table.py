@@ -968,8 +968,9 @@ class JobTable:
         job = self.jobs.get(job_id)
         return job is not None and 0 <= i < job.n and job.st[i] == LEASED and job.epoch[i] == epoch
 
-    def record(self, job: Job, items: bool = False) -> dict:
-        """A job as clients see it: the job record of `GET /jobs/{id}`."""
+    def record(self, job: Job, items: bool | str = False) -> dict:
+        """A job as clients see it: the job record of `GET /jobs/{id}`. `items="copy"`: its
+        "items" is an `ItemRows` copy, for the sender to turn into the list (`materialize`)."""
         rec = {
             "id": job.id,
             "state": job.state,
@@ -1012,7 +1013,8 @@ class JobTable:
                     if k in ("restart", "restart_delay_s", "resubmit", "stdout", "stderr")})
         rec.update(reruns.record_fields(job))
         if items:
-            rec["items"] = [self.item_record(job, i) for i in range(job.n)]
+            rec["items"] = (ItemRows(job) if items == "copy"
+                            else [self.item_record(job, i) for i in range(job.n)])
             if job.names is not None:
                 rec["names"] = list(job.names)
         return rec
@@ -1030,27 +1032,7 @@ class JobTable:
         return rec
 
     def item_record(self, job: Job, i: int) -> dict:
-        rc = job.rc[i]
-        rec = {
-            "index": i,
-            "state": ITEM_STATE_NAMES[job.st[i]],
-            "attempts": job.attempts[i],
-            "member": job.member[i],
-            "epoch": job.epoch[i] or None,
-            "rc": None if rc == RC_NONE else rc,
-            "signal": job.sig[i] or None,
-            "stdin": _hex(job.stdin[i]),
-            "stdout": _hex(job.out[i]),
-            "stderr": _hex(job.err[i]),
-            "error": job.errors.get(i) if job.errors is not None else None,
-            # Members other than `member` that held a copy of the outputs when they committed.
-            "copies": list(job.held[i] or ()) if job.held is not None else [],
-            "started_at": job.started_ms[i] / 1000.0 if job.started_ms[i] else None,
-            "ended_at": job.ended_ms[i] / 1000.0 if job.ended_ms[i] else None,
-        }
-        if job.pins is not None:
-            rec["for_member"] = job.pins[i]  # a fan-out's item: the member it is for
-        return rec
+        return _item_record(job, i)
 
     # --- snapshots ------------------------------------------------------------------------------
 
@@ -1257,6 +1239,76 @@ class JobTable:
             assert c.last_id is None or c.last_id == cron.run_id(name, c.last_due_ms), \
                 f"schedule {name}: its last run's id is not made of its due time"
             assert 0 < c.version <= self.applied_index, f"schedule {name}: version out of the log"
+
+
+def _item_record(job: Any, i: int) -> dict:
+    rc = job.rc[i]
+    rec = {
+        "index": i,
+        "state": ITEM_STATE_NAMES[job.st[i]],
+        "attempts": job.attempts[i],
+        "member": job.member[i],
+        "epoch": job.epoch[i] or None,
+        "rc": None if rc == RC_NONE else rc,
+        "signal": job.sig[i] or None,
+        "stdin": _hex(job.stdin[i]),
+        "stdout": _hex(job.out[i]),
+        "stderr": _hex(job.err[i]),
+        "error": job.errors.get(i) if job.errors is not None else None,
+        # Members other than `member` that held a copy of the outputs when they committed.
+        "copies": list(job.held[i] or ()) if job.held is not None else [],
+        "started_at": job.started_ms[i] / 1000.0 if job.started_ms[i] else None,
+        "ended_at": job.ended_ms[i] / 1000.0 if job.ended_ms[i] else None,
+    }
+    if job.pins is not None:
+        rec["for_member"] = job.pins[i]  # a fan-out's item: the member it is for
+    return rec
+
+
+class ItemRows:
+    """A job's items as they were when it was read, for a record's "items" built elsewhere.
+
+    The jobs thread copies the job's per-item columns (C-level copies of arrays, bytes and
+    lists: a few milliseconds for 100,000 items) instead of building one dict per item (half a
+    second at 100,000 items, the jobs thread stopped meanwhile); whoever sends the record builds
+    the dicts from the copy, a slice at a time (`records`). They are the dicts `item_record`
+    makes, of the job as it was when copied: later changes to the job are not in them."""
+
+    __slots__ = ("n", "st", "attempts", "member", "epoch", "rc", "sig", "stdin", "out", "err",
+                 "errors", "held", "started_ms", "ended_ms", "pins")
+
+    def __init__(self, job: Job) -> None:
+        self.n = job.n
+        self.st = bytes(job.st)
+        self.attempts = job.attempts[:]
+        self.member = job.member[:]
+        self.epoch = job.epoch[:]
+        self.rc = job.rc[:]
+        self.sig = bytes(job.sig)
+        self.stdin = job.stdin[:]
+        self.out = job.out[:]
+        self.err = job.err[:]
+        self.errors = dict(job.errors) if job.errors is not None else None
+        self.held = job.held[:] if job.held is not None else None  # tuples: shared, not copied
+        self.started_ms = job.started_ms[:]
+        self.ended_ms = job.ended_ms[:]
+        self.pins = job.pins[:] if job.pins is not None else None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def records(self, lo: int = 0, hi: int | None = None) -> list[dict]:
+        """The item records of items lo..hi-1 (all by default)."""
+        hi = self.n if hi is None else min(hi, self.n)
+        return [_item_record(self, i) for i in range(max(0, lo), hi)]
+
+
+def materialize(body: Any) -> Any:
+    """`body` with an `ItemRows` under "items" turned into the list of item records (the body
+    itself when it has none)."""
+    if isinstance(body, dict) and isinstance(body.get("items"), ItemRows):
+        return {**body, "items": body["items"].records()}
+    return body
 
 
 def _hex(d: bytes | None) -> str | None:

@@ -229,7 +229,10 @@ def test_get_job_params(srv: Server) -> None:
     assert status == 200 and body["id"] == "j1"
     assert srv.control.last() == {"op": "get", "id": "j1", "items": False, "wait_ms": 0}
     srv.json("GET", "/jobs/j.1-_x?items=1&wait=2.5")
-    assert srv.control.last() == {"op": "get", "id": "j.1-_x", "items": True, "wait_ms": 2500}
+    # With items, the jobs thread answers a copy of the columns (copy_items) and the edge
+    # builds the records (table.ItemRows).
+    assert srv.control.last() == {"op": "get", "id": "j.1-_x", "items": True, "wait_ms": 2500,
+                                  "copy_items": True}
     srv.json("GET", f"/jobs/j1?wait={limits.http_wait_s_max}")
     assert srv.control.last()["wait_ms"] == limits.http_wait_s_max * 1000
 

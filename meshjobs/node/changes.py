@@ -22,7 +22,7 @@ from typing import Any
 from meshjobs import limits
 from meshjobs.control import Answer
 from meshjobs.node.events import NodeConfig, Reply, Send
-from meshjobs.table import JobTable
+from meshjobs.table import JobTable, materialize
 
 
 @dataclass
@@ -146,6 +146,8 @@ class Changes:
             self._emit(Reply(token, answer))
         else:
             peer, rid, fp = remote
+            # Item records copied for a local sender to build are built here for a peer.
+            answer = Answer(answer.status, materialize(answer.body))
             # The fingerprint says which request under this key the answer is for.
             self._emit(Send(peer, "F_CTL_REPLY", {"rid": rid, "fp": fp,
                                                   "status": answer.status,

@@ -340,13 +340,16 @@ class JobNode:
                 self._not_found(token, req["id"])
             return
         since = req.get("since")
+        # A local client that asked for the items as a copy (`copy_items`: its HTTP edge builds
+        # the item records, not this thread) gets an `ItemRows`; a peer gets the list.
+        items = "copy" if req["items"] and req.get("copy_items") else req["items"]
         if req["wait_ms"] and not job.finished and (since is None or job.version <= since):
             self.changes.waiters.setdefault(job.id, []).append(
-                (token, req["items"], self.now_ms + req["wait_ms"], since))
+                (token, items, self.now_ms + req["wait_ms"], since))
             return
         # The record's version goes with it: a member that asked on its client's behalf answers
         # once its own table has the job (read your writes, as for a forwarded change).
-        self._answer(token, Answer(200, self.table.record(job, items=req["items"])), job.version)
+        self._answer(token, Answer(200, self.table.record(job, items=items)), job.version)
 
     def _ask_leader_for_job(self, token: int, req: dict) -> bool:
         """A job this member does not know may be committed already, its entry not here yet
