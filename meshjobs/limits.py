@@ -202,7 +202,7 @@ state_ring_rows_max = 65_536  # and item rows in them (grants, results, submitte
 member_names_max = 4_096  # distinct member names the table shares one string for
 have_ms = 250  # members report what they have (F_JOB_HAVE) this often
 have_keepalive_ms = 1_000  # but to a known leader, with nothing new but position and running items, this often
-state_push_ms = 100  # a worker is sent new entries this often, at once when they hold leases of its own
+state_push_ms = 50  # a worker is sent new entries this often, at once when they hold leases of its own
 state_keepalive_ms = 1_000  # a caught-up worker is told this often who leads (an empty F_JOB_STATE)
 state_snapshots_max = 4  # whole tables a leader sends per state_resend_ms (more behind wait their turn)
 # A worker that has not heard the leader for this long (two of its keep-alives) sends its reports
