@@ -205,10 +205,10 @@ have_keepalive_ms = 1_000  # but to a known leader, with nothing new but positio
 state_push_ms = 50  # a worker is sent new entries this often, at once when they hold leases of its own
 state_keepalive_ms = 1_000  # a caught-up worker is told this often who leads (an empty F_JOB_STATE)
 state_snapshots_max = 4  # whole tables a leader sends per state_resend_ms (more behind wait their turn)
-# A worker that has not heard the leader for this long (two of its keep-alives) sends its reports
+# A worker that has not heard the leader for this long (one and a half keep-alives) sends its reports
 # to the voters too (they answer who leads): under dead_ms, which a new leader gives unheard
 # members to report.
-leader_quiet_ms = 2 * state_keepalive_ms
+leader_quiet_ms = 3 * state_keepalive_ms // 2
 frame_parts_max = 256  # a body too large for one frame travels in at most this many parts
 frame_assemblies_max = 8  # bodies in parts being put back together at once
 # A body whose msgpack is larger than this travels in parts of this size (frames.Chunker); the

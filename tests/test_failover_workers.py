@@ -154,7 +154,7 @@ def test_a_worker_asks_the_voters_who_leads_once_the_leader_is_quiet() -> None:
     reports there, before that leader's grace for unheard members runs out."""
     node = _worker()
     assert _haves(node, NOW + limits.have_keepalive_ms) == {"v1"}, "the leader talks: only to it"
-    quiet = NOW + limits.leader_quiet_ms + limits.have_ms
+    quiet = NOW + limits.leader_quiet_ms + 1  # at once, not at the next keep-alive
     assert quiet - NOW < limits.member_dead_ms
     assert _haves(node, quiet) == {"v1", "v2", "v3"}
     node.step(FrameIn("v2", "F_JOB_STATE", {"term": 4, "leader": "v2", "voters": list(VOTERS)}))

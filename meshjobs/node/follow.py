@@ -41,6 +41,7 @@ class Follower:
         # What the last report said (but its position and running items, which move all the
         # time under load) and to whom: a report with nothing else new waits for the keep-alive.
         self._said: tuple[str | None, dict] | None = None
+        self._quiet = False  # whether the leader was quiet at the last round (see follow)
 
     def on_lease(self, body: Any) -> None:
         index = body.get("index") if isinstance(body, dict) else None
@@ -116,6 +117,9 @@ class Follower:
         said = (leader, {k: v for k, v in body.items() if k not in _DRIFTING})
         quiet = (leader is not None and self.cfg.role == "worker"
                  and now_ms - self.leader_seen_ms > limits.leader_quiet_ms)
+        if quiet and not self._quiet:
+            self.next_have_ms = now_ms  # ask the voters now, not at the next keep-alive
+        self._quiet = quiet
         if now_ms >= self.next_have_ms or (leader is not None and said != self._said):
             slow = leader is not None and not quiet
             self.next_have_ms = now_ms + (limits.have_keepalive_ms if slow else limits.have_ms)
