@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
-from tests.helpers import Meshd
+from tests.helpers import LinksMember, Meshd
 
 
 @pytest.fixture
@@ -29,3 +30,20 @@ def meshd_factory(tmp_path):
 @pytest.fixture
 def meshd(meshd_factory) -> Meshd:
     return meshd_factory()
+
+
+@pytest.fixture
+def members():
+    """Makes member links (`LinksMember(name, **kw)`), each stopped at the end of the test."""
+    made: list[LinksMember] = []
+
+    def make(name: str, **kw: Any) -> LinksMember:
+        m = LinksMember(name, **kw)
+        made.append(m)
+        return m
+
+    try:
+        yield make
+    finally:
+        for m in made:
+            m.stop()

@@ -64,6 +64,7 @@ from meshjobs.node import (
     Applied,
     Ctl,
     Cut,
+    FrameIn,
     ItemEnded,
     JobNode,
     NodeConfig,
@@ -1274,3 +1275,17 @@ class LinksMember:
         for t in self.threads:
             t.join(timeout=LINKS_WAIT_S)
             assert not t.is_alive(), f"{t.name} did not end after stop()"
+
+
+def worker_node(now_ms: int, voters: tuple[str, ...] = ("v1", "v2", "v3")) -> JobNode:
+    """A worker member's node (w1, one slot) at `now_ms`, following v1, which leads at term 3
+    and has just told it so; its effects so far taken."""
+    cfg = NodeConfig(member="w1", boot="wb", pools={"default": Pool("default", slots=1)},
+                     role="worker", voters=voters)
+    node = JobNode(JobTable(), cfg, random.Random(3))
+    node.step(Tick(now_ms))
+    node.step(View())
+    node.take()
+    node.step(FrameIn("v1", "F_JOB_STATE", {"term": 3, "leader": "v1", "prev": 0, "entries": []}))
+    node.take()
+    return node

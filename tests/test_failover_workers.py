@@ -20,7 +20,7 @@ from meshjobs import jobsd, limits
 from meshjobs.frames import Assembler, FrameType
 from meshjobs.node import Applied, FrameIn, JobNode, NodeConfig, Pool, Send, Tick, View
 from meshjobs.table import JobTable
-from tests.helpers import T0, Fleet1, LinksMember, spec, submitted, wait_until
+from tests.helpers import T0, Fleet1, LinksMember, spec, submitted, wait_until, worker_node
 
 NOW = 1_700_000_000_000
 VOTERS = ("v1", "v2", "v3")
@@ -132,15 +132,7 @@ def test_workers_behind_in_the_same_round_share_one_snapshot_body() -> None:
 
 
 def _worker() -> JobNode:
-    cfg = NodeConfig(member="w1", boot="wb", pools={"default": Pool("default", slots=1)},
-                     role="worker", voters=VOTERS)
-    node = JobNode(JobTable(), cfg, random.Random(3))
-    node.step(Tick(NOW))
-    node.step(View())
-    node.take()
-    node.step(FrameIn("v1", "F_JOB_STATE", {"term": 3, "leader": "v1", "prev": 0, "entries": []}))
-    node.take()
-    return node
+    return worker_node(NOW, VOTERS)
 
 
 def _haves(node: JobNode, now: int) -> set[str]:

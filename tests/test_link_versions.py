@@ -101,22 +101,6 @@ class LogRecorder:
                     if e == event and all(kw.get(k) == v for k, v in match.items())]
 
 
-@pytest.fixture
-def members():
-    made: list[Member] = []
-
-    def make(name: str, **kw: Any) -> Member:
-        m = Member(name, **kw)
-        made.append(m)
-        return m
-
-    try:
-        yield make
-    finally:
-        for m in made:
-            m.stop()
-
-
 def _dropped(m: Member, reason: str) -> int:
     return m.links.stats()["dropped"].get(reason, 0)
 

@@ -34,22 +34,6 @@ WAIT_S = 15.0
 
 
 
-@pytest.fixture
-def members():
-    made: list[Member] = []
-
-    def make(name: str, **kw: Any) -> Member:
-        m = Member(name, **kw)
-        made.append(m)
-        return m
-
-    try:
-        yield make
-    finally:
-        for m in made:
-            m.stop()
-
-
 def mesh(*ms: Member) -> None:
     for a in ms:
         for b in ms:

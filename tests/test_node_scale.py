@@ -23,7 +23,7 @@ from meshjobs.node import (
     spec_digest,
 )
 from meshjobs.table import JobTable
-from tests.helpers import Fleet1, submitted
+from tests.helpers import Fleet1, submitted, worker_node
 
 T0 = 1_700_000_000_000
 
@@ -164,14 +164,7 @@ def test_worker_that_loses_its_leader_asks_the_voters_at_once() -> None:
     """Rule: a worker that has not heard from its leader for dead_ms reports to every voter
     within have_ms (to learn who leads now), not at its next keep-alive up to
     have_keepalive_ms later."""
-    cfg = NodeConfig(member="w1", boot="wb", pools={"default": Pool("default", slots=1)},
-                     role="worker", voters=("v1", "v2", "v3"))
-    node = JobNode(JobTable(), cfg, random.Random(3))
-    node.step(Tick(T0))
-    node.step(View())
-    node.take()
-    node.step(FrameIn("v1", "F_JOB_STATE", {"term": 3, "leader": "v1", "prev": 0, "entries": []}))
-    node.take()
+    node = worker_node(T0)
     now = T0 + limits.member_dead_ms - limits.have_keepalive_ms // 2
     node.step(Tick(now))
     assert _sends(node.take(), "F_JOB_HAVE", "v1"), "the keep-alive to the leader"
