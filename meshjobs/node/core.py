@@ -127,7 +127,8 @@ class JobNode:
         # entries, not each with the whole table); bounded by entries and by rows.
         self.ring = CatchUpRing()
         self._workers_seen = False
-        self.counts: dict[str, int] = {}
+        # item_records_built is there from the start: what reads cost is seen before any read.
+        self.counts: dict[str, int] = {"item_records_built": 0}
         self.orders = Orders(config, table, self.roster.boot_of, self._count, self._emit)
         self.notices = Notices(table, self._count, self._emit)
         self.follower = Follower(config, table, self._count, self._emit, self._set_view,
