@@ -1056,7 +1056,8 @@ class HttpApi:
             if answer.status != 200 or not isinstance(answer.body, dict):
                 return web.json_response(answer.body, status=answer.status)
             part = [d for d in answer.body["digests"] if d is not None]
-            sizes = await self._blob_call(lambda p=part: [self._blobs.size(d.hex()) for d in p])
+            sizes = (await self._blob_call(lambda p=part: [self._blobs.size(d.hex()) for d in p])
+                     if part else [])
             for digest, size in zip(part, sizes, strict=True):
                 if size is None:
                     raise HttpError(503, f"blob {digest.hex()} of job {job_id} is not on this "

@@ -51,7 +51,7 @@ items_json_slice_max = 200
 # output digests one read of a results download answers (the edge asks slice after slice, the
 # jobs thread serving others between two; a slice to a peer fits one frame).
 items_page_max = 1_000
-results_slice_max = 8_192
+results_slice_max = 65_536
 webui_preview_bytes_max = 16 * 1024  # the head of an item's stdout or stderr a job page shows
 webui_poll_ms = 2000  # how often the web UI's script polls when /events does not stream
 webui_sse_retry_ms = 60_000  # polling that long, the script tries /events again
