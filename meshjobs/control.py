@@ -399,6 +399,34 @@ def parse_tone(body: object) -> dict:
     return out
 
 
+# Reads of a job's items answered from the table's item arrays, without a record of every item
+# (node/reads.py): one item, a page of them, a slice of their output digests.
+READ_ITEM_OPS = ("item", "items", "outputs")
+
+
+def parse_item_read(req: dict) -> dict:
+    """{"op": "item", "id", "index"}: item `index`'s record. {"op": "items", "id", "from",
+    "limit", "failed"}: the job's record with the records of items from..from+limit-1 and of its
+    first `failed` failed items. {"op": "outputs", "id", "stream", "from", "limit"}: the
+    digests of `stream` (stdout or stderr) of items from..from+limit-1."""
+    op = req["op"]
+    job_id = parse_job_id(req.get("id"))
+    if op == "item":
+        return {"op": "item", "id": job_id,
+                "index": _int(req.get("index"), "index", 0, limits.items_max - 1)}
+    if op == "items":
+        return {"op": "items", "id": job_id,
+                "from": _int(req.get("from", 0), "from", 0, limits.items_max),
+                "limit": _int(req.get("limit"), "limit", 1, limits.items_page_max),
+                "failed": _int(req.get("failed", 0), "failed", 0, limits.items_page_max)}
+    stream = req.get("stream")
+    if stream not in ("stdout", "stderr"):
+        raise ControlError(400, f"stream must be stdout or stderr, not {str(stream)[:40]!r}")
+    return {"op": "outputs", "id": job_id, "stream": stream,
+            "from": _int(req.get("from", 0), "from", 0, limits.items_max),
+            "limit": _int(req.get("limit"), "limit", 1, limits.results_slice_max)}
+
+
 def parse_request(req: object) -> dict:
     """Validate a whole control request (as it reaches the node, locally or forwarded)."""
     if not isinstance(req, dict):
@@ -441,6 +469,8 @@ def parse_request(req: object) -> dict:
                 "since": None if since is None else _int(since, "since", 0, limits.version_max),
                 # The HTTP edge builds the item records from a copy (table.ItemRows).
                 **({"copy_items": True} if req.get("copy_items") is True else {})}
+    if op in READ_ITEM_OPS:
+        return parse_item_read(req)
     if op == "changes":
         return parse_changes(req)
     if op == "list":

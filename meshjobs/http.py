@@ -35,8 +35,8 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, Protocol, overload
 
 import blake3
 import structlog
@@ -838,34 +838,41 @@ class HttpApi:
         it ended), and Cancel, Hold and Release while it is unfinished."""
         items_from = _parse_index(request.query.get("items_from"), "items_from")
         pick = _parse_index(request.query.get("item"), "item", none=True)
-        answer = await self._ask({"op": "get", "id": job_id, "items": True, "wait_ms": 0})
+        # One page of its items and its first failed ones (node/reads.py), with its counts:
+        # never a record of every item.
+        answer = await self._ask({"op": "items", "id": job_id, "from": items_from,
+                                  "limit": limits.webui_items_shown_max,
+                                  "failed": limits.status_items_shown_max})
         if answer.status != 200 or not isinstance(answer.body, dict):
             why = answer.body.get("error") if isinstance(answer.body, dict) else None
             return _html(webui.error_page(self._member, answer.status,
                                           str(why or f"no answer for job {job_id}")),
                          status=answer.status if answer.status >= 400 else 502)
         record = await self._waiting_for(answer.body)
-        items = sorted((it for it in record.get("items") or [] if isinstance(it, dict)),
-                       key=lambda it: it.get("index", 0))
+        items = [it for it in record.get("items") or [] if isinstance(it, dict)]
         record["items"] = items
-        failed = [it for it in items if it.get("state") in ("failed", "timeout")]
-        shown = failed[: limits.status_items_shown_max]
+        shown = [it for it in record.pop("failed_items", None) or [] if isinstance(it, dict)]
+        n_failed = record.get("items_failed") or 0
+        total = record.get("items_total") or 0
         tails = await self._blob_call(self._stderr_tails, [it.get("stderr") for it in shown])
-        if pick is not None and pick >= len(items):
-            raise HttpError(404, f"job {job_id} has {len(items)} item(s): no item {pick}; "
+        if pick is not None and pick >= total:
+            raise HttpError(404, f"job {job_id} has {total} item(s): no item {pick}; "
                                  "items count from 0")
-        if pick is None and len(items) == 1 and items[0].get("ended_at") is not None:
+        if (pick is None and total == 1 and items_from == 0 and items
+                and items[0].get("ended_at") is not None):
             pick = 0
         preview = None
         if pick is not None:
-            item = items[pick]
+            on_page = pick - items_from
+            item = (items[on_page] if 0 <= on_page < len(items)
+                    else await self._item_of(job_id, pick))
             heads = await self._blob_call(self._heads, [item.get("stdout"), item.get("stderr")])
             preview = (item, dict(zip(("stdout", "stderr"), heads, strict=True)))
         csrf = auth.csrf_value(self._csrf_key, request.get(SESSION))
         nonce = secrets.token_urlsafe(16)
         return _html(webui.job_page(self._member, record, list(zip(shown, tails, strict=True)),
-                                    len(failed), items_from=items_from, preview=preview,
-                                    csrf=csrf, nonce=nonce), nonce=nonce)
+                                    n_failed, items_from=items_from, preview=preview,
+                                    csrf=csrf, nonce=nonce, paged=True), nonce=nonce)
 
     def _heads(self, digests: list[Any]) -> list[tuple[str | None, int | None]]:
         """Runs in the executor: the first webui_preview_bytes_max bytes of each blob as text,
@@ -1038,18 +1045,29 @@ class HttpApi:
         which = request.query.get("stream", "stdout")
         if which not in ("stdout", "stderr"):
             raise HttpError(400, "stream must be stdout or stderr")
-        answer = await self._ask({"op": "get", "id": job_id, "items": True, "wait_ms": 0})
-        if answer.status != 200:
-            return web.json_response(answer.body, status=answer.status)
-        records = answer.body.get("items") or []
-        ordered = sorted(records, key=lambda it: it.get("index", 0))
-        digests = [it[which] for it in ordered if it.get(which) is not None]
-        sizes = await self._blob_call(lambda: [self._blobs.size(d) for d in digests])
-        for digest, size in zip(digests, sizes, strict=True):
-            if size is None:
-                raise HttpError(503, f"blob {digest} of job {job_id} is not on this member yet; "
-                                     "try again, or ask another member")
-        return await self._stream(request, digests, sum(sizes), job_id, gone_status=503)
+        # The items' digests a slice at a time (results_slice_max a read: the jobs thread
+        # serves others between two), kept as the table holds them (32 bytes each, shared).
+        digests: list[bytes] = []
+        total = 0
+        lo = 0
+        while True:
+            answer = await self._ask({"op": "outputs", "id": job_id, "stream": which,
+                                      "from": lo, "limit": limits.results_slice_max})
+            if answer.status != 200 or not isinstance(answer.body, dict):
+                return web.json_response(answer.body, status=answer.status)
+            part = [d for d in answer.body["digests"] if d is not None]
+            sizes = (await self._blob_call(lambda p=part: [self._blobs.size(d.hex()) for d in p])
+                     if part else [])
+            for digest, size in zip(part, sizes, strict=True):
+                if size is None:
+                    raise HttpError(503, f"blob {digest.hex()} of job {job_id} is not on this "
+                                         "member yet; try again, or ask another member")
+            digests.extend(part)
+            total += sum(sizes)
+            lo += len(answer.body["digests"])
+            if lo >= answer.body["n"] or not answer.body["digests"]:
+                break
+        return await self._stream(request, _HexDigests(digests), total, job_id, gone_status=503)
 
     # --- one item's output, live ------------------------------------------------------------
 
@@ -1154,16 +1172,13 @@ class HttpApi:
         return resp
 
     async def _item_of(self, job_id: str, n: int) -> dict:
-        """Item n's record (404 when the job or the item does not exist)."""
-        answer = await self._ask({"op": "get", "id": job_id, "items": True, "wait_ms": 0})
+        """Item n's record (404 when the job or the item does not exist): built alone from the
+        table's item arrays (node/reads.py), not with every other item of the job."""
+        answer = await self._ask({"op": "item", "id": job_id, "index": n})
         if answer.status != 200 or not isinstance(answer.body, dict):
             message = answer.body.get("error") if isinstance(answer.body, dict) else None
             raise HttpError(answer.status, str(message or f"job {job_id} cannot be read"))
-        items = answer.body.get("items") or []
-        if n >= len(items):
-            have = "1 item (0)" if len(items) == 1 else f"{len(items)} items, numbered from 0"
-            raise HttpError(404, f"job {job_id} has {have}: no item {n}")
-        return items[n]
+        return answer.body
 
     async def _log_piece(self, item: dict, job_id: str, n: int, stream: str,
                          offset: int) -> LogPiece | None:
@@ -1265,7 +1280,7 @@ class HttpApi:
             return web.json_response({"digest": digest, "state": "good", "repaired": True})
         return web.json_response({"digest": digest, "state": "damaged", "repaired": False})
 
-    async def _stream(self, request: web.Request, digests: list[str], size: int,
+    async def _stream(self, request: web.Request, digests: Sequence[str], size: int,
                       what: str, gone_status: int) -> web.StreamResponse:
         """Send blobs one after the other. Damage found before the first byte is repaired (a
         good copy fetched from another member) or answered 500 "damaged"; a small answer is
@@ -1305,7 +1320,7 @@ class HttpApi:
                               "good copy could be fetched from another member; see the member's "
                               "log, or ask another member (--at)")
 
-    async def _check_all(self, digests: list[str], what: str) -> None:
+    async def _check_all(self, digests: Sequence[str], what: str) -> None:
         """Check every blob of an answer before its headers go out; repair the damaged ones."""
         check = getattr(self._blobs, "check", None)
         if check is None:
@@ -1542,7 +1557,31 @@ async def _read_all(request: web.Request) -> bytes:
     return await request.read()
 
 
-def _chain(blobs: BlobReader, digests: list[str]) -> Iterator[bytes]:
+class _HexDigests(Sequence[str]):
+    """Raw 32-byte digests seen as their hex names, one at a time: a results download of a
+    million items holds a million references, not a million strings."""
+
+    def __init__(self, raw: list[bytes]) -> None:
+        self._raw = raw
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [d.hex() for d in self._raw[i]]
+        return self._raw[i].hex()
+
+    def __iter__(self) -> Iterator[str]:
+        return (d.hex() for d in self._raw)
+
+
+def _chain(blobs: BlobReader, digests: Sequence[str]) -> Iterator[bytes]:
     """The chunks of several blobs, one after the other; opened lazily in the executor."""
     for digest in digests:
         chunks = blobs.open(digest)

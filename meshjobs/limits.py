@@ -46,6 +46,12 @@ webui_items_shown_max = 200  # items one page of a job's web page lists (links p
 # Item records the HTTP edge builds and encodes at a time for GET /jobs/ID?items (each slice a
 # few milliseconds: the jobs thread gets the interpreter between two).
 items_json_slice_max = 200
+# Reads of a job's items that do not build every item record on the jobs thread: a page of item
+# records one control read answers (the job page asks webui_items_shown_max of them), and the
+# output digests one read of a results download answers (the edge asks slice after slice, the
+# jobs thread serving others between two; a slice to a peer fits one frame).
+items_page_max = 1_000
+results_slice_max = 65_536
 webui_preview_bytes_max = 16 * 1024  # the head of an item's stdout or stderr a job page shows
 webui_poll_ms = 2000  # how often the web UI's script polls when /events does not stream
 webui_sse_retry_ms = 60_000  # polling that long, the script tries /events again
@@ -447,6 +453,12 @@ RELATIONS: tuple[tuple[str, str, Callable[[dict[str, Any]], bool]], ...] = (
      lambda v: v["link_tick_s"] * 1000 < v["link_idle_ms"]),
     ("a joining worker tries more than once before it gives up", "join_retry_s",
      lambda v: v["join_retry_s"] < v["join_s_max"]),
+    ("a job page's items are no more than one read of a page answers", "webui_items_shown_max",
+     lambda v: v["webui_items_shown_max"] <= v["items_page_max"]),
+    ("a job page's failed items are no more than one read of a page answers",
+     "status_items_shown_max", lambda v: v["status_items_shown_max"] <= v["items_page_max"]),
+    ("a slice of output digests (32 bytes and room for each) fits one frame", "results_slice_max",
+     lambda v: v["results_slice_max"] * 40 + v["frame_part_room_bytes"] <= v["frame_bytes_max"]),
     ("a result's copies are no more than the holders its row names", "blob_copies",
      lambda v: 1 <= v["blob_copies"] <= v["result_holders_max"]),
 )

@@ -91,6 +91,10 @@ def sig(job: dict) -> str:
         _int(job.get("items_running")), _int(job.get("priority")), 1 if job.get("hold") else 0))
 
 
+def _int_or(value: object, default: int) -> int:
+    return value if type(value) is int and value >= 0 else default
+
+
 def _int(value: object) -> object:
     return 0 if value is None else value
 
@@ -262,11 +266,12 @@ def preview_html(label: str, digest: object, text: str | None, total: int | None
 def job_page(member: str, record: dict, failed: Sequence[tuple[dict, str | None]],
              n_failed: int, *, items_from: int = 0,
              preview: tuple[dict, dict[str, tuple[str | None, int | None]]] | None = None,
-             csrf: str = "", nonce: str = "") -> str:
+             csrf: str = "", nonce: str = "", paged: bool = False) -> str:
     """A job's page: its program, pool, tags, state, counts and times; why each failed item
     failed (with the last lines of its stderr); a page of its items with their times and
     outputs; the head of one item's outputs (`preview`: the item and, by stream, its text and
-    size); Cancel, Hold and Release while it is unfinished."""
+    size); Cancel, Hold and Release while it is unfinished. The record's "items" are all its
+    items, or with `paged` only the page from `items_from` (of its "items_total")."""
     jid = str(record.get("id", ""))
     st = str(record.get("state", ""))
     base = f"/jobs/{e(q(jid))}"
@@ -319,8 +324,12 @@ def job_page(member: str, record: dict, failed: Sequence[tuple[dict, str | None]
         "<tbody>\n" + "\n".join(failed_rows) + "\n</tbody></table>\n" + more
     ) if failed_rows else ""
     items = [it for it in record.get("items") or [] if isinstance(it, dict)]
-    total = len(items)
-    page_items = items[items_from: items_from + limits.webui_items_shown_max]
+    if paged:
+        total = _int_or(record.get("items_total"), len(items))
+        page_items = items[: limits.webui_items_shown_max]
+    else:
+        total = len(items)
+        page_items = items[items_from: items_from + limits.webui_items_shown_max]
     item_rows = [_item_row(base, jid, it, runtime) for it in page_items]
     nav = []
     if items_from > 0:
@@ -336,7 +345,7 @@ def job_page(member: str, record: dict, failed: Sequence[tuple[dict, str | None]
         "<table><thead><tr><th>item</th><th>state</th><th>why</th><th>rc</th><th>attempts</th>"
         "<th>member</th><th>started (UTC)</th><th>ended (UTC)</th><th>took</th><th>output</th>"
         "</tr></thead>\n<tbody>\n" + "\n".join(item_rows) + "\n</tbody></table>\n"
-    ) if items else ""
+    ) if total else ""
     preview_part = ""
     if preview is not None:
         item, outs = preview

@@ -1091,6 +1091,32 @@ class RecordingControl:
                                     "jobs_by_state_pool": {"running": {"default": 1}}}),
         }
 
+        # The item reads (node/reads.py) answered from what "get" with items answers, so that
+        # a test that sets "get" sets them too.
+        for op in ("item", "items", "outputs"):
+            self.answers[op] = self._item_read
+
+    def _item_read(self, r: dict) -> Answer:
+        got = self.answers["get"]
+        a = got({"op": "get", "id": r["id"], "items": True, "wait_ms": 0}) if callable(got) else got
+        if a.status != 200 or not isinstance(a.body, dict):
+            return a
+        items = sorted(a.body.get("items") or [], key=lambda it: it.get("index", 0))
+        n = a.body.get("items_total", len(items)) if not items else len(items)
+        if r["op"] == "item":
+            if r["index"] >= n:
+                return Answer(404, {"error": f"job {r['id']} has {n} items: no item {r['index']}"})
+            return Answer(200, items[r["index"]])
+        lo, hi = r["from"], r["from"] + r["limit"]
+        if r["op"] == "items":
+            failed = [it for it in items if it.get("state") in ("failed", "timeout")]
+            return Answer(200, {**a.body, "items": items[lo:hi], "items_from": lo,
+                                "items_total": n, "failed_items": failed[:r["failed"]]})
+        return Answer(200, {"n": n, "from": lo, "version": a.body.get("version", 1),
+                            "digests": [None if it.get(r["stream"]) is None
+                                        else bytes.fromhex(it[r["stream"]])
+                                        for it in items[lo:hi]]})
+
     def last(self) -> dict:
         return self.requests[-1]
 

@@ -30,7 +30,15 @@ from typing import Any
 
 from meshjobs import bulk, cron, limits, reruns
 from meshjobs.compact import entry_payloads, pack_items
-from meshjobs.control import CHANGE_OPS, OUTPUT_INDEX, Answer, ControlError, parse_request
+from meshjobs.control import (
+    CHANGE_OPS,
+    OUTPUT_INDEX,
+    READ_ITEM_OPS,
+    Answer,
+    ControlError,
+    parse_request,
+)
+from meshjobs.node import reads
 from meshjobs.node.catchup import CatchUpRing
 from meshjobs.node.changes import Change, Changes
 from meshjobs.node.copies import Copies, Recopies
@@ -119,7 +127,8 @@ class JobNode:
         # entries, not each with the whole table); bounded by entries and by rows.
         self.ring = CatchUpRing()
         self._workers_seen = False
-        self.counts: dict[str, int] = {}
+        # item_records_built is there from the start: what reads cost is seen before any read.
+        self.counts: dict[str, int] = {"item_records_built": 0}
         self.orders = Orders(config, table, self.roster.boot_of, self._count, self._emit)
         self.notices = Notices(table, self._count, self._emit)
         self.follower = Follower(config, table, self._count, self._emit, self._set_view,
@@ -255,6 +264,8 @@ class JobNode:
         self._count("ctl_" + op)
         if op == "get":
             self._get(token, req)
+        elif op in READ_ITEM_OPS:
+            self._read_items(token, req)
         elif op == "changes":
             self.feed.op(token, req, self.now_ms)
         elif (op == "list" or (op == "bulk" and (req["action"] == "status" or req["dry_run"]))) \
@@ -347,9 +358,24 @@ class JobNode:
             self.changes.waiters.setdefault(job.id, []).append(
                 (token, items, self.now_ms + req["wait_ms"], since))
             return
+        if items is True:
+            self._count("item_records_built", job.n)
         # The record's version goes with it: a member that asked on its client's behalf answers
         # once its own table has the job (read your writes, as for a forwarded change).
         self._answer(token, Answer(200, self.table.record(job, items=items)), job.version)
+
+    def _read_items(self, token: int, req: dict) -> None:
+        """One item, a page of items, a slice of their output digests (node/reads.py): what
+        the read returns is built, not a record of every item. A job this member does not know
+        yet is asked of the leader, as for `get`."""
+        job = self.table.jobs.get(req["id"])
+        if job is None:
+            if not self._ask_leader_for_job(token, req):
+                self._not_found(token, req["id"])
+            return
+        status, body, built = reads.answer(self.table, job, req)
+        self._count("item_records_built", built)
+        self._answer(token, Answer(status, body), job.version)
 
     def _ask_leader_for_job(self, token: int, req: dict) -> bool:
         """A job this member does not know may be committed already, its entry not here yet
@@ -362,7 +388,8 @@ class JobNode:
             return False
         self.changes.next_fleet_ask += 1
         rid = f"#get.{self.cfg.member}.{self.changes.next_fleet_ask}"  # no client request id has "#"
-        ask = {"op": "get", "id": req["id"], "items": req["items"], "wait_ms": 0}
+        ask = ({"op": "get", "id": req["id"], "items": req["items"], "wait_ms": 0}
+               if req["op"] == "get" else req)  # an item read (node/reads.py) goes as it is
         ch = self._new_change([token], "get", req["id"], ask)
         ch.deadline_ms = ch.sent_ms = self.now_ms
         ch.deadline_ms += limits.fleet_ask_ms
@@ -754,6 +781,8 @@ class JobNode:
                     self._not_found(token, job_id)
                 elif (job.finished or deadline <= now
                       or (since is not None and job.version > since)):
+                    if items is True:
+                        self._count("item_records_built", job.n)
                     self._reply(token, 200, self.table.record(job, items=items))
                 else:
                     keep.append((token, items, deadline, since))
