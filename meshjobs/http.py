@@ -44,7 +44,7 @@ from aiohttp import web
 
 from blobstore import BlobCorrupt, BlobGone, StoreFull
 from meshjobs import auth, cron, fleetctl, httpconn, jsonbody, limits, metrics, placement, webui
-from meshjobs.auth import AuthError, Caller, Sessions
+from meshjobs.auth import AuthError, Caller, LoginLimiter, Sessions
 from meshjobs.config import Auth
 from meshjobs.connbook import conns_limit
 from meshjobs.control import (
@@ -276,6 +276,7 @@ class HttpApi:
         self._names = frozenset(n.lower().rstrip(".") for n in (*names, host) if n)
         self._csrf_key = secrets.token_bytes(32)
         self._sessions = Sessions(limits.http_sessions_max, limits.http_session_s_max)
+        self._logins = LoginLimiter()  # POST /login per client address (auth.LoginLimiter)
         self._refused: dict[str, int] = {}
         self._log_window_s = 0.0
         self._logged_in_window = 0
@@ -525,6 +526,14 @@ class HttpApi:
 
     async def _login(self, request: web.Request) -> web.StreamResponse:
         """A browser's way in: the token, from a form or JSON, becomes a session cookie."""
+        wait_s = self._logins.take(request.remote or "", time.monotonic())
+        if wait_s is not None:
+            self._note_refusal(request, "login_rate", 429, None)
+            retry = max(1, math.ceil(wait_s))
+            return _error(429, f"too many logins from {str(request.remote)[:60]}: at most "
+                               f"{limits.http_login_burst_max} at once, then one every "
+                               f"{limits.http_login_refill_s:g} s; try again in {retry} s",
+                          {"Retry-After": str(retry)})
         raw = await self._read_body(request, self._login_body)
         if len(raw) > limits.http_login_body_bytes_max:
             raise HttpError(413, f"a login is at most {limits.http_login_body_bytes_max} bytes")
@@ -554,7 +563,7 @@ class HttpApi:
         try:
             caller = auth.identify(self._auth, "Bearer " + token.strip())
         except AuthError as e:
-            self._note_refusal(request, e.reason, 401, None)
+            self._note_refusal(request, "login_failed", 401, None)
             if is_form:
                 return _html(webui.login_page(self._member, nxt, True, "That token is none of "
                                               "this member's. Try again."), status=401)

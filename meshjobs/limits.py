@@ -60,6 +60,10 @@ http_conns_max = 100_000  # the most a config may allow; the default comes from 
 http_token_chars_max = 4096  # a bearer token or session id; a longer one is refused unhashed
 http_sessions_max = 1024  # browser sessions (POST /login) a member keeps; the oldest goes first
 http_session_s_max = 12 * 3600  # a browser session ends this long after its login
+http_sessions_per_identity_max = 64  # sessions one identity keeps; its own oldest goes first
+http_login_burst_max = 30  # logins (POST /login) one client address may make at once...
+http_login_refill_s = 1.0  # ...and one more each time this long has passed (then 429)
+http_login_clients_max = 4_096  # client addresses whose logins are counted; the longest idle goes
 http_login_body_bytes_max = 16 * 1024  # the body of POST /login (a form or JSON with a token)
 # Request bodies read by orjson rather than the standard library (meshjobs/jsonbody.py): only
 # those small enough, without a number of more digits, nor this many brackets (nesting depth).
@@ -439,6 +443,8 @@ RELATIONS: tuple[tuple[str, str, Callable[[dict[str, Any]], bool]], ...] = (
      lambda v: v["events_answer_max"] <= v["events_ring_changes_max"]),
     ("the fewest HTTP connections are no more than the most", "http_conns_min",
      lambda v: v["http_conns_min"] <= v["http_conns_max"]),
+    ("one identity's sessions are no more than all sessions", "http_sessions_per_identity_max",
+     lambda v: 1 <= v["http_sessions_per_identity_max"] <= v["http_sessions_max"]),
     ("a login body is no larger than any body", "http_login_body_bytes_max",
      lambda v: v["http_login_body_bytes_max"] <= v["http_body_bytes_max"]),
     ("a failed item's stderr tail is within what is read of it", "status_stderr_bytes_max",
