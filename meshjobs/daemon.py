@@ -320,6 +320,7 @@ class Member:
         fleet of more than one), the jobs thread, item logs, timings, HTTP."""
         from blobstore import BlobWriters
         from meshjobs.driver import Driver
+        from meshjobs.hookaddr import NotifyPolicy
         from meshjobs.http import HttpApi
         from meshjobs.itemlogs import ItemLogs
         from meshjobs.jobsd import JobsThread
@@ -375,13 +376,15 @@ class Member:
             body_timeout_s=cfg.http_body_timeout_s, timings=timings,
             item_logs=item_logs,
             # Alone, this member is the one that would run the job: it can tell now.
-            user_check=driver.check_user if cfg.fleet_of_one else None)
+            user_check=driver.check_user if cfg.fleet_of_one else None,
+            notify_policy=NotifyPolicy.parse(cfg.notify_allow))
         http.history = jobs.history = self.history
 
     def _start_threads(self) -> None:
         """Signals and stop orders set `stop`; every part's thread starts, guarded: a thread
         that raises or ends before the stop stops the member (exit 70, or the disk's code)."""
         from meshjobs.diskspace import is_disk_error
+        from meshjobs.hookaddr import NotifyPolicy
         from meshjobs.notify import Notifier
         from meshjobs.replica import fail_stop
 
@@ -401,7 +404,8 @@ class Member:
             stop.set()
 
         jobs.on_exit = on_stop_order
-        self.notifier = notifier = jobs.notifier = Notifier(cfg.name)
+        self.notifier = notifier = jobs.notifier = Notifier(
+            cfg.name, policy=NotifyPolicy.parse(cfg.notify_allow))
 
         def guarded(name, body):
             def target():
@@ -431,7 +435,8 @@ class Member:
         if self.links is not None:
             extra.append(guarded("itemlogs", self.item_logs.run))
         extra.append(guarded("history", self.history.run))
-        extra.append(guarded("notify", notifier.run))
+        # Finish notices: several senders, so that one slow receiver delays no other.
+        extra.extend(guarded(f"notify-{i}", notifier.run) for i in range(limits.notify_senders_max))
         # systemd's watchdog (WatchdogSec=): pinged while the jobs thread answers.
         self.watchdog = None
         period_s = sdnotify.watchdog_period_s()

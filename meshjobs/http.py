@@ -64,6 +64,7 @@ from meshjobs.control import (
 )
 from meshjobs.eventstream import EventStreams
 from meshjobs.frames import LogAsk, LogPiece
+from meshjobs.hookaddr import NotifyPolicy
 from meshjobs.metrics import MemberMetrics
 from meshjobs.openapi import openapi_document
 from meshjobs.table import ItemRows
@@ -232,11 +233,15 @@ class HttpApi:
         timings: MemberMetrics | None = None,
         item_logs: Any = None,
         user_check: Callable[[str], str | None] | None = None,
+        notify_policy: NotifyPolicy | None = None,
     ) -> None:
         self._host = host
         # Why this member cannot run a job's items as a user (None: it can), when it is the only
         # member that could run them (a fleet of one): a submit it could never run is a 400.
         self._user_check = user_check
+        # Where finish notices may go ([notify] allow): a notify URL whose host is an address
+        # the policy refuses is a 400 at submit (names are checked again at each send).
+        self._notify_policy = notify_policy if notify_policy is not None else NotifyPolicy()
         # Live output of running items (meshjobs.itemlogs.ItemLogs); None: only stored output.
         self._item_logs = item_logs
         self.history: Any = None  # the member's History (set by meshd): GET /history reads it
@@ -738,6 +743,7 @@ class HttpApi:
         body = await self._body_json(request)
         rid = await self._rid(request)
         spec = dict(parse_submit(body))
+        self._check_notify(spec)
         if spec.get("user") is not None and self._user_check is not None:
             why = await self._blob_call(self._user_check, spec["user"])
             if why is not None:
@@ -755,6 +761,15 @@ class HttpApi:
                 why = str(e) or "the blob store of this member is full"
                 raise HttpError(503, f"{why}; try another member, or free space") from None
         return await self._relay({"op": "submit", **rid, "spec": spec, "items": items})
+
+    def _check_notify(self, spec: dict) -> None:
+        """A notify URL whose host is an address refused by [notify] allow: 400 saying how to
+        allow it (meshjobs.hookaddr)."""
+        url = spec.get("notify")
+        if isinstance(url, str):
+            why = self._notify_policy.refusal_at_submit(url)
+            if why is not None:
+                raise HttpError(400, why)
 
     def _store_items(self, payloads: list[bytes | tuple[str, int]]) -> list[str | None]:
         """Runs in the executor: store inline payloads, check referred blobs exist.
@@ -1488,7 +1503,8 @@ class HttpApi:
         if len(raw) > limits.cron_body_bytes_max:
             raise HttpError(413, too_big)
         body = await self._body_json(request)
-        cron.parse_add(body)  # refused here with the control's words, before any round trip
+        added = cron.parse_add(body)  # refused here with the control's words, before any round trip
+        self._check_notify(added["job"])
         return await self._relay({"op": "cron", "action": "add", "name": name, **body,
                                   **await self._rid(request)})
 

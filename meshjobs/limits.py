@@ -317,8 +317,12 @@ ctl_orders_max = 4_096  # pool holds/drains and member drains/stops the table ke
 stop_grace_s_max = 7 * 24 * 3600  # the longest `meshctl member stop --grace` a member waits
 stop_poll_ms = 500  # a stopping member looks this often whether its runs have ended
 notify_url_chars_max = 2_048  # a job's --notify URL
+notify_allow_max = 256  # entries of [notify] allow (CIDRs and host names notices may go to)
+notify_allow_chars_max = 253  # one of them (the longest host name)
 notify_queue_max = 1_024  # finish notices waiting for the sender (and retrying); more are dropped
-notify_timeout_s = 10  # one POST of a finish notice: connect and answer
+notify_send_timeout_s = 10  # one POST of a finish notice, whole: connect, send, status line
+notify_senders_max = 8  # threads sending finish notices at once (to all destinations)
+notify_inflight_per_dest_max = 2  # of them sending to one destination (scheme, host, port)
 notify_retry_s_max = 300  # a notice the receiver refuses is retried this long, then dropped
 notify_backoff_s_base = 0.5  # the first retry of a notice waits this long, then twice as long...
 notify_backoff_s_max = 30  # ...but never longer than this
@@ -427,6 +431,8 @@ RELATIONS: tuple[tuple[str, str, Callable[[dict[str, Any]], bool]], ...] = (
      lambda v: v["retry_backoff_ms_base"] <= v["retry_backoff_ms_max"]),
     ("a dump retry starts below its cap", "dump_retry_ms_min",
      lambda v: v["dump_retry_ms_min"] <= v["dump_retry_ms_max"]),
+    ("one slow notice destination leaves senders for the others", "notify_inflight_per_dest_max",
+     lambda v: 1 <= v["notify_inflight_per_dest_max"] < v["notify_senders_max"]),
     ("a notice's backoff starts below its cap, within its retry time", "notify_backoff_s_base",
      lambda v: v["notify_backoff_s_base"] <= v["notify_backoff_s_max"] <= v["notify_retry_s_max"]),
     ("`job wait`'s backoff starts below its cap", "cli_wait_backoff_s_base",
