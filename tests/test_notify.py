@@ -19,9 +19,9 @@ import pytest
 
 from meshjobs import limits
 from meshjobs.control import ControlError, parse_submit
+from meshjobs.hookaddr import NotifyPolicy
 from meshjobs.node import JobNode, NodeConfig, Pool, Tick, View
 from meshjobs.node.events import Notify
-from meshjobs.hookaddr import NotifyPolicy
 from meshjobs.notify import Notifier
 from tests.helpers import Log, Meshd, member_config, running, wait_until
 
