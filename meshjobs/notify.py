@@ -120,6 +120,7 @@ class Notifier:
         self._waiting: list[tuple[float, int, _Notice]] = []
         self._inflight: dict[Dest, int] = {}
         self._held = 0
+        self._socks: set[socket.socket] = set()  # sends under way, cut short by stop()
         self._seq = itertools.count()
         self.sent = 0
         self.retried = 0
@@ -149,9 +150,17 @@ class Notifier:
         return not full
 
     def stop(self) -> None:
+        """Stop the senders; a send under way is cut short (its notice is sent again by the
+        next leader, as after any stop)."""
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
+            socks = list(self._socks)
+        for sock in socks:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def numbers(self) -> dict[str, int]:
         return {"notify_sent": self.sent, "notify_retried": self.retried,
@@ -301,10 +310,19 @@ class Notifier:
             return s
 
         sock = socket.create_connection((addr, port), timeout=left())
+        with self._cond:
+            self._socks.add(sock)
+            stopped = self._stopped
         try:
+            if stopped:
+                return "the member is stopping"
             if tls_name is not None:
                 sock.settimeout(left())
-                sock = self._tls.wrap_socket(sock, server_hostname=tls_name)
+                raw = sock
+                sock = self._tls.wrap_socket(raw, server_hostname=tls_name)
+                with self._cond:  # the fd is the TLS socket's now
+                    self._socks.discard(raw)
+                    self._socks.add(sock)
             view = memoryview(request)
             while view:
                 sock.settimeout(left())
@@ -324,4 +342,6 @@ class Notifier:
             status = int(parts[1])
             return None if 200 <= status < 300 else f"status {status}"
         finally:
+            with self._cond:
+                self._socks.discard(sock)
             sock.close()

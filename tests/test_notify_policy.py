@@ -24,7 +24,7 @@ import pytest
 from meshjobs import hookaddr, limits
 from meshjobs.hookaddr import NotifyPolicy
 from meshjobs.notify import Notifier
-from tests.helpers import Meshd, member_config, running, wait_until
+from tests.helpers import Meshd, make_cert, member_config, running, wait_until
 
 # --- spellings of addresses the member itself, its network or its cloud can reach -------------
 
@@ -228,6 +228,33 @@ def test_a_name_with_any_refused_address_is_refused_and_not_retried(receiver) ->
         assert n.numbers()["notify_retried"] == 0 and receiver.of("j2") == []
     finally:
         stop(n, threads)
+
+
+def test_https_checks_the_urls_name_on_the_checked_address(tmp_path) -> None:
+    """TLS goes to the checked address with the URL's host as server name, and the
+    certificate must be that name's: a certificate for another name is refused (retried)."""
+    import ssl
+
+    cert, key = make_cert(str(tmp_path), names=("hooks.test",))
+    server = Receiver()
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    server.server.socket = ctx.wrap_socket(server.server.socket, server_side=True)
+    client = ssl.create_default_context(cafile=cert)
+    names = {"hooks.test": ["127.0.0.1"], "other.test": ["127.0.0.1"]}
+    n = Notifier("x", policy=NotifyPolicy.parse(["127.0.0.1/32"]),
+                 resolve=lambda host, port: names[host], tls=client)
+    threads = sender(n)
+    try:
+        n.offer(f"https://hooks.test:{server.port}/t", "t1.1", {"id": "t1"})
+        wait_until(lambda: server.of("t1"), what="the notice over TLS")
+        assert server.of("t1")[0]["headers"]["Host"] == f"hooks.test:{server.port}"
+        n.offer(f"https://other.test:{server.port}/t", "t2.1", {"id": "t2"})
+        wait_until(lambda: n.numbers()["notify_retried"] >= 1, what="the wrong name refused")
+        assert server.of("t2") == []
+    finally:
+        stop(n, threads)
+        server.close()
 
 
 def test_a_redirect_is_not_followed(receiver) -> None:
