@@ -319,6 +319,7 @@ class Member:
         """The parts around the node: blob writers, driver, member links and blob mover (in a
         fleet of more than one), the jobs thread, item logs, timings, HTTP."""
         from blobstore import BlobWriters
+        from meshjobs import outpaths
         from meshjobs.driver import Driver
         from meshjobs.hookaddr import NotifyPolicy
         from meshjobs.http import HttpApi
@@ -327,6 +328,7 @@ class Member:
         from meshjobs.metrics import MemberMetrics
 
         cfg, blobs, watch, voter_peers = self.cfg, self.blobs, self.watch, self.voter_peers
+        outpaths.protect((cfg.data,))  # no --stdout/--stderr path leads into meshd's own files
         self.writers = writers = BlobWriters(blobs, cfg.blob_mem_max_bytes,
                                              on_pressure=lambda on: self.jobs.event(Pressure(on)))
         self.driver = driver = Driver(

@@ -15,7 +15,11 @@ Rule 2: the last component is never followed. The folder is opened once (O_DIREC
         folder's descriptor), are fsynced, and the temporary file is renamed over the name
         (relative to the same descriptor): a symlink found at the name, planted before the
         submit or while the item ran, is itself replaced and its target never touched.
-Rule 3: a write that fails (no such folder, no permission, a full disk, too slow) never fails
+Rule 3: never into meshd's own folders (`protect`, the data folder): the folder opened is
+        walked up by its real parents (`..` of the descriptor, not of the path), so no path,
+        symlink or bind of a user's leads an output into them. Where items run as meshd's own
+        uid (walled off by the kernel), meshd writes their files itself, outside that wall.
+Rule 4: a write that fails (no such folder, no permission, a full disk, too slow) never fails
         the item and never loses its result: it becomes the text of the item's error, which
         says what to do.
 """
@@ -59,6 +63,41 @@ class WriteError(Exception):
     """Why an output could not be written: the step and the system's words."""
 
 
+# The (device, inode) of the folders no output may go into, nor below (Rule 3).
+_protected: frozenset[tuple[int, int]] = frozenset()
+
+
+def protect(folders: tuple[str, ...]) -> None:
+    """Keep outputs out of these folders and everything below them (meshd calls it at start
+    with its data folder)."""
+    global _protected
+    found = set()
+    for f in folders:
+        st = os.stat(f)
+        found.add((st.st_dev, st.st_ino))
+    _protected = frozenset(found)
+
+
+def _in_protected(dfd: int) -> bool:
+    """Whether the opened folder is a protected one or below one (Rule 3)."""
+    cur = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dfd)
+    try:
+        for _ in range(limits.output_path_chars_max):
+            st = os.fstat(cur)
+            here = (st.st_dev, st.st_ino)
+            if here in _protected:
+                return True
+            parent = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=cur)
+            os.close(cur)
+            cur = parent
+            pst = os.fstat(cur)
+            if (pst.st_dev, pst.st_ino) == here:
+                return False  # the root
+        return True  # deeper than any path could name: not to be trusted
+    finally:
+        os.close(cur)
+
+
 def _tmp_name(name: str) -> str:
     """A fresh hidden name beside `name` (at most 255 bytes, as a file name may be)."""
     tail = f".{os.urandom(6).hex()}.tmp"
@@ -80,6 +119,8 @@ def write_into(dest: str, data: bytes | None, src_fd: int | None) -> None:
         raise WriteError(f"cannot open its folder: {e.strerror or e}") from None
     tmp = None
     try:
+        if _protected and _in_protected(dfd):
+            raise WriteError("that folder is meshd's own (its data folder, or below it)")
         if _into_device(dfd, name, data, src_fd):
             return
         for _ in range(8):

@@ -127,3 +127,40 @@ def test_a_symlink_the_item_plants_while_it_runs_is_not_followed(member, base, u
     script = f"ln -s {base / 'root-only'} {base / 'W' / 'out-0.txt'} && id -u"
     spec = {"argv": ["sh", "-c", script]} | ({"user": user} if user else {})
     _check(member, base, f"plant-during-{user or 'own'}", spec)
+
+
+def test_protected_folders_refuse_outputs_below_them_by_any_path(base) -> None:
+    """Rule 3: a protected folder, a folder below it, and a symlink leading into it all refuse;
+    a folder beside it does not."""
+    data = base / "data"
+    (data / "blobs").mkdir(parents=True)
+    (base / "W" / "into").symlink_to(data)
+    try:
+        outpaths.protect((str(data),))
+        for dest in (data / "raft.journal", data / "blobs" / "x", base / "W" / "into" / "y"):
+            with pytest.raises(outpaths.WriteError, match="meshd's own"):
+                outpaths.write_into(str(dest), b"x", None)
+        outpaths.write_into(str(base / "W" / "fine"), b"x", None)
+    finally:
+        outpaths.protect(())
+    assert sorted(os.listdir(data)) == ["blobs"] and os.listdir(data / "blobs") == []
+
+
+def test_an_output_path_never_lands_in_the_data_folder(member, base) -> None:
+    """A submitter's --stdout that names meshd's journal (relative to meshd's folder, absolute,
+    or through a symlink the item plants) is refused in the item's error; the journal stays."""
+    journal = os.path.join(member.data, "raft.journal")
+    before = open(journal, "rb").read() if os.path.exists(journal) else None
+    link = base / "W" / "d"
+    cases = {"rel": {"argv": ["echo", "x"], "stdout": "raft.journal"},
+             "abs": {"argv": ["echo", "x"], "stdout": journal, "cwd": "/"},
+             "link": {"argv": ["sh", "-c", f"ln -s {member.data} {link}; echo x"],
+                      "stdout": str(link / "raft.journal"), "cwd": "/"}}
+    for name, spec in cases.items():
+        status, rec = member.request("POST", "/jobs", {"id": f"data-{name}", **spec})
+        assert status == 201, rec
+        rec = member.wait_job(f"data-{name}")
+        assert "meshd's own" in (rec["items"][0]["error"] or ""), (name, rec["items"][0])
+    if before is not None:
+        assert open(journal, "rb").read()[:len(before)] == before
+    assert not [n for n in os.listdir(member.data) if n.endswith(".tmp")]
