@@ -18,8 +18,10 @@ Rule 3: no token, or a token that matches none, is 401 (except that with `allow_
 Rule 4: a browser is told apart by the headers only browsers send (Origin, Cookie, Sec-Fetch-*).
         Its changes must come from one of the member's own origins and carry the member's
         anti-CSRF value; a `Host` the member does not answer to is refused (DNS rebinding).
-Rule 5: sessions (a browser's cookie after POST /login) are bounded in count and in age; the
-        store keeps the SHA-256 of each session id, never the id.
+Rule 5: sessions (a browser's cookie after POST /login) are bounded in count and in age, in
+        all and per identity (one identity's logins never push out another's sessions); the
+        store keeps the SHA-256 of each session id, never the id. Logins are rate-limited per
+        client address (a token bucket, LoginLimiter).
 """
 
 from __future__ import annotations
@@ -281,47 +283,119 @@ def check_csrf(key: bytes, session_id: str | None, presented: str | None) -> Non
 
 
 class Sessions:
-    """Browser sessions after POST /login: session id -> (caller, expiry), bounded."""
+    """Browser sessions after POST /login: session id -> (caller, expiry), bounded in all and
+    per identity, so that one identity's logins never push out another's sessions: past
+    `per_identity_max` an identity's own oldest session goes; when the whole store is full,
+    the oldest session of the identity holding the most goes."""
 
-    def __init__(self, max_count: int, ttl_s: float) -> None:
+    def __init__(self, max_count: int, ttl_s: float,
+                 per_identity_max: int | None = None) -> None:
+        if per_identity_max is None:
+            per_identity_max = min(max_count, limits.http_sessions_per_identity_max)
+        if not 0 < per_identity_max <= max_count:
+            raise ValueError("per_identity_max must be in 1..max_count")
         self._max = max_count
+        self._per_identity_max = per_identity_max
         self._ttl_s = ttl_s
+        # Insertion order is expiry order (every session lives ttl_s): oldest first.
         self._by_digest: dict[bytes, tuple[Caller, float]] = {}
+        self._of: dict[str, dict[bytes, None]] = {}  # identity name -> its sessions, oldest first
+        self.evicted = 0  # sessions pushed out before their time (counted, for /metrics)
 
     def __len__(self) -> int:
         return len(self._by_digest)
+
+    def count_of(self, name: str) -> int:
+        """The live (not yet expired) sessions the identity `name` holds."""
+        return len(self._of.get(name, ()))
 
     @staticmethod
     def _digest(session_id: str) -> bytes:
         return hashlib.sha256(session_id.encode("utf-8", "surrogateescape")).digest()
 
     def open(self, session_id: str, caller: Caller, now_s: float) -> None:
-        """Remember a new session; the oldest goes when the store is full."""
+        """Remember a new session; the identity's own oldest goes when it holds its cap, and
+        the oldest of the identity holding the most when the store is full."""
         self._expire(now_s)
+        mine = self._of.get(caller.name)
+        if mine is not None and len(mine) >= self._per_identity_max:
+            self._drop(next(iter(mine)))
+            self.evicted += 1
         while len(self._by_digest) >= self._max:
-            oldest = min(self._by_digest, key=lambda d: self._by_digest[d][1])
-            del self._by_digest[oldest]
-        self._by_digest[self._digest(session_id)] = (
-            Caller(caller.name, caller.role, "session"), now_s + self._ttl_s)
+            most = max(self._of.values(), key=len)
+            self._drop(next(iter(most)))
+            self.evicted += 1
+        d = self._digest(session_id)
+        if d in self._by_digest:
+            self._drop(d)
+        self._by_digest[d] = (Caller(caller.name, caller.role, "session"), now_s + self._ttl_s)
+        self._of.setdefault(caller.name, {})[d] = None
 
     def get(self, session_id: str | None, now_s: float) -> Caller | None:
         if not session_id or len(session_id) > limits.http_token_chars_max:
             return None
-        found = self._by_digest.get(self._digest(session_id))
+        d = self._digest(session_id)
+        found = self._by_digest.get(d)
         if found is None:
             return None
         if found[1] <= now_s:
-            del self._by_digest[self._digest(session_id)]
+            self._drop(d)
             return None
         return found[0]
 
     def close(self, session_id: str | None) -> None:
         if session_id:
-            self._by_digest.pop(self._digest(session_id), None)
+            d = self._digest(session_id)
+            if d in self._by_digest:
+                self._drop(d)
+
+    def _drop(self, d: bytes) -> None:
+        caller, _until = self._by_digest.pop(d)
+        mine = self._of[caller.name]
+        del mine[d]
+        if not mine:
+            del self._of[caller.name]
 
     def _expire(self, now_s: float) -> None:
-        for d in [d for d, (_, until) in self._by_digest.items() if until <= now_s]:
-            del self._by_digest[d]
+        # Oldest first: stop at the first that still lives.
+        for d, (_, until) in list(self._by_digest.items()):
+            if until > now_s:
+                break
+            self._drop(d)
+
+
+class LoginLimiter:
+    """POST /login per client address: a token bucket of `burst` logins that refills one every
+    `refill_s`; bounded in the addresses it keeps (the longest idle goes first, which is one
+    whose bucket has refilled the most)."""
+
+    def __init__(self, burst: int = limits.http_login_burst_max,
+                 refill_s: float = limits.http_login_refill_s,
+                 clients_max: int = limits.http_login_clients_max) -> None:
+        self._burst = burst
+        self._refill_s = refill_s
+        self._clients_max = clients_max
+        # address -> (logins left, when counted), least recently seen first.
+        self._buckets: dict[str, tuple[float, float]] = {}
+        self.refused = 0  # logins refused for coming too fast (counted, for /metrics)
+        self.failed = 0  # logins with a token that is none of the member's
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def take(self, client: str, now_s: float) -> float | None:
+        """Take one login for `client`: None when it may go on, else the seconds until it may
+        try again (for Retry-After)."""
+        left, when = self._buckets.pop(client, (float(self._burst), now_s))
+        left = min(float(self._burst), left + max(0.0, now_s - when) / self._refill_s)
+        if left < 1.0:
+            self._buckets[client] = (left, now_s)
+            self.refused += 1
+            return (1.0 - left) * self._refill_s
+        self._buckets[client] = (left - 1.0, now_s)
+        while len(self._buckets) > self._clients_max:
+            del self._buckets[next(iter(self._buckets))]
+        return None
 
 
 def safe_next(value: str | None) -> str:

@@ -484,7 +484,8 @@ def _lines(raw: bytes, where: str) -> list[Any]:
                    "docs/security.md).")
 @click.option("--notify", "notify", metavar="URL",
               help="POST the job's record (JSON) to this http(s) URL when it ends; retried, "
-                   "with an Idempotency-Key header (job id and version) to tell repeats.")
+                   "with an Idempotency-Key header (job id and version) to tell repeats. "
+                   "Public addresses only, unless the member's [notify] allow names it.")
 @click.option("--after", "after", multiple=True, metavar="ID[:ok|end|fail]",
               help="Run only after job ID ended done (ok, the default), ended at all (end), or "
                    "failed, timed out or was cancelled (fail); repeatable (all must hold). "

@@ -122,6 +122,9 @@ class Config:
     http_body_timeout_s: float = limits.http_body_s_max
     # [items] env_pass: the names of meshd's environment variables items see (meshjobs.itemenv)
     item_env_pass: tuple[str, ...] = DEFAULT_PASS
+    # [notify] allow: CIDRs and host names finish notices may go to besides public addresses
+    # (meshjobs.hookaddr); nothing else private, loopback or link-local.
+    notify_allow: tuple[str, ...] = ()
 
     @property
     def secret_path(self) -> str:
@@ -431,4 +434,5 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         blob_copies=blob_copies,
         pools=pools,
         item_env_pass=tuple(items.env_pass) if items.env_pass is not None else DEFAULT_PASS,
+        notify_allow=tuple((file.notify or configfile.NotifyTable()).allow or ()),
     )

@@ -159,6 +159,28 @@ class HistoryTable(_Table):
                                          f"{limits.history_keep_files_max}")
 
 
+def _notify_allow(value: Any) -> Any:
+    """[notify] allow: CIDRs and host names finish notices may go to besides public addresses."""
+    from meshjobs.hookaddr import ALLOW_HINT, parse_allow_entry
+
+    if not isinstance(value, list):
+        raise ValueError(f"must be {ALLOW_HINT}, not {value!r:.80}")
+    if len(value) > limits.notify_allow_max:
+        raise ValueError(f"has {len(value)} entries, over {limits.notify_allow_max} "
+                         "(notify_allow_max): allow a wider network instead")
+    for entry in value:
+        try:
+            parse_allow_entry(entry)
+        except ValueError as e:
+            raise ValueError(f": {e}") from None
+    return value
+
+
+class NotifyTable(_Table):
+    allow: Annotated[list[str], BeforeValidator(_notify_allow)] | None = Field(
+        None, description='a list of CIDRs and host names, e.g. ["10.1.2.0/24", "hooks.internal"]')
+
+
 class ItemsTable(_Table):
     env_pass: Annotated[list[str], BeforeValidator(_env_pass)] | None = Field(
         None, description='a list of variable names, like ["PATH", "HOME", "LC_*"]')
@@ -185,6 +207,7 @@ class ConfigFile(_Table):
     log: Any = None
     auth: AuthTable | None = None
     items: ItemsTable | None = None
+    notify: NotifyTable | None = None
     history: HistoryTable | None = None
 
 

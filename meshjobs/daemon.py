@@ -319,13 +319,16 @@ class Member:
         """The parts around the node: blob writers, driver, member links and blob mover (in a
         fleet of more than one), the jobs thread, item logs, timings, HTTP."""
         from blobstore import BlobWriters
+        from meshjobs import outpaths
         from meshjobs.driver import Driver
+        from meshjobs.hookaddr import NotifyPolicy
         from meshjobs.http import HttpApi
         from meshjobs.itemlogs import ItemLogs
         from meshjobs.jobsd import JobsThread
         from meshjobs.metrics import MemberMetrics
 
         cfg, blobs, watch, voter_peers = self.cfg, self.blobs, self.watch, self.voter_peers
+        outpaths.protect((cfg.data,))  # no --stdout/--stderr path leads into meshd's own files
         self.writers = writers = BlobWriters(blobs, cfg.blob_mem_max_bytes,
                                              on_pressure=lambda on: self.jobs.event(Pressure(on)))
         self.driver = driver = Driver(
@@ -375,13 +378,15 @@ class Member:
             body_timeout_s=cfg.http_body_timeout_s, timings=timings,
             item_logs=item_logs,
             # Alone, this member is the one that would run the job: it can tell now.
-            user_check=driver.check_user if cfg.fleet_of_one else None)
+            user_check=driver.check_user if cfg.fleet_of_one else None,
+            notify_policy=NotifyPolicy.parse(cfg.notify_allow))
         http.history = jobs.history = self.history
 
     def _start_threads(self) -> None:
         """Signals and stop orders set `stop`; every part's thread starts, guarded: a thread
         that raises or ends before the stop stops the member (exit 70, or the disk's code)."""
         from meshjobs.diskspace import is_disk_error
+        from meshjobs.hookaddr import NotifyPolicy
         from meshjobs.notify import Notifier
         from meshjobs.replica import fail_stop
 
@@ -401,7 +406,8 @@ class Member:
             stop.set()
 
         jobs.on_exit = on_stop_order
-        self.notifier = notifier = jobs.notifier = Notifier(cfg.name)
+        self.notifier = notifier = jobs.notifier = Notifier(
+            cfg.name, policy=NotifyPolicy.parse(cfg.notify_allow))
 
         def guarded(name, body):
             def target():
@@ -431,7 +437,8 @@ class Member:
         if self.links is not None:
             extra.append(guarded("itemlogs", self.item_logs.run))
         extra.append(guarded("history", self.history.run))
-        extra.append(guarded("notify", notifier.run))
+        # Finish notices: several senders, so that one slow receiver delays no other.
+        extra.extend(guarded(f"notify-{i}", notifier.run) for i in range(limits.notify_senders_max))
         # systemd's watchdog (WatchdogSec=): pinged while the jobs thread answers.
         self.watchdog = None
         period_s = sdnotify.watchdog_period_s()

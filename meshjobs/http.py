@@ -44,7 +44,7 @@ from aiohttp import web
 
 from blobstore import BlobCorrupt, BlobGone, StoreFull
 from meshjobs import auth, cron, fleetctl, httpconn, jsonbody, limits, metrics, placement, webui
-from meshjobs.auth import AuthError, Caller, Sessions
+from meshjobs.auth import AuthError, Caller, LoginLimiter, Sessions
 from meshjobs.config import Auth
 from meshjobs.connbook import conns_limit
 from meshjobs.control import (
@@ -64,6 +64,7 @@ from meshjobs.control import (
 )
 from meshjobs.eventstream import EventStreams
 from meshjobs.frames import LogAsk, LogPiece
+from meshjobs.hookaddr import NotifyPolicy
 from meshjobs.metrics import MemberMetrics
 from meshjobs.openapi import openapi_document
 from meshjobs.table import ItemRows
@@ -232,11 +233,15 @@ class HttpApi:
         timings: MemberMetrics | None = None,
         item_logs: Any = None,
         user_check: Callable[[str], str | None] | None = None,
+        notify_policy: NotifyPolicy | None = None,
     ) -> None:
         self._host = host
         # Why this member cannot run a job's items as a user (None: it can), when it is the only
         # member that could run them (a fleet of one): a submit it could never run is a 400.
         self._user_check = user_check
+        # Where finish notices may go ([notify] allow): a notify URL whose host is an address
+        # the policy refuses is a 400 at submit (names are checked again at each send).
+        self._notify_policy = notify_policy if notify_policy is not None else NotifyPolicy()
         # Live output of running items (meshjobs.itemlogs.ItemLogs); None: only stored output.
         self._item_logs = item_logs
         self.history: Any = None  # the member's History (set by meshd): GET /history reads it
@@ -276,6 +281,7 @@ class HttpApi:
         self._names = frozenset(n.lower().rstrip(".") for n in (*names, host) if n)
         self._csrf_key = secrets.token_bytes(32)
         self._sessions = Sessions(limits.http_sessions_max, limits.http_session_s_max)
+        self._logins = LoginLimiter()  # POST /login per client address (auth.LoginLimiter)
         self._refused: dict[str, int] = {}
         self._log_window_s = 0.0
         self._logged_in_window = 0
@@ -525,6 +531,14 @@ class HttpApi:
 
     async def _login(self, request: web.Request) -> web.StreamResponse:
         """A browser's way in: the token, from a form or JSON, becomes a session cookie."""
+        wait_s = self._logins.take(request.remote or "", time.monotonic())
+        if wait_s is not None:
+            self._note_refusal(request, "login_rate", 429, None)
+            retry = max(1, math.ceil(wait_s))
+            return _error(429, f"too many logins from {str(request.remote)[:60]}: at most "
+                               f"{limits.http_login_burst_max} at once, then one every "
+                               f"{limits.http_login_refill_s:g} s; try again in {retry} s",
+                          {"Retry-After": str(retry)})
         raw = await self._read_body(request, self._login_body)
         if len(raw) > limits.http_login_body_bytes_max:
             raise HttpError(413, f"a login is at most {limits.http_login_body_bytes_max} bytes")
@@ -554,7 +568,7 @@ class HttpApi:
         try:
             caller = auth.identify(self._auth, "Bearer " + token.strip())
         except AuthError as e:
-            self._note_refusal(request, e.reason, 401, None)
+            self._note_refusal(request, "login_failed", 401, None)
             if is_form:
                 return _html(webui.login_page(self._member, nxt, True, "That token is none of "
                                               "this member's. Try again."), status=401)
@@ -729,6 +743,7 @@ class HttpApi:
         body = await self._body_json(request)
         rid = await self._rid(request)
         spec = dict(parse_submit(body))
+        self._check_notify(spec)
         if spec.get("user") is not None and self._user_check is not None:
             why = await self._blob_call(self._user_check, spec["user"])
             if why is not None:
@@ -746,6 +761,15 @@ class HttpApi:
                 why = str(e) or "the blob store of this member is full"
                 raise HttpError(503, f"{why}; try another member, or free space") from None
         return await self._relay({"op": "submit", **rid, "spec": spec, "items": items})
+
+    def _check_notify(self, spec: dict) -> None:
+        """A notify URL whose host is an address refused by [notify] allow: 400 saying how to
+        allow it (meshjobs.hookaddr)."""
+        url = spec.get("notify")
+        if isinstance(url, str):
+            why = self._notify_policy.refusal_at_submit(url)
+            if why is not None:
+                raise HttpError(400, why)
 
     def _store_items(self, payloads: list[bytes | tuple[str, int]]) -> list[str | None]:
         """Runs in the executor: store inline payloads, check referred blobs exist.
@@ -1494,7 +1518,8 @@ class HttpApi:
         if len(raw) > limits.cron_body_bytes_max:
             raise HttpError(413, too_big)
         body = await self._body_json(request)
-        cron.parse_add(body)  # refused here with the control's words, before any round trip
+        added = cron.parse_add(body)  # refused here with the control's words, before any round trip
+        self._check_notify(added["job"])
         return await self._relay({"op": "cron", "action": "add", "name": name, **body,
                                   **await self._rid(request)})
 

@@ -66,6 +66,10 @@ http_conns_max = 100_000  # the most a config may allow; the default comes from 
 http_token_chars_max = 4096  # a bearer token or session id; a longer one is refused unhashed
 http_sessions_max = 1024  # browser sessions (POST /login) a member keeps; the oldest goes first
 http_session_s_max = 12 * 3600  # a browser session ends this long after its login
+http_sessions_per_identity_max = 64  # sessions one identity keeps; its own oldest goes first
+http_login_burst_max = 30  # logins (POST /login) one client address may make at once...
+http_login_refill_s = 1.0  # ...and one more each time this long has passed (then 429)
+http_login_clients_max = 4_096  # client addresses whose logins are counted; the longest idle goes
 http_login_body_bytes_max = 16 * 1024  # the body of POST /login (a form or JSON with a token)
 # Request bodies read by orjson rather than the standard library (meshjobs/jsonbody.py): only
 # those small enough, without a number of more digits, nor this many brackets (nesting depth).
@@ -319,8 +323,12 @@ ctl_orders_max = 4_096  # pool holds/drains and member drains/stops the table ke
 stop_grace_s_max = 7 * 24 * 3600  # the longest `meshctl member stop --grace` a member waits
 stop_poll_ms = 500  # a stopping member looks this often whether its runs have ended
 notify_url_chars_max = 2_048  # a job's --notify URL
+notify_allow_max = 256  # entries of [notify] allow (CIDRs and host names notices may go to)
+notify_allow_chars_max = 253  # one of them (the longest host name)
 notify_queue_max = 1_024  # finish notices waiting for the sender (and retrying); more are dropped
-notify_timeout_s = 10  # one POST of a finish notice: connect and answer
+notify_send_timeout_s = 10  # one POST of a finish notice, whole: connect, send, status line
+notify_senders_max = 8  # threads sending finish notices at once (to all destinations)
+notify_inflight_per_dest_max = 2  # of them sending to one destination (scheme, host, port)
 notify_retry_s_max = 300  # a notice the receiver refuses is retried this long, then dropped
 notify_backoff_s_base = 0.5  # the first retry of a notice waits this long, then twice as long...
 notify_backoff_s_max = 30  # ...but never longer than this
@@ -429,6 +437,8 @@ RELATIONS: tuple[tuple[str, str, Callable[[dict[str, Any]], bool]], ...] = (
      lambda v: v["retry_backoff_ms_base"] <= v["retry_backoff_ms_max"]),
     ("a dump retry starts below its cap", "dump_retry_ms_min",
      lambda v: v["dump_retry_ms_min"] <= v["dump_retry_ms_max"]),
+    ("one slow notice destination leaves senders for the others", "notify_inflight_per_dest_max",
+     lambda v: 1 <= v["notify_inflight_per_dest_max"] < v["notify_senders_max"]),
     ("a notice's backoff starts below its cap, within its retry time", "notify_backoff_s_base",
      lambda v: v["notify_backoff_s_base"] <= v["notify_backoff_s_max"] <= v["notify_retry_s_max"]),
     ("`job wait`'s backoff starts below its cap", "cli_wait_backoff_s_base",
@@ -445,6 +455,8 @@ RELATIONS: tuple[tuple[str, str, Callable[[dict[str, Any]], bool]], ...] = (
      lambda v: v["events_answer_max"] <= v["events_ring_changes_max"]),
     ("the fewest HTTP connections are no more than the most", "http_conns_min",
      lambda v: v["http_conns_min"] <= v["http_conns_max"]),
+    ("one identity's sessions are no more than all sessions", "http_sessions_per_identity_max",
+     lambda v: 1 <= v["http_sessions_per_identity_max"] <= v["http_sessions_max"]),
     ("a login body is no larger than any body", "http_login_body_bytes_max",
      lambda v: v["http_login_body_bytes_max"] <= v["http_body_bytes_max"]),
     ("a failed item's stderr tail is within what is read of it", "status_stderr_bytes_max",

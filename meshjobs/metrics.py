@@ -144,6 +144,7 @@ RULES: tuple[Rule, ...] = (
     _c("notify_retried", "meshjobs_notify_retried", "Finish notices sent again after a refusal or no answer."),
     _c("notify_dropped", "meshjobs_notify_dropped", "Finish notices dropped because the sender's queue was full."),
     _c("notify_given_up", "meshjobs_notify_given_up", "Finish notices given up after notify_retry_s_max."),
+    _c("notify_refused", "meshjobs_notify_refused", "Finish notices not sent: their destination resolved to an address [notify] allow does not allow."),
     _c("driver_orphans_reaped", "meshjobs_driver_orphans_reaped", "Zombies of orphaned processes reaped (meshd as PID 1 or a subreaper)."),
     _c("journal_compactions", "meshjobs_journal_compactions", "Compactions of the Raft journal."),
     _c("dumps_written", "meshjobs_dumps_written", "Raft snapshots (dumps) written."),

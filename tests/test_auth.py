@@ -210,3 +210,59 @@ def test_sessions_bounded_and_expiring() -> None:
 ])
 def test_safe_next(value: str | None, out: str) -> None:
     assert auth.safe_next(value) == out
+
+
+def test_an_identitys_logins_never_push_out_anothers_sessions() -> None:
+    """Rule 5: past its own cap an identity loses its own oldest session; a full store loses
+    the oldest session of the identity holding the most, never the lone admin's."""
+    s = Sessions(max_count=8, ttl_s=100.0, per_identity_max=4)
+    admin, reader = Caller("ops", "admin", "token"), Caller("reader", "read", "token")
+    s.open("admin-1", admin, now_s=0.0)
+    for i in range(1_025):
+        s.open(f"read-{i}", reader, now_s=1.0 + i / 1000)
+    assert s.get("admin-1", 2.0) == Caller("ops", "admin", "session")
+    assert s.count_of("reader") == 4 and len(s) == 5
+    assert s.get("read-1024", 2.0) is not None and s.get("read-1020", 2.0) is None
+    # Many identities fill the store: the one holding the most gives up its oldest.
+    for k in range(3):
+        s.open(f"other-{k}", Caller(f"o{k}", "read", "token"), now_s=3.0)
+    assert len(s) == 8
+    s.open("other-3", Caller("o3", "read", "token"), now_s=4.0)
+    assert len(s) == 8 and s.count_of("reader") == 3 and s.get("admin-1", 4.0) is not None
+    assert s.get("read-1021", 4.0) is None and s.get("read-1022", 4.0) is not None
+    assert s.evicted == 1_021 + 1
+
+
+def test_sessions_expire_by_identity_and_close_cleanly() -> None:
+    """Expired and closed sessions leave their identity's count; a reused id replaces."""
+    s = Sessions(max_count=4, ttl_s=10.0, per_identity_max=2)
+    c = Caller("a", "read", "token")
+    s.open("x", c, 0.0)
+    s.open("x", c, 1.0)
+    assert len(s) == 1 and s.count_of("a") == 1
+    s.open("y", c, 2.0)
+    s.close("x")
+    s.close("x")
+    s.close("nosuch")
+    assert s.count_of("a") == 1
+    s.open("z", Caller("b", "read", "token"), 20.0)  # y expired meanwhile
+    assert s.count_of("a") == 0 and len(s) == 1
+    with pytest.raises(ValueError):
+        Sessions(max_count=2, ttl_s=1.0, per_identity_max=3)
+
+
+def test_login_limiter_is_a_token_bucket_per_address() -> None:
+    """A burst of logins from one address, then one per refill; other addresses untouched."""
+    from meshjobs.auth import LoginLimiter
+
+    lim = LoginLimiter(burst=3, refill_s=2.0, clients_max=2)
+    assert [lim.take("a", 0.0) for _ in range(3)] == [None, None, None]
+    assert lim.take("a", 0.0) == pytest.approx(2.0)
+    assert lim.take("a", 1.0) == pytest.approx(1.0)  # a refused try costs nothing more
+    assert lim.take("b", 1.0) is None
+    assert lim.take("a", 2.0) is None and lim.take("a", 2.0) is not None
+    assert lim.take("a", 100.0) is None  # refilled, but never past the burst
+    assert [lim.take("a", 100.0) for _ in range(3)] == [None, None, 2.0]
+    assert lim.refused == 4
+    lim.take("c", 101.0)  # a third address: the longest idle ("b") is forgotten
+    assert len(lim) == 2

@@ -100,6 +100,8 @@ def test_problems_name_their_key_path(raw, problem):
     {"auth": {"tokens": [{"name": "a", "role": "read", "sha256": "0" * 100_000}]}},
     {"items": {"env_pass": ["A" * 100_000]}},
     {"http": {"names": ["h" * 100_000]}},
+    {"notify": {"allow": ["h" * 100_000]}},
+    {"notify": {"allow": ["10.0.0.0/8"] * 100_000}},
     {"fleet": {"voters": [[[[[[[1]]]]]]]}},
 ])
 def test_hostile_values_are_not_echoed_whole(raw):
@@ -119,7 +121,7 @@ def test_the_models_know_every_key_config_reads():
     """The file's top-level keys are the model's, as documented (docs/ and deploy/ use them)."""
     assert set(ConfigFile.model_fields) == {
         "name", "data", "http", "peer", "raft", "secret_file", "fleet", "pools", "blobs",
-        "retention", "log", "auth", "items", "history"}
+        "retention", "log", "auth", "items", "history", "notify"}
 
 
 @pytest.mark.fleet
