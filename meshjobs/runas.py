@@ -116,3 +116,50 @@ def refusal(user: str, ident: Identity, member: str, may_switch: bool, euid: int
     return (f"member {member} {who}: it cannot run items as user {user!r}; start meshd as root "
             f"there to run items as other users, or submit without --user (items then run as "
             f"uid {euid}, gid {egid})")
+
+
+# --- The item user: who items run as when neither their job nor their pool names a user --------
+
+ITEM_USER = "meshjobs-item"  # the dedicated user deploy/sysusers.d creates
+ITEM_USER_FALLBACK = "nobody"
+
+
+def item_user(configured: str | None) -> str | None:
+    """The user items run as on this machine when neither their job nor their pool names one
+    and meshd may switch users: `[items] user` when it is set, else ITEM_USER when this machine
+    has that user, else ITEM_USER_FALLBACK when it has that one; None when it has neither."""
+    if configured is not None:
+        return configured
+    for name in (ITEM_USER, ITEM_USER_FALLBACK):
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            continue
+        return name
+    return None
+
+
+def item_cwd(ident: Identity) -> str:
+    """The working folder of an item that runs as another user and whose job gives no cwd:
+    that user's HOME when it is a folder, else /tmp. Never meshd's own folder (often the data
+    folder, which the item user may not read)."""
+    if ident.home and os.path.isdir(ident.home):
+        return ident.home
+    return "/tmp"
+
+
+def items_run_as(user: str | None, may_switch: bool, euid: int | None = None) -> str:
+    """Who items with no user of their own run as on this member, said in a few words (the
+    start log, check-config): `user` is item_user()'s answer."""
+    euid = os.geteuid() if euid is None else euid
+    if not may_switch:
+        return (f"meshd's own uid {euid} (meshd cannot switch users: it is not root and lacks "
+                "CAP_SETUID and CAP_SETGID)")
+    if user is None:
+        return "nobody: this machine has neither user meshjobs-item nor nobody"
+    try:
+        ident = resolve(user, "this member")
+    except RunAsError:
+        return f"user {user!r}, unknown on this machine"
+    own = " (meshd's own uid: items can read its data folder)" if ident.uid == euid else ""
+    return f"user {user} (uid {ident.uid}, gid {ident.gid}){own}"
