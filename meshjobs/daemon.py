@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(run_demo())
     # Before anything is created: what meshd makes is its own alone (meshjobs/datadir.py).
     datadir.private_umask()
+    # Before any item or worker starts: capabilities given to meshd stay meshd's (runas).
+    from meshjobs import runas
+    runas.keep_capabilities_to_self()
     logs.configure(args.log_level)
     try:
         cfg = load_config(args.config, {"name": args.name, "data": args.data, "http": args.http,

@@ -20,6 +20,7 @@ Rules:
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pwd
 from dataclasses import dataclass
@@ -163,3 +164,45 @@ def items_run_as(user: str | None, may_switch: bool, euid: int | None = None) ->
         return f"user {user!r}, unknown on this machine"
     own = " (meshd's own uid: items can read its data folder)" if ident.uid == euid else ""
     return f"user {user} (uid {ident.uid}, gid {ident.gid}){own}"
+
+
+# --- Capabilities meshd holds must not pass to items ---------------------------------------------
+
+PR_CAP_AMBIENT = 47  # prctl(2)
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+_CAP_V3 = 0x20080522  # _LINUX_CAPABILITY_VERSION_3
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def keep_capabilities_to_self() -> bool:
+    """Clear this process's ambient and inheritable capability sets, keeping its effective and
+    permitted ones; whether it could (False where there is no prctl/capset: not Linux).
+
+    A meshd run as an unprivileged user with CAP_SETUID, CAP_SETGID and CAP_KILL given ambient
+    (deploy/meshd.service) would otherwise hand them on: a child that switches from one non-zero
+    uid to another keeps its capabilities (the kernel clears them only on a switch away from
+    uid 0), and execve gives a program without file capabilities exactly the ambient set. With
+    both sets empty, whatever an item or python worker execs starts with no capabilities, while
+    meshd itself may still switch users and signal its items."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
+            return False
+        head = _CapHeader(_CAP_V3, 0)
+        data = (_CapData * 2)()
+        if libc.capget(ctypes.byref(head), data) != 0:
+            return False
+        if not (data[0].inheritable or data[1].inheritable):
+            return True
+        data[0].inheritable = data[1].inheritable = 0
+        return libc.capset(ctypes.byref(head), data) == 0
+    except (OSError, AttributeError):
+        return False

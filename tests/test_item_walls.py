@@ -144,6 +144,32 @@ def test_hostile_item_runs_as_the_item_user_and_reaches_nothing(open_top):
         assert leak not in out and leak not in err
 
 
+def test_items_get_none_of_meshds_capabilities(open_top):
+    """meshd given CAP_SETUID, CAP_SETGID and CAP_KILL as ambient capabilities (as
+    deploy/meshd.service gives them to its unprivileged user; here root with no_setuid_fixup,
+    which like a non-root uid keeps capabilities across the switch to the item user): its items
+    start with no capability at all, so they cannot switch to meshd's user nor signal it."""
+    m = _member(open_top)
+    m.prefix = ["setpriv", "--securebits=+no_setuid_fixup", "--inh-caps=+setuid,+setgid,+kill",
+                "--ambient-caps=+setuid,+setgid,+kill", *UMASK_022]
+    try:
+        m.start()
+        status, rec = m.request("POST", "/jobs", {
+            "argv": ["sh", "-c", "id -u; grep ^Cap /proc/self/status; kill -0 $1 && echo SIGNALLED; true",
+                     "sh", str(m.pid)]})
+        assert status == 201, rec
+        assert m.wait_job(rec["id"])["state"] == "done"
+        out, err = _outputs(m, rec["id"])
+    finally:
+        m.stop()
+    lines = out.decode().splitlines()
+    assert lines[0] == str(_item_user().pw_uid)
+    caps = dict(line.split(":\t") for line in lines[1:] if line.startswith("Cap"))
+    for name in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+        assert int(caps[name], 16) == 0, (name, caps)
+    assert "SIGNALLED" not in out.decode() and b"Operation not permitted" in err
+
+
 def test_items_of_a_job_naming_a_user_still_run_as_it(open_top):
     """The item user is only the default: a job's own user still wins, and its item gets that
     user's HOME (or /tmp) as its folder, not meshd's."""
