@@ -148,6 +148,30 @@ def env_with_path(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _give_items_user(path: str, user: str) -> None:
+    """Make the config file at `path` name `user` as its [items] user, unless it names one (or
+    is not TOML: meshd is to say so)."""
+    import tomllib
+    with open(path) as f:
+        text = f.read()
+    try:
+        items = tomllib.loads(text).get("items")
+    except tomllib.TOMLDecodeError:
+        return
+    if isinstance(items, dict) and "user" in items:
+        return
+    line = f'user = "{user}"\n'
+    if isinstance(items, dict) and "\n[items]\n" in "\n" + text:
+        at = ("\n" + text).index("\n[items]\n") + len("[items]\n")
+        text = text[:at] + line + text[at:]
+    elif items is None:
+        text += f"\n[items]\n{line}"
+    else:
+        return  # an inline or dotted [items]: left as the test wrote it
+    with open(path, "w") as f:
+        f.write(text)
+
+
 class Meshd:
     """One meshd process of a test."""
 
@@ -204,11 +228,7 @@ class Meshd:
         items = f'\n[items]\nuser = "{self.items_user}"\n' if self.items_user else ""
         if self.config:
             if items and os.path.exists(self.config):
-                with open(self.config) as f:
-                    text = f.read()
-                if "[items]" not in text:
-                    with open(self.config, "a") as f:
-                        f.write(items)
+                _give_items_user(self.config, self.items_user)
             args += ["--config", self.config]
             if not self.fleet:
                 args += ["--http", self.http, "--raft", f"{self.raft_host}:{self.raft_port}"]
