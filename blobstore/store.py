@@ -211,7 +211,8 @@ class LmdbBlobStore:
     ) -> None:
         if not 0 < map_bytes <= limits.map_bytes_max:
             raise ValueError(f"map_bytes must be in 1..{limits.map_bytes_max}, not {map_bytes}")
-        os.makedirs(path, exist_ok=True)
+        # The store holds every item's outputs: its folder and files are its owner's alone.
+        os.makedirs(path, mode=0o700, exist_ok=True)
         self.path = path
         self._failpoints = failpoints
         self._clock = clock
@@ -240,6 +241,7 @@ class LmdbBlobStore:
             max_dbs=limits.dbs_max,
             max_readers=limits.readers_max,
             lock=True,
+            mode=0o600,
         )
         env = self._env
         try:

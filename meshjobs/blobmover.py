@@ -156,7 +156,7 @@ class BlobMover:
         self._on_copied = on_copied
         self._log = log if log is not None else structlog.get_logger(__name__)
         self._clock_ms = clock_ms
-        os.makedirs(spool_dir, exist_ok=True)
+        os.makedirs(spool_dir, mode=0o700, exist_ok=True)
         # Spool files left by an earlier run belong to assemblies that died with it.
         for name in os.listdir(spool_dir):
             if name.endswith(_SPOOL_SUFFIX):

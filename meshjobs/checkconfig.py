@@ -31,7 +31,20 @@ def summary(cfg: Config) -> str:
         assert cfg.join is not None
         fleet = f"joins the fleet through {cfg.join[0]}:{cfg.join[1]}"
     return (f"member {cfg.name}, {cfg.role}, {fleet}; HTTP {cfg.http[0]}:{cfg.http[1]}, "
-            f"data {cfg.data}")
+            f"data {cfg.data}; {items_line(cfg)}")
+
+
+def items_line(cfg: Config) -> str:
+    """Who items that name no user run as, as meshd will run them (whatever user checks)."""
+    from meshjobs import runas
+    user = runas.item_user(cfg.item_user)
+    if user is None:
+        return (f"items that name no user: this machine has neither user {runas.ITEM_USER} nor "
+                f"{runas.ITEM_USER_FALLBACK}, so meshd will not start where it may switch users; "
+                "set [items] user")
+    who = f"user {user}"
+    return (f"items that name no user run as {who} when meshd may switch users (root, or "
+            f"CAP_SETUID and CAP_SETGID), else as meshd's own uid")
 
 
 def check_config(path: str, out: TextIO | None = None, err: TextIO | None = None) -> int:

@@ -125,6 +125,9 @@ class Config:
     # [notify] allow: CIDRs and host names finish notices may go to besides public addresses
     # (meshjobs.hookaddr); nothing else private, loopback or link-local.
     notify_allow: tuple[str, ...] = ()
+    # [items] user: who items run as when neither their job nor their pool names a user, when
+    # meshd may switch users (None: meshjobs-item, else nobody; see runas.item_user).
+    item_user: str | None = None
 
     @property
     def secret_path(self) -> str:
@@ -213,7 +216,7 @@ def _pools(tables: dict[str, configfile.PoolTable], problems: _Problems) -> dict
             slots = 0  # a draining or held pool takes no new items
         pools[name] = Pool(name=name, kind=kind, slots=slots,
                            runtime_s=None if p.runtime_s is None else float(p.runtime_s),
-                           user=problems.check(_pool_user, name, kind, p.user))
+                           user=problems.check(_pool_user, name, p.user))
     workers = python_workers(pools)
     if workers > limits.py_workers_max:
         # Each slot of a python pool is a resident process, not a fork per item.
@@ -222,19 +225,24 @@ def _pools(tables: dict[str, configfile.PoolTable], problems: _Problems) -> dict
     return pools
 
 
-def _pool_user(pool: str, kind: str, value: Any) -> str | None:
+def _pool_user(pool: str, value: Any) -> str | None:
     """[pools.X] user: who the pool's items run as when their job names no user; a user name, or
     "UID" / "UID:GID", that this machine knows (daemon.py checks meshd may switch to it)."""
     if value is None:
         return None
-    from meshjobs import runas
     try:
         user = parse_user(value)
     except ControlError as e:
         raise ConfigError(f"[pools.{pool}] user: {e.message}") from None
-    if kind != "command":
-        raise ConfigError(f"[pools.{pool}] user: a pool of kind {kind} calls functions in meshd's "
-                          "own workers, which run as meshd's user: remove the key")
+    # A python pool's workers run as its user too (meshjobs.pypool).
+    _known_user(f"[pools.{pool}] user", user)
+    return user
+
+
+def _known_user(key: str, user: str) -> None:
+    """A user (as parse_user normalized it) this machine's user database knows, or the
+    ConfigError naming `key`."""
+    from meshjobs import runas
     try:
         runas.resolve(user, "this member")
     except runas.RunAsError:
@@ -243,7 +251,19 @@ def _pool_user(pool: str, kind: str, value: Any) -> str | None:
         else:
             why = (f"uid {user} has no entry in this machine's user database, so its group is "
                    f"unknown: give it (\"{user}:GID\"), or create the user")
-        raise ConfigError(f"[pools.{pool}] user = {user!r}: {why}") from None
+        raise ConfigError(f"{key} = {user!r}: {why}") from None
+
+
+def _item_user(value: Any) -> str | None:
+    """[items] user: who items run as when neither their job nor their pool names a user (when
+    meshd may switch users); a user this machine knows. None: the default (runas.item_user)."""
+    if value is None:
+        return None
+    try:
+        user = parse_user(value)
+    except ControlError as e:
+        raise ConfigError(f"[items] user: {e.message}") from None
+    _known_user("[items] user", user)
     return user
 
 
@@ -402,8 +422,9 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
                      "HTTP API. Add a token, or set allow_anonymous = true")
     peer = problems.check(parse_addr, _or(peer_addr, DEFAULT_PEER), "peer")
     raft = problems.check(parse_addr, _or(raft_addr, DEFAULT_RAFT), "raft")
-    problems.raise_any(path)
     items = file.items or configfile.ItemsTable()
+    item_user = problems.check(_item_user, items.user)
+    problems.raise_any(path)
     return Config(
         auth=auth,
         http_tls_cert=tls_cert,
@@ -435,4 +456,5 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         pools=pools,
         item_env_pass=tuple(items.env_pass) if items.env_pass is not None else DEFAULT_PASS,
         notify_allow=tuple((file.notify or configfile.NotifyTable()).allow or ()),
+        item_user=item_user,
     )

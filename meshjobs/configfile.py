@@ -184,6 +184,8 @@ class NotifyTable(_Table):
 class ItemsTable(_Table):
     env_pass: Annotated[list[str], BeforeValidator(_env_pass)] | None = Field(
         None, description='a list of variable names, like ["PATH", "HOME", "LC_*"]')
+    # Who items run as when neither their job nor their pool names a user (meshjobs.runas).
+    user: str | None = Field(None, description='a string: a user name, or "UID" or "UID:GID"')
 
 
 class ConfigFile(_Table):

@@ -21,7 +21,7 @@ import uuid
 import structlog
 
 import meshjobs
-from meshjobs import limits, logs, ports, sdnotify
+from meshjobs import datadir, limits, logs, ports, sdnotify
 from meshjobs.config import Config, ConfigError, load_config, parse_addr, python_workers
 from meshjobs.dumpfile import DumpCorrupt
 from meshjobs.failpoints import Failpoints
@@ -67,6 +67,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.demo:
         from meshjobs.demo import run_demo
         sys.exit(run_demo())
+    # Before anything is created: what meshd makes is its own alone (meshjobs/datadir.py).
+    datadir.private_umask()
+    # Before any item or worker starts: capabilities given to meshd stay meshd's (runas).
+    from meshjobs import runas
+    runas.keep_capabilities_to_self()
     logs.configure(args.log_level)
     try:
         cfg = load_config(args.config, {"name": args.name, "data": args.data, "http": args.http,
@@ -76,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
                 raise ConfigError("--slots needs a default pool and a count of 0 or more")
             cfg.pools["default"].slots = args.slots
         _check_pool_users(cfg)
+        _check_item_user(cfg)
     except ConfigError as e:
         print(f"meshd: {e}", file=sys.stderr)
         sys.exit(2)
@@ -100,6 +106,29 @@ def _check_pool_users(cfg: Config) -> None:
             raise ConfigError(f"[pools.{pool.name}] user = {pool.user!r}: {why.split(': ', 1)[0]}:"
                               " start meshd as root, or remove the key (items then run as "
                               "meshd's own user)")
+
+
+def _check_item_user(cfg: Config) -> None:
+    """A member that may switch users runs items no job or pool names a user for as its item
+    user ([items] user, else meshjobs-item, else nobody): it stops at start when there is none.
+    Items that would run as meshd's own uid are said loudly (an explicit [items] user only)."""
+    from meshjobs import runas
+    if not runas.can_switch_user():
+        return
+    user = runas.item_user(cfg.item_user)
+    if user is None:
+        raise ConfigError(f"[items] user: this machine has neither user {runas.ITEM_USER} nor "
+                          f"{runas.ITEM_USER_FALLBACK}, and meshd never runs items as its own "
+                          f"uid: create {runas.ITEM_USER} (deploy/sysusers.d/meshjobs.conf), or "
+                          "set [items] user")
+    try:
+        ident = runas.resolve(user, cfg.name)
+    except runas.RunAsError as e:
+        raise ConfigError(f"[items] user = {user!r}: {e.message}") from None
+    if ident.uid == os.geteuid():
+        log.warning("items_run_as_meshd", user=user, uid=ident.uid,
+                    why="[items] user names meshd's own user: items can read its data folder, "
+                        "its secret and its /proc files, and signal it; name another user")
 
 
 class Member:
@@ -169,7 +198,12 @@ class Member:
             except TlsError as e:
                 print(f"meshd: {e}", file=sys.stderr)
                 raise _StartFailed(2) from None
-        os.makedirs(cfg.data, exist_ok=True)
+        datadir.make_folder(cfg.data)
+        try:
+            datadir.secure(cfg.data, log, skip=(cfg.secret_path,))
+        except (datadir.DataFolderError, OSError) as e:
+            print(f"meshd: {e}", file=sys.stderr)
+            raise _StartFailed(2) from None
         self.failpoints = Failpoints.from_env()
 
     def _open_secret(self) -> None:
@@ -319,7 +353,7 @@ class Member:
         """The parts around the node: blob writers, driver, member links and blob mover (in a
         fleet of more than one), the jobs thread, item logs, timings, HTTP."""
         from blobstore import BlobWriters
-        from meshjobs import outpaths
+        from meshjobs import outpaths, runas
         from meshjobs.driver import Driver
         from meshjobs.hookaddr import NotifyPolicy
         from meshjobs.http import HttpApi
@@ -335,7 +369,9 @@ class Member:
             blobs, os.path.join(cfg.data, "spool"),
             on_end=lambda end: self.jobs.item_ended(end), writers=writers, on_fatal=self._fatal,
             python_workers=python_workers(cfg.pools), env_pass=cfg.item_env_pass,
-            member=cfg.name)
+            member=cfg.name, item_user=runas.item_user(cfg.item_user),
+            python_pools={p.name: (p.slots, p.user) for p in cfg.pools.values()
+                          if p.kind == "python"})
         links = mover = None
         if not cfg.fleet_of_one:
             from meshjobs.blobmover import BlobMover
@@ -489,7 +525,7 @@ class Member:
                     (f"https://{addr}" if self.tls is not None else addr) + "\n")
         log.info("meshd_ready", member=cfg.name, http=f"{http.scheme}://{addr}", raft=cfg.raft_addr,
                  data=cfg.data, pools={p.name: p.slots for p in cfg.pools.values()},
-                 boot=self.boot)
+                 boot=self.boot, items_run_as=self.driver.items_run_as())
         return 0
 
     def _wait(self) -> None:
@@ -629,7 +665,7 @@ class _HttpBlobs:
 
 def _write_file(path: str, text: str) -> None:
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    with open(tmp, "w", opener=datadir.private_opener) as f:
         f.write(text)
     os.replace(tmp, path)
 

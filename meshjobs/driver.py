@@ -48,7 +48,15 @@ Rules:
 9. Users (meshjobs.runas): an item whose job (or pool) names a user runs with that user's uid,
    gid and supplementary groups, and its HOME, USER and LOGNAME, when this member may switch
    users; otherwise, or when the user is unknown here, it fails without running and its error
-   says why. Python items run in meshd's own workers: they take no other user.
+   says why. When this member may switch users, an item whose job and pool name nobody runs as
+   the member's item user (`[items] user`, runas.item_user), never as meshd's own uid; when it
+   may not, as meshd's own uid. An item that runs as another user and whose job gives no cwd
+   starts in that user's HOME (or /tmp: runas.item_cwd), not in meshd's folder. Its stdin,
+   stdout and stderr are descriptors meshd opened, so the spool folder stays meshd's alone.
+10. Python items run in workers of their pool's user (`[pools.X] user`, else the item user when
+   this member may switch users, else meshd's own): one worker pool per user, sized by the
+   slots of the python pools that run as that user. A job that names a user runs in a python
+   pool only when that is the pool's user; otherwise the item fails saying so.
 """
 
 from __future__ import annotations
@@ -73,6 +81,7 @@ from blobstore.digest import EMPTY_DIGEST
 from blobstore.errors import BlobError
 from meshjobs import limits, outpaths, pidwatch, runas, spawn
 from meshjobs.capture import Capture
+from meshjobs.datadir import private_opener
 from meshjobs.itemenv import DEFAULT_PASS, base_env
 from meshjobs.node.events import ItemEnded, Run
 from meshjobs.pypool import PyEnd, PyPool
@@ -161,6 +170,8 @@ class Driver:
         env_pass: Iterable[str] = DEFAULT_PASS,
         member: str = "this member",
         may_switch_user: bool | None = None,
+        item_user: str | None = None,
+        python_pools: dict[str, tuple[int, str | None]] | None = None,
     ) -> None:
         """python_workers: the python worker processes to pre-fork when run() starts (the
         slots of this member's python pools together). None starts os.cpu_count() workers when
@@ -170,7 +181,14 @@ class Driver:
         env_pass`; see meshjobs.itemenv): items and python workers start from those alone.
 
         member: this member's name, for errors. may_switch_user: whether items may run as other
-        users (None: whether this process holds CAP_SETUID and CAP_SETGID, meshjobs.runas)."""
+        users (None: whether this process holds CAP_SETUID and CAP_SETGID, meshjobs.runas).
+
+        item_user: who items run as when neither their job nor their pool names a user, when
+        this member may switch users (runas.item_user of `[items] user`); None: meshd's own.
+
+        python_pools: each python pool's slots and the user its workers run as (None: the item
+        user); with it, python_workers is ignored and the workers of each user are started
+        when run() starts."""
         self._blobs = blobs
         # The blob writer threads (group commit, backpressure); without them, outputs are
         # stored on the driver thread.
@@ -182,10 +200,11 @@ class Driver:
         self._full_env = dict(os.environ)  # for jobs that ask for it (inherit_env)
         self._member = member
         self._may_switch = runas.can_switch_user() if may_switch_user is None else may_switch_user
+        self._item_user = item_user if self._may_switch else None
         self._on_end = on_end
         self._clock_ms = clock_ms
         self._log = log if log is not None else structlog.get_logger(__name__)
-        os.makedirs(spool_dir, exist_ok=True)
+        os.makedirs(spool_dir, mode=0o700, exist_ok=True)
         self._clear_spool()
 
         # Shared with other threads, under _lock.
@@ -210,7 +229,20 @@ class Driver:
             raise ValueError(f"python_workers must be 0..{limits.py_workers_max}, "
                              f"not {python_workers}")
         self._python_workers = python_workers
-        self._pool: PyPool | None = None
+        # The python workers' user of each python pool (None: meshd's own), and how many
+        # workers each user gets: the slots of its pools together.
+        self._py_users: dict[str, str | None] = {}
+        self._py_sizes: dict[str | None, int] = {}
+        for name, (slots, user) in (python_pools or {}).items():
+            run_as = (user or self._item_user) if self._may_switch else None
+            self._py_users[name] = run_as
+            self._py_sizes[run_as] = self._py_sizes.get(run_as, 0) + slots
+        if python_pools is not None:
+            self._python_workers = sum(self._py_sizes.values())
+            if not self._python_workers <= limits.py_workers_max:
+                raise ValueError(f"python pools have {self._python_workers} slots, over "
+                                 f"{limits.py_workers_max}")
+        self._pools: dict[str | None, PyPool] = {}  # by the user their workers run as
         self._next_reap: float | None = None
         self.orphans_reaped = 0
 
@@ -299,7 +331,9 @@ class Driver:
         self._next_reap = time.monotonic() if is_reaper() else None
         try:
             if self._python_workers:
-                self._python_pool()
+                for user, size in (self._py_sizes or {None: self._python_workers}).items():
+                    if size:
+                        self._python_pool(user)
             while True:
                 for key, mask in self._sel.select(self._next_timeout()):
                     if key.data is None:
@@ -309,8 +343,7 @@ class Driver:
                     elif isinstance(key.data, _Run):
                         self._reap(key.data)
                     else:
-                        assert self._pool is not None
-                        self._pool.on_event(key.data, mask)
+                        key.data[0].owner.on_event(key.data, mask)
                 with self._lock:
                     if self._stopping:
                         break
@@ -331,11 +364,13 @@ class Driver:
                     run = self._runs.get(key)
                     if run is not None:
                         self._cut_run(run)
-                    elif self._pool is not None:
-                        self._pool.cut(key)
+                    else:
+                        for pool in self._pools.values():
+                            if pool.cut(key):
+                                break
                 self._check_deadlines()
-                if self._pool is not None:
-                    self._pool.check()
+                for pool in list(self._pools.values()):
+                    pool.check()
                 if self._next_reap is not None and time.monotonic() >= self._next_reap:
                     self._next_reap = time.monotonic() + limits.orphan_reap_ms / 1000
                     self._reap_orphans()
@@ -349,8 +384,8 @@ class Driver:
             for t in (run.deadline, run.kill_at):
                 if t is not None and (soonest is None or t < soonest):
                     soonest = t
-        if self._pool is not None:
-            t = self._pool.next_deadline()
+        for pool in self._pools.values():
+            t = pool.next_deadline()
             if t is not None and (soonest is None or t < soonest):
                 soonest = t
         t = self._next_reap
@@ -362,8 +397,8 @@ class Driver:
 
     def _reap_orphans(self) -> None:
         own = {run.pid for run in self._runs.values()}
-        if self._pool is not None:
-            own |= self._pool.pids()
+        for pool in self._pools.values():
+            own |= pool.pids()
         n = reap_orphans(own)
         if n:
             self.orphans_reaped += n
@@ -389,9 +424,10 @@ class Driver:
             return
         paths = self._spool_paths()
         ident: runas.Identity | None = None
-        if item.user is not None:
+        user = self._run_user(item)
+        if user is not None:
             try:
-                ident = self._identity(item.user)
+                ident = self._identity(user)
             except runas.RunAsError as e:
                 self._report_unstarted(item, "failed", started_ms, e.message)
                 return
@@ -414,6 +450,9 @@ class Driver:
         if ident is not None and self._may_switch:
             # extra_groups always: without it the item would keep meshd's supplementary groups.
             ids = {"user": ident.uid, "group": ident.gid, "extra_groups": list(ident.groups)}
+            if item.cwd is None and ident.uid != os.geteuid():
+                # Not meshd's own folder (often the data folder): the user's HOME, or /tmp.
+                item = dataclasses.replace(item, cwd=runas.item_cwd(ident))
         run = _Run(item, Capture(paths[1]), Capture(paths[2]), started_ms)
         # The child's ends of its stdin, stdout and stderr; ours are closed once it runs.
         theirs: list[int] = []
@@ -596,6 +635,16 @@ class Driver:
         _pid, status = os.waitpid(run.pid, 0)
         return os.waitstatus_to_exitcode(status)
 
+    @property
+    def item_user(self) -> str | None:
+        """The user items no job or pool names a user for run as here (None: meshd's own uid,
+        when this member may not switch users)."""
+        return self._item_user
+
+    def items_run_as(self) -> str:
+        """Who those items run as, in a few words (the start log, /fleet, check-config)."""
+        return runas.items_run_as(self._item_user, self._may_switch)
+
     def check_user(self, user: str) -> str | None:
         """Why this member cannot run items as `user`, or None when it can (any thread: it
         reads the user database, nothing of the driver's)."""
@@ -620,7 +669,7 @@ class Driver:
             return None
         missing = f"stdin blob {item.stdin} is not on this member: submit its stdin again"
         try:
-            with open(path, "wb") as f:
+            with open(path, "wb", opener=private_opener) as f:
                 chunks = self._blobs.open(item.stdin)
                 if chunks is None:
                     return missing
@@ -746,37 +795,68 @@ class Driver:
 
     # --- Python items --------------------------------------------------------------------------
 
-    def _python_pool(self) -> PyPool:
-        if self._pool is None:
-            size = self._python_workers
+    def _python_pool(self, user: str | None) -> PyPool:
+        """The workers that run as `user` (None: meshd's own), started when first wanted.
+        RunAsError when this member cannot run them as that user."""
+        pool = self._pools.get(user)
+        if pool is None:
+            size = self._py_sizes.get(user) or self._python_workers
             if size is None:
                 size = min(os.cpu_count() or 1, limits.py_workers_max)
-            self._pool = PyPool(max(1, size), self._sel, self._py_load, self._py_finish,
-                                self._clock_ms, self._log, env=self._base_env)
-            self._pool.start()
-        return self._pool
+            ident = None if user is None else self._identity(user)
+            if ident is not None and (ident.uid, ident.gid) == (os.geteuid(), os.getegid()):
+                ident = None  # meshd's own user: nothing to switch
+            pool = self._pools[user] = PyPool(max(1, size), self._sel, self._py_load,
+                                              self._py_finish, self._clock_ms, self._log,
+                                              env=self._base_env, user=ident)
+            pool.start()
+        return pool
+
+    def _run_user(self, item: Run) -> str | None:
+        """Who a command item runs as: its job's user, else its pool's, else (when this member
+        may switch users) the member's item user; None: meshd's own uid."""
+        return item.user if item.user is not None else self._item_user
+
+    def _py_user(self, item: Run) -> str | None:
+        """Who a python item's workers run as: its pool's user (None: meshd's own)."""
+        if item.pool is not None and item.pool in self._py_users:
+            return self._py_users[item.pool]
+        return self._item_user
 
     def _py_start(self, item: Run) -> None:
         if not item.argv:
             self._report_unstarted(item, "failed", self._clock_ms(),
                                    "empty argv: give the job's argv[0] as 'package.module:function'")
             return
-        if item.user is not None:
-            try:
+        pool_user = self._py_user(item)
+        try:
+            if item.user is not None:
+                # The job's user (or the pool's own, which Run.user carries when the job names
+                # none): a python pool's workers all run as one user, so it must be that one.
                 ident = runas.resolve(item.user, self._member)
-            except runas.RunAsError as e:
-                self._report_unstarted(item, "failed", self._clock_ms(), e.message)
-                return
-            if (ident.uid, ident.gid) != (os.geteuid(), os.getegid()):
-                self._report_unstarted(
-                    item, "failed", self._clock_ms(),
-                    f"pool of kind python on member {self._member} calls functions in meshd's "
-                    f"own workers (uid {os.geteuid()}): they cannot run as user {item.user!r}; "
-                    f"use a command pool, or submit without --user")
-                return
+                if pool_user is None:
+                    own = (os.geteuid(), os.getegid())
+                    workers = f"meshd's own user (uid {own[0]})"
+                else:
+                    mine = runas.resolve(pool_user, self._member)
+                    own = (mine.uid, mine.gid)
+                    workers = f"user {pool_user!r} (uid {mine.uid})"
+                if (ident.uid, ident.gid) != own:
+                    self._report_unstarted(
+                        item, "failed", self._clock_ms(),
+                        f"python pool{' ' + item.pool if item.pool else ''} on member "
+                        f"{self._member} calls "
+                        f"functions in workers that run as {workers}: they cannot run as user "
+                        f"{item.user!r}; submit without --user (or with that pool's user), or "
+                        f"use a command pool")
+                    return
+            pool = self._python_pool(pool_user)
+        except runas.RunAsError as e:
+            self._report_unstarted(item, "failed", self._clock_ms(), e.message)
+            return
         if item.inherit_env:
             item = dataclasses.replace(item, env={**self._full_env, **item.env})
-        self._python_pool().submit(item)
+        pool.submit(item)
 
     def _py_load(self, item: Run) -> bytes | str:
         """The item's stdin payload, or why it cannot be had."""
@@ -843,9 +923,10 @@ class Driver:
         if item.stdout_path is None and item.stderr_path is None:
             return None
         ids = None
-        if item.user is not None and self._may_switch:
+        user = self._py_user(item) if item.kind == "python" else self._run_user(item)
+        if user is not None and self._may_switch:
             try:
-                ident = self._identity(item.user)
+                ident = self._identity(user)
             except runas.RunAsError as e:
                 return f"outputs not written to their paths: {e.message}"
             if (ident.uid, ident.gid) != (os.geteuid(), os.getegid()):
@@ -881,8 +962,8 @@ class Driver:
             self._spools.pop(key, None)
 
     def _shutdown(self) -> None:
-        if self._pool is not None:
-            self._pool.stop()
+        for pool in self._pools.values():
+            pool.stop()
         for run in self._runs.values():
             _killpg(run.pid, signal.SIGKILL)
         for run in self._runs.values():

@@ -37,6 +37,7 @@ import msgpack
 import structlog
 
 from meshjobs import limits
+from meshjobs.datadir import private_opener
 from meshjobs.failpoints import Failpoints
 
 log = structlog.get_logger(__name__)
@@ -119,7 +120,7 @@ def write_dump(
             f"dump of {len(payload)} bytes is over snapshot_bytes_max ({limits.snapshot_bytes_max})"
         )
     header = _HEADER.pack(MAGIC, FORMAT_VERSION, len(payload), zlib.crc32(payload))
-    with open(path, "wb") as f:
+    with open(path, "wb", opener=private_opener) as f:
         f.write(header)
         f.write(payload)
         f.flush()

@@ -28,6 +28,7 @@ import threading
 from typing import Any
 
 from meshjobs import limits
+from meshjobs.datadir import private_opener
 
 FILE = "history.jsonl"
 
@@ -132,7 +133,7 @@ class History:
                     if f.read(1) != b"\n":
                         line = b"\n" + line
             self._tail_checked = True
-            with open(self.path, "ab") as f:
+            with open(self.path, "ab", opener=private_opener) as f:
                 f.write(line)
                 f.flush()  # to the kernel; no fsync: see the module's words on durability
             self.counts["history_written"] += 1

@@ -44,6 +44,7 @@ import structlog
 from pysyncobj.journal import Journal
 
 from meshjobs import limits
+from meshjobs.datadir import private_opener
 from meshjobs.failpoints import Failpoints
 
 log = structlog.get_logger(__name__)
@@ -163,7 +164,7 @@ class DurableJournal(Journal):
         created = not os.path.exists(path)
         if not created:
             self._load()
-        self._f = open(path, "ab")
+        self._f = open(path, "ab", opener=private_opener)
         if created:
             self._dir_dirty = True
 
@@ -336,7 +337,7 @@ class DurableJournal(Journal):
         data = _TERM_HEADER.pack(TERM_MAGIC, len(body), zlib.crc32(body)) + body
         tmp = self._term_path + ".tmp"
         try:
-            with open(tmp, "wb") as f:
+            with open(tmp, "wb", opener=private_opener) as f:
                 f.write(data)
                 f.flush()
                 self._fsync(f.fileno())
@@ -467,7 +468,7 @@ class DurableJournal(Journal):
         """Replace the log with one holding only the current entries and commit index."""
         self._check_usable()
         tmp = self._path + ".tmp"
-        f = open(tmp, "wb")
+        f = open(tmp, "wb", opener=private_opener)
         try:
             size = records = 0
             for command, idx, term in self._entries:

@@ -21,6 +21,10 @@ Rules:
    function started outlives its worker.
 5. Garbage on an answer pipe (a frame too large, or not msgpack) is WorkerProtocolError: the
    worker is killed and its item fails saying so; the member carries on.
+6. A pool may run its workers as a user (`user`: meshjobs.runas.Identity): they start with that
+   uid, gid and supplementary groups, that user's HOME, USER and LOGNAME, and its HOME (or /tmp)
+   as their folder, never meshd's. A worker that cannot start as that user (it cannot read
+   meshjobs or python's own modules) is a start failure that names the user.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from typing import Any
 import msgpack
 import structlog
 
-from meshjobs import limits, pidwatch, pyworker
+from meshjobs import limits, pidwatch, pyworker, runas
 from meshjobs.itemenv import base_env
 
 RunKey = tuple[str, int, int]  # (job_id, index, epoch)
@@ -72,11 +76,13 @@ class PyEnd:
 class _Worker:
     """One worker process; touched by the driver thread only."""
 
-    __slots__ = ("proc", "pidfd", "r_fd", "w_fd", "rbuf", "wbuf", "writing", "ready",
+    __slots__ = ("owner", "proc", "pidfd", "r_fd", "w_fd", "rbuf", "wbuf", "writing", "ready",
                  "start_by", "item", "started_ms", "deadline", "reason", "dead", "closed")
 
-    def __init__(self, proc: subprocess.Popen[bytes], pidfd: int, start_by: float) -> None:
+    def __init__(self, owner: PyPool, proc: subprocess.Popen[bytes], pidfd: int,
+                 start_by: float) -> None:
         assert proc.stdin is not None and proc.stdout is not None
+        self.owner = owner  # the pool that started it (a member may have one per user)
         self.proc = proc
         self.pidfd = pidfd
         self.r_fd = proc.stdout.fileno()
@@ -106,9 +112,12 @@ class PyPool:
         clock_ms: Callable[[], int],
         log: Any = None,
         env: dict[str, str] | None = None,
+        user: runas.Identity | None = None,
     ) -> None:
         """env: the workers' environment (meshjobs.itemenv.base_env of meshd's; that of the
-        default list when None), to which the pool adds what python needs to start a worker."""
+        default list when None), to which the pool adds what python needs to start a worker.
+
+        user: who the workers run as (None: meshd's own user, in meshd's folder)."""
         if size < 1:
             raise ValueError(f"a python pool needs at least one worker, not {size}")
         self._size = size
@@ -117,7 +126,17 @@ class PyPool:
         self._on_end = on_end
         self._clock_ms = clock_ms
         self._log = log if log is not None else structlog.get_logger(__name__)
-        self._env = env if env is not None else base_env(os.environ)
+        self._env = dict(env if env is not None else base_env(os.environ))
+        self._user = user
+        self._ids: dict[str, Any] = {}
+        self._cwd: str | None = None
+        if user is not None:
+            # extra_groups always: without it a worker would keep meshd's supplementary groups.
+            self._ids = {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)}
+            self._cwd = runas.item_cwd(user)
+            for name in runas.IDENTITY_VARS:
+                self._env.pop(name, None)
+            self._env.update(user.env())
         self._workers: list[_Worker] = []
         self._queue: deque[Any] = deque()
         self._respawn_at: float | None = None
@@ -232,21 +251,30 @@ class PyPool:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "meshjobs.pyworker"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
-                close_fds=True, env=env)
+                close_fds=True, env=env, cwd=self._cwd, **self._ids)
         except OSError as e:
             # Out of memory or processes, for now: try again later, as for a worker that died
             # before it was ready.
-            self._start_failed(None, f"could not spawn {sys.executable}: {e.strerror or e}")
+            self._start_failed(None, f"could not spawn {sys.executable}{self._as()}: "
+                                     f"{e.strerror or e}")
             return
         # Out of descriptors, the member cannot supervise a worker it cannot watch.
         pidfd = pidwatch.open_pidfd(proc.pid, proc.wait)
-        w = _Worker(proc, pidfd, time.monotonic() + limits.py_worker_start_s_max)
+        w = _Worker(self, proc, pidfd, time.monotonic() + limits.py_worker_start_s_max)
         os.set_blocking(w.r_fd, False)
         os.set_blocking(w.w_fd, False)
         self._sel.register(pidfd, selectors.EVENT_READ, (w, "pid"))
         self._sel.register(w.r_fd, selectors.EVENT_READ, (w, "r"))
         self._workers.append(w)
-        self._log.debug("py_worker_started", pid=proc.pid)
+        self._log.debug("py_worker_started", pid=proc.pid,
+                        uid=os.geteuid() if self._user is None else self._user.uid)
+
+    def _as(self) -> str:
+        """Words naming the workers' user, for errors (empty when they run as meshd's)."""
+        u = self._user
+        if u is None:
+            return ""
+        return f" as user {u.name or u.uid} (uid {u.uid})"
 
     def _assign(self) -> None:
         while self._queue:
@@ -406,12 +434,16 @@ class PyPool:
             return
         why = self._last_start_failure or (f"exit status {rc}" if sig is None
                                            else f"signal {sig}")
+
         self._last_start_failure = ""
         self._start_failed(w.proc.pid, why)
 
     def _start_failed(self, pid: int | None, why: str) -> None:
         """A worker could not start: python itself does not start here, for now. Wait, then
         retry; the waiting items fail unless some worker is ready to take them."""
+        if self._user is not None:
+            why += (f"; the workers run{self._as()}, which must be able to read "
+                    f"{sys.executable}, meshjobs ({_ROOT}) and the modules on PYTHONPATH")
         self._log.error("py_worker_not_started", pid=pid, why=why)
         if self._respawn_at is None:
             self._respawn_at = time.monotonic() + limits.py_worker_respawn_ms / 1000

@@ -119,7 +119,12 @@ class Worker:
             module = importlib.import_module(mod_name)
         except ModuleNotFoundError as e:
             raise _CallError(f"no module {mod_name!r} on this member ({e}): install it, or "
-                             f"fix the job's argv[0] or cwd") from e
+                             f"fix the job's argv[0] or cwd; the pool's workers run as "
+                             f"{_whoami()}, which must be able to read it") from e
+        except PermissionError as e:
+            raise _CallError(f"module {mod_name!r} is not readable by the pool's workers, which "
+                             f"run as {_whoami()} ({e.strerror or e}: {e.filename}): make it "
+                             f"readable by that user, or set the pool's user") from e
         except BaseException as e:
             raise _CallError(f"module {mod_name!r} failed to import:\n"
                              + "".join(traceback.format_exception(e))) from e
@@ -203,6 +208,16 @@ class Worker:
                    f"elsewhere\n")
             return {"ok": False, "out": b"", "err": msg.encode()}
         return {"ok": ok, "out": out, "err": err}
+
+
+def _whoami() -> str:
+    """This worker's user, as errors name it: "user NAME (uid N)"."""
+    import pwd
+    uid = os.getuid()
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def _read_exact(f: BinaryIO, n: int) -> bytes | None:

@@ -20,6 +20,7 @@ Rules:
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pwd
 from dataclasses import dataclass
@@ -116,3 +117,92 @@ def refusal(user: str, ident: Identity, member: str, may_switch: bool, euid: int
     return (f"member {member} {who}: it cannot run items as user {user!r}; start meshd as root "
             f"there to run items as other users, or submit without --user (items then run as "
             f"uid {euid}, gid {egid})")
+
+
+# --- The item user: who items run as when neither their job nor their pool names a user --------
+
+ITEM_USER = "meshjobs-item"  # the dedicated user deploy/sysusers.d creates
+ITEM_USER_FALLBACK = "nobody"
+
+
+def item_user(configured: str | None) -> str | None:
+    """The user items run as on this machine when neither their job nor their pool names one
+    and meshd may switch users: `[items] user` when it is set, else ITEM_USER when this machine
+    has that user, else ITEM_USER_FALLBACK when it has that one; None when it has neither."""
+    if configured is not None:
+        return configured
+    for name in (ITEM_USER, ITEM_USER_FALLBACK):
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            continue
+        return name
+    return None
+
+
+def item_cwd(ident: Identity) -> str:
+    """The working folder of an item that runs as another user and whose job gives no cwd:
+    that user's HOME when it is a folder, else /tmp. Never meshd's own folder (often the data
+    folder, which the item user may not read)."""
+    if ident.home and os.path.isdir(ident.home):
+        return ident.home
+    return "/tmp"
+
+
+def items_run_as(user: str | None, may_switch: bool, euid: int | None = None) -> str:
+    """Who items with no user of their own run as on this member, said in a few words (the
+    start log, check-config): `user` is item_user()'s answer."""
+    euid = os.geteuid() if euid is None else euid
+    if not may_switch:
+        return (f"meshd's own uid {euid} (meshd cannot switch users: it is not root and lacks "
+                "CAP_SETUID and CAP_SETGID)")
+    if user is None:
+        return "nobody: this machine has neither user meshjobs-item nor nobody"
+    try:
+        ident = resolve(user, "this member")
+    except RunAsError:
+        return f"user {user!r}, unknown on this machine"
+    own = " (meshd's own uid: items can read its data folder)" if ident.uid == euid else ""
+    return f"user {user} (uid {ident.uid}, gid {ident.gid}){own}"
+
+
+# --- Capabilities meshd holds must not pass to items ---------------------------------------------
+
+PR_CAP_AMBIENT = 47  # prctl(2)
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+_CAP_V3 = 0x20080522  # _LINUX_CAPABILITY_VERSION_3
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def keep_capabilities_to_self() -> bool:
+    """Clear this process's ambient and inheritable capability sets, keeping its effective and
+    permitted ones; whether it could (False where there is no prctl/capset: not Linux).
+
+    A meshd run as an unprivileged user with CAP_SETUID, CAP_SETGID and CAP_KILL given ambient
+    (deploy/meshd.service) would otherwise hand them on: a child that switches from one non-zero
+    uid to another keeps its capabilities (the kernel clears them only on a switch away from
+    uid 0), and execve gives a program without file capabilities exactly the ambient set. With
+    both sets empty, whatever an item or python worker execs starts with no capabilities, while
+    meshd itself may still switch users and signal its items."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
+            return False
+        head = _CapHeader(_CAP_V3, 0)
+        data = (_CapData * 2)()
+        if libc.capget(ctypes.byref(head), data) != 0:
+            return False
+        if not (data[0].inheritable or data[1].inheritable):
+            return True
+        data[0].inheritable = data[1].inheritable = 0
+        return libc.capset(ctypes.byref(head), data) == 0
+    except (OSError, AttributeError):
+        return False

@@ -87,6 +87,12 @@ ITEM_WAIT_S = 30.0  # the longest a driver test waits for an item to end
 UNTIL_S_MAX = 60.0  # the default bound of wait_until: long enough for an election on a loaded host
 
 
+# Who a test meshd runs items as when neither job nor pool names a user ([items] user). Run as root,
+# the suite's items run as root, as they did before items got a user of their own: their tests
+# write and read the test's own folders (0700, root's). The tests of the item user itself
+# (test_item_walls.py) start meshd with items_user=None: the member's real default.
+SUITE_ITEMS_USER = "root" if os.geteuid() == 0 else None
+
 PORT_TRIES_MAX = 5  # starts on fresh ports after a port was taken between probe and bind
 PORT_TAKEN = ("Address already in use", "cannot listen on")  # what meshd says when it was
 
@@ -142,14 +148,39 @@ def env_with_path(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _give_items_user(path: str, user: str) -> None:
+    """Make the config file at `path` name `user` as its [items] user, unless it names one (or
+    is not TOML: meshd is to say so)."""
+    import tomllib
+    with open(path) as f:
+        text = f.read()
+    try:
+        items = tomllib.loads(text).get("items")
+    except tomllib.TOMLDecodeError:
+        return
+    if isinstance(items, dict) and "user" in items:
+        return
+    line = f'user = "{user}"\n'
+    if isinstance(items, dict) and "\n[items]\n" in "\n" + text:
+        at = ("\n" + text).index("\n[items]\n") + len("[items]\n")
+        text = text[:at] + line + text[at:]
+    elif items is None:
+        text += f"\n[items]\n{line}"
+    else:
+        return  # an inline or dotted [items]: left as the test wrote it
+    with open(path, "w") as f:
+        f.write(text)
+
+
 class Meshd:
     """One meshd process of a test."""
 
     def __init__(self, data: str, slots: int = 2, name: str = "m1",
                  env: dict[str, str] | None = None, config: str | None = None,
                  token: str | None = None, cacert: str | None = None,
-                 http: str = "127.0.0.1:0") -> None:
+                 http: str = "127.0.0.1:0", items_user: str | None = SUITE_ITEMS_USER) -> None:
         self.data = data
+        self.items_user = items_user  # [items] user given to meshd (None: its own default)
         self.token = token  # sent as Authorization: Bearer by request() and ctl()
         self.cacert = cacert  # the certificate request() and ctl() trust for https://
         self.http = http
@@ -194,11 +225,19 @@ class Meshd:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(addr_file)
         args = [sys.executable, "-m", "meshjobs.daemon", "--data", self.data, "--name", self.name]
+        items = f'\n[items]\nuser = "{self.items_user}"\n' if self.items_user else ""
         if self.config:
+            if items and os.path.exists(self.config):
+                _give_items_user(self.config, self.items_user)
             args += ["--config", self.config]
             if not self.fleet:
                 args += ["--http", self.http, "--raft", f"{self.raft_host}:{self.raft_port}"]
         else:
+            if items:
+                path = self.data.rstrip("/") + ".items.toml"
+                with open(path, "w") as f:
+                    f.write(items)
+                args += ["--config", path]
             args += ["--slots", str(self.slots), "--http", self.http,
                      "--raft", f"{self.raft_host}:{self.raft_port}"]
         log = open(self.log_path, "ab")

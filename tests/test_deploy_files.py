@@ -88,6 +88,9 @@ def test_compose_fleet_is_three_voters_and_two_workers():
         assert cfg.secret_path == "/run/secrets/fleet_secret"
         assert [s["source"] for s in svc["secrets"]] == ["fleet_secret"]
         assert [s["target"] for s in svc["secrets"]] == ["fleet_secret"]
+        # Readable by the image's user (10001) alone, read-only (issue 25).
+        assert [(s["uid"], s["gid"], s["mode"]) for s in svc["secrets"]] == [
+            ("10001", "10001", 0o400)]
         # The healthcheck asks 127.0.0.1: HTTP listens on every address of the container.
         assert cfg.http == ("0.0.0.0", 7700) and cfg.auth.configured
         assert any(v.endswith(":/var/lib/meshjobs") for v in svc["volumes"])
@@ -188,6 +191,25 @@ def test_k8s_fleet_secret_is_a_secret_copied_private():
         assert pod["securityContext"]["runAsNonRoot"] is True
 
 
+def test_k8s_items_reach_no_token_and_no_secret_mount():
+    """Issue 25: no service-account token is mounted (items could read it), the Secret volume
+    is mode 0400, and meshd's own container (where items run) does not mount it at all: only the
+    init container reads it, to copy it 0600 into the data volume. No container may gain
+    privileges or keep a capability."""
+    for workload in (*k8s_kind("StatefulSet"), *k8s_kind("Deployment")):
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        vols = {v["name"]: v for v in pod["volumes"]}
+        assert vols["fleet-secret"]["secret"]["defaultMode"] == 0o400
+        (meshd,) = pod["containers"]
+        assert "fleet-secret" not in {m["name"] for m in meshd["volumeMounts"]}
+        for c in (meshd, *pod["initContainers"]):
+            ctx = c["securityContext"]
+            assert ctx["allowPrivilegeEscalation"] is False
+            assert ctx["capabilities"]["drop"] == ["ALL"]
+            assert "add" not in ctx["capabilities"]
+
+
 # --- the image -------------------------------------------------------------------------------
 
 def containerfile() -> list[tuple[str, str]]:
@@ -214,6 +236,9 @@ def test_containerfile():
     (user,) = [rest for word, rest in steps if word == "USER"]
     assert user.split(":")[0] not in ("0", "root")
     assert ("VOLUME", '["/var/lib/meshjobs"]') in steps
+    # The data volume's folder is the image user's alone (a new volume takes its mode).
+    assert any(word == "RUN" and "install -d -m 0700 -o meshjobs -g meshjobs /var/lib/meshjobs"
+               in rest for word, rest in steps)
     (entry,) = [rest for word, rest in steps if word == "ENTRYPOINT"]
     assert json.loads(entry) == ["meshd"]
     (health,) = [rest for word, rest in steps if word == "HEALTHCHECK"]

@@ -15,6 +15,8 @@ UNIT = os.path.join(ROOT, "deploy", "meshd.service")
 SYSUSERS = os.path.join(ROOT, "deploy", "sysusers.d", "meshjobs.conf")
 TMPFILES = os.path.join(ROOT, "deploy", "tmpfiles.d", "meshjobs.conf")
 DATA = "/var/lib/meshjobs"
+ITEM_HOME = "/var/lib/meshjobs-item"
+ITEM_CAPS = "CAP_SETUID CAP_SETGID CAP_KILL"
 
 
 def unit_settings() -> dict[str, list[str]]:
@@ -39,17 +41,20 @@ def unit_settings() -> dict[str, list[str]]:
     ("Type", "notify"),
     ("NoNewPrivileges", "yes"),
     ("ProtectSystem", "strict"),
-    ("ReadWritePaths", DATA),
+    ("ReadWritePaths", [DATA, ITEM_HOME]),
     ("PrivateTmp", "yes"),
     ("ProtectHome", "yes"),
     ("UMask", "0077"),
     ("User", "meshjobs"),
     ("RestrictSUIDSGID", "yes"),
-    ("CapabilityBoundingSet", ""),
+    ("CapabilityBoundingSet", ITEM_CAPS),
+    ("AmbientCapabilities", ITEM_CAPS),
+    ("ProtectProc", "invisible"),
 ])
 def test_unit_is_hardened(key, value):
-    """Each hardening setting the issue names is in the unit, with its value."""
-    assert unit_settings().get(key) == [value]
+    """Each hardening setting the issue names is in the unit, with its value; of capabilities
+    only those that run items as the item user and signal them (issue 25)."""
+    assert unit_settings().get(key) == (value if isinstance(value, list) else [value])
 
 
 def test_unit_has_a_watchdog_and_allows_what_items_need():
@@ -71,7 +76,8 @@ def test_tmpfiles_makes_the_folder_the_unit_writes():
     assert ["d", DATA, "0700", "meshjobs", "meshjobs", "-", "-"] in rows
     with open(SYSUSERS) as f:
         users = [line.split()[:2] for line in f if line.strip() and not line.startswith("#")]
-    assert ["u", "meshjobs"] in users
+    assert ["u", "meshjobs"] in users and ["u", "meshjobs-item"] in users
+    assert ["d", ITEM_HOME, "0700", "meshjobs-item", "meshjobs-item", "-", "-"] in rows
 
 
 def test_systemd_analyze_security():
@@ -104,3 +110,9 @@ def test_sysusers_and_tmpfiles_make_the_user_and_folder(tmp_path):
     assert entry[5] == DATA and entry[6].strip().endswith("nologin")
     st = os.stat(os.path.join(root, DATA.lstrip("/")))
     assert st.st_mode & 0o777 == 0o700 and st.st_uid == int(entry[2])
+    # The item user: another uid, its HOME its own and private, and no way into the data folder.
+    with open(os.path.join(root, "etc", "passwd")) as f:
+        item = next(line.split(":") for line in f if line.startswith("meshjobs-item:"))
+    assert item[2] != entry[2] and item[5] == ITEM_HOME and item[6].strip().endswith("nologin")
+    st = os.stat(os.path.join(root, ITEM_HOME.lstrip("/")))
+    assert st.st_mode & 0o777 == 0o700 and st.st_uid == int(item[2])

@@ -84,8 +84,8 @@ def test_command_item_does_not_see_meshd_secrets(meshd_factory):
 
 @pytest.mark.fleet
 def test_env_pass_chooses_what_items_see(tmp_path):
-    """`[items] env_pass` replaces the default list: a named variable and a prefix pass, HOME
-    (not named) and the secrets do not; PATH is set all the same."""
+    """`[items] env_pass` replaces the default list: a named variable and a prefix pass, meshd's
+    HOME (not named) and the secrets do not; PATH is set all the same."""
     m = _start(tmp_path, 'name = "m1"\n[items]\nenv_pass = ["CHOSEN", "TOOL_*"]\n',
                {**SECRETS, "CHOSEN": "yes", "TOOL_A": "1", "TOOL_B": "2", "HOME": "/home/x"})
     try:
@@ -93,7 +93,8 @@ def test_env_pass_chooses_what_items_see(tmp_path):
         got = _run_env(m)
         assert got["CHOSEN"] == "yes" and got["TOOL_A"] == "1" and got["TOOL_B"] == "2"
         assert got["PATH"] == DEFAULT_PATH and got["JOB_OWN"] == "mine"
-        assert "HOME" not in got and not set(SECRETS) & set(got)
+        # HOME is not meshd's: an item run as the item user gets that user's (runas rule 3).
+        assert got.get("HOME") != "/home/x" and not set(SECRETS) & set(got)
     finally:
         m.stop()
 

@@ -95,8 +95,9 @@ def test_spec_fields_only_when_given():
 
 
 def test_pool_user_in_config(tmp_path):
-    """[pools.X] user: a user of this machine (name or ids); unknown users, bad values and python
-    pools are refused with the key named."""
+    """[pools.X] user: a user of this machine (name or ids), on command and python pools alike
+    (a python pool's workers run as it); unknown users and bad values are refused with the key
+    named."""
     def load(text: str):
         path = tmp_path / "m.toml"
         path.write_text(f'name = "m1"\n{text}\n')
@@ -106,13 +107,13 @@ def test_pool_user_in_config(tmp_path):
     assert cfg.pools["default"].user == "nobody"
     assert cfg.pools["b"].user == "4242:4343"
     assert cfg.pools["c"].user is None
+    assert load('[pools.py]\nkind = "python"\nuser = "nobody"').pools["py"].user == "nobody"
     for text, words in [
         (f'[pools.default]\nuser = "{NO_SUCH_USER}"', ("[pools.default] user", NO_SUCH_USER,
                                                          "no such user")),
         ('[pools.default]\nuser = "4242"', ("uid 4242 has no entry", "4242:GID")),
         ('[pools.default]\nuser = "../x"', ("[pools.default] user", "bad user")),
         ('[pools.default]\nuser = 65534', ("[pools.default] user", "must be a string")),
-        ('[pools.py]\nkind = "python"\nuser = "nobody"', ("[pools.py] user", "python")),
     ]:
         with pytest.raises(ConfigError) as e:
             load(text)
@@ -246,7 +247,8 @@ def test_inherit_env_gives_meshds_whole_environment(meshd_factory):
     assert "RUNAS_SECRET" not in minimal and minimal["JOB_OWN"] == "mine"
     whole = env_of("--inherit-env")
     assert whole["RUNAS_SECRET"] == "s3cret" and whole["JOB_OWN"] == "mine"
-    assert whole["HOME"] == "/root-home" and "MESH_JOB_ID" in whole
+    # Run as the member's item user (root in the suite: SUITE_ITEMS_USER), so that user's HOME.
+    assert whole["HOME"] == pwd.getpwuid(0).pw_dir and "MESH_JOB_ID" in whole
     as_nobody = env_of("--inherit-env", "--user", "nobody")
     assert as_nobody["RUNAS_SECRET"] == "s3cret"
     assert (as_nobody["HOME"], as_nobody["USER"], as_nobody["LOGNAME"]) == (
@@ -355,7 +357,7 @@ def _drive(tmp_path: Path, blobs: LmdbBlobStore, item: Run, **kw) -> ItemEnded:
 
 def test_driver_that_may_not_switch(tmp_path, blobs):
     """may_switch_user=False (a member not root): another user fails the item without running,
-    its own uid:gid runs; a python item never runs as another user."""
+    its own uid:gid runs; a python item runs only as its workers' user (here meshd's own)."""
     end = _drive(tmp_path, blobs, Run("j", 0, 1, ["true"], {}, "/", None, None,
                                           user="nobody"), may_switch_user=False)
     assert end.state == "failed" and end.stdout is None
@@ -366,7 +368,8 @@ def test_driver_that_may_not_switch(tmp_path, blobs):
     assert end.state == "done", end
     end = _drive(tmp_path, blobs, Run("j", 2, 1, ["json:dumps"], {}, None, None, None,
                                           kind="python", user="nobody"), python_workers=0)
-    assert end.state == "failed" and "pool of kind python on member m9" in end.error
+    assert end.state == "failed" and "python pool on member m9" in end.error
+    assert "cannot run as user 'nobody'" in end.error
 
 
 # --- The job table: committed specs -------------------------------------------------------------

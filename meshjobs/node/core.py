@@ -830,7 +830,7 @@ class JobNode:
                                  pool.kind if pool is not None else "command",
                                  job.user if job.user is not None
                                  else pool.user if pool is not None else None,
-                                 job.inherit_env, *_output_paths(job, i)))
+                                 job.inherit_env, *_output_paths(job, i), pool=job.pool))
         self._stop_check()
 
     # --- frames between members, seen from both ends --------------------------------------------

@@ -143,6 +143,8 @@ class Run:
     inherit_env: bool = False  # the item gets meshd's whole environment, not the minimal one
     stdout_path: str | None = None  # also write the item's stdout here (the job's --stdout)
     stderr_path: str | None = None  # and its stderr here (--stderr)
+    # The job's pool: a python pool's workers run as that pool's user (meshjobs.pypool).
+    pool: str | None = None
 
     @property
     def key(self) -> tuple[str, int, int]:
