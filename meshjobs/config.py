@@ -21,6 +21,7 @@ from meshjobs.itemenv import DEFAULT_PASS
 from meshjobs.node import Pool
 
 DEFAULT_DATA = "meshjobs-data"
+K8S_SECRETS = "/var/run/secrets"  # the service account's token, when Kubernetes mounts it
 DEFAULT_HTTP = "127.0.0.1:7700"
 DEFAULT_PEER = "127.0.0.1:7701"
 DEFAULT_RAFT = "127.0.0.1:7702"
@@ -79,6 +80,15 @@ class Voter:
     http: tuple[str, int] | None = None
 
     @property
+    def wall_denied(self) -> tuple[str, ...]:
+        """What items may never reach (meshjobs.wall): the data folder, the fleet secret, the
+        TLS key, and the Kubernetes service account's token."""
+        paths = [self.data, self.secret_path, K8S_SECRETS]
+        if self.http_tls_key is not None:
+            paths.append(self.http_tls_key)
+        return tuple(paths)
+
+    @property
     def raft_addr(self) -> str:
         return f"{self.raft[0]}:{self.raft[1]}"
 
@@ -122,6 +132,9 @@ class Config:
     http_body_timeout_s: float = limits.http_body_s_max
     # [items] env_pass: the names of meshd's environment variables items see (meshjobs.itemenv)
     item_env_pass: tuple[str, ...] = DEFAULT_PASS
+    # [items] wall: auto (Landlock when the kernel has it), landlock (refuse to start without
+    # it) or off (meshjobs.wall)
+    item_wall: str = "auto"
 
     @property
     def secret_path(self) -> str:
@@ -431,4 +444,5 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         blob_copies=blob_copies,
         pools=pools,
         item_env_pass=tuple(items.env_pass) if items.env_pass is not None else DEFAULT_PASS,
+        item_wall=items.wall or "auto",
     )

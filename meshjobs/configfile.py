@@ -162,6 +162,8 @@ class HistoryTable(_Table):
 class ItemsTable(_Table):
     env_pass: Annotated[list[str], BeforeValidator(_env_pass)] | None = Field(
         None, description='a list of variable names, like ["PATH", "HOME", "LC_*"]')
+    wall: Literal["auto", "landlock", "off"] | None = Field(
+        None, description='one of "auto", "landlock", "off"')
 
 
 class ConfigFile(_Table):

@@ -71,7 +71,7 @@ import structlog
 
 from blobstore.digest import EMPTY_DIGEST
 from blobstore.errors import BlobError
-from meshjobs import limits, outpaths, pidwatch, runas, spawn
+from meshjobs import limits, outpaths, pidwatch, runas, spawn, wall
 from meshjobs.capture import Capture
 from meshjobs.itemenv import DEFAULT_PASS, base_env
 from meshjobs.node.events import ItemEnded, Run
@@ -161,6 +161,7 @@ class Driver:
         env_pass: Iterable[str] = DEFAULT_PASS,
         member: str = "this member",
         may_switch_user: bool | None = None,
+        wall_denied: Iterable[str] | None = None,
     ) -> None:
         """python_workers: the python worker processes to pre-fork when run() starts (the
         slots of this member's python pools together). None starts os.cpu_count() workers when
@@ -170,7 +171,11 @@ class Driver:
         env_pass`; see meshjobs.itemenv): items and python workers start from those alone.
 
         member: this member's name, for errors. may_switch_user: whether items may run as other
-        users (None: whether this process holds CAP_SETUID and CAP_SETGID, meshjobs.runas)."""
+        users (None: whether this process holds CAP_SETUID and CAP_SETGID, meshjobs.runas).
+
+        wall_denied: the paths items may not reach (meshjobs.wall): every command item and
+        python worker then starts behind Landlock rules denying them, in a Landlock domain of
+        its own. None: no wall (the caller checked that the kernel has Landlock)."""
         self._blobs = blobs
         # The blob writer threads (group commit, backpressure); without them, outputs are
         # stored on the driver thread.
@@ -182,6 +187,8 @@ class Driver:
         self._full_env = dict(os.environ)  # for jobs that ask for it (inherit_env)
         self._member = member
         self._may_switch = runas.can_switch_user() if may_switch_user is None else may_switch_user
+        self._wall_denied = tuple(wall_denied) if wall_denied is not None else None
+        self._wall_rules: wall.Rules | None = None
         self._on_end = on_end
         self._clock_ms = clock_ms
         self._log = log if log is not None else structlog.get_logger(__name__)
@@ -478,7 +485,12 @@ class Driver:
 
         posix_spawn (meshjobs.spawn: vfork and exec, no Python in the child) unless the item
         runs as another user; subprocess.Popen then, and whenever posix_spawn fails: Popen
-        then fails too, and says exactly why, as it always did."""
+        then fails too, and says exactly why, as it always did. Behind the wall, the argv is
+        the launcher's (meshjobs.wall), its program resolved first so a missing one is said
+        as clearly as without it."""
+        walled = self._walled(item.argv, env)
+        if walled is not None:
+            item = dataclasses.replace(item, argv=walled)
         if not ids and min(fds) > 2 and spawn.available():
             path = item.argv[0] if "/" in item.argv[0] else _which(item.argv[0], env)
             if path is not None:
@@ -491,6 +503,23 @@ class Driver:
                                 cwd=item.cwd, env=env, start_new_session=True, close_fds=True,
                                 **ids)
         return proc.pid, proc
+
+    def _walled(self, argv: list[str], env: dict[str, str]) -> list[str] | None:
+        """`argv` behind the wall (None: no wall). Raises FileNotFoundError or PermissionError
+        when its program is missing or may not run (meshjobs.wall.program_path)."""
+        rules = self.wall_rules()
+        if rules is None:
+            return None
+        return wall.wrap(rules, wall.program_path(argv[0], env), argv, env)
+
+    def wall_rules(self) -> wall.Rules | None:
+        """The wall's rules as the filesystem is now (computed again when a folder around a
+        denied path changed); None: no wall."""
+        if self._wall_denied is None:
+            return None
+        if self._wall_rules is None or not wall.fresh(self._wall_rules):
+            self._wall_rules = wall.rules(self._wall_denied)
+        return self._wall_rules
 
     def _remove_stdin(self, run: _Run) -> None:
         if run.stdin_path is not None:
@@ -752,7 +781,8 @@ class Driver:
             if size is None:
                 size = min(os.cpu_count() or 1, limits.py_workers_max)
             self._pool = PyPool(max(1, size), self._sel, self._py_load, self._py_finish,
-                                self._clock_ms, self._log, env=self._base_env)
+                                self._clock_ms, self._log, env=self._base_env,
+                                wall_rules=self.wall_rules)
             self._pool.start()
         return self._pool
 
