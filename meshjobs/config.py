@@ -80,15 +80,6 @@ class Voter:
     http: tuple[str, int] | None = None
 
     @property
-    def wall_denied(self) -> tuple[str, ...]:
-        """What items may never reach (meshjobs.wall): the data folder, the fleet secret, the
-        TLS key, and the Kubernetes service account's token."""
-        paths = [self.data, self.secret_path, K8S_SECRETS]
-        if self.http_tls_key is not None:
-            paths.append(self.http_tls_key)
-        return tuple(paths)
-
-    @property
     def raft_addr(self) -> str:
         return f"{self.raft[0]}:{self.raft[1]}"
 
@@ -135,6 +126,15 @@ class Config:
     # [items] wall: auto (Landlock when the kernel has it), landlock (refuse to start without
     # it) or off (meshjobs.wall)
     item_wall: str = "auto"
+
+    @property
+    def wall_denied(self) -> tuple[str, ...]:
+        """What items may never reach (meshjobs.wall): the data folder, the fleet secret, the
+        TLS key, and the Kubernetes service account's token."""
+        paths = [self.data, self.secret_path, K8S_SECRETS]
+        if self.http_tls_key is not None:
+            paths.append(self.http_tls_key)
+        return tuple(paths)
 
     @property
     def secret_path(self) -> str:
