@@ -293,7 +293,8 @@ class Member:
         self.node = JobNode(table, NodeConfig(
             member=cfg.name, boot=self.boot, pools=cfg.pools, keep_s=cfg.keep_s,
             keep_jobs=cfg.keep_jobs, role=cfg.role, voters=tuple(sorted(self.voter_peers)),
-            dead_ms=cfg.dead_ms, lost_ms=cfg.lost_ms, blob_copies=cfg.blob_copies),
+            dead_ms=cfg.dead_ms, lost_ms=cfg.lost_ms, blob_copies=cfg.blob_copies,
+            items=self.walls.fleet_entry()),
             random.Random())
 
     def _build_replica(self) -> None:

@@ -113,6 +113,10 @@ def test_hostile_item_gets_nothing_from_a_non_root_meshd(layout: str) -> None:
             for step in (b"secret", b"environ", b"kill", b"other"):
                 assert step + b":" in out and step + b":0" not in out, out
             assert b"Permission denied" in out
+            status, fleet = m.request("GET", "/fleet")
+            me = next(e for e in fleet["members"] if e["name"] == m.name)
+            assert "landlock" in me["items"]["walls"] and me["items"]["signals_walled"]
+            assert me["items"]["warning"] is None
         finally:
             m.stop()
     finally:
@@ -133,6 +137,9 @@ def test_hostile_item_gets_through_with_the_wall_off() -> None:
             assert real in out, out
             assert b"kill:0" in out and b"other:0" in out, out
             assert b"items_not_walled" in open(m.log_path, "rb").read()
+            status, fleet = m.request("GET", "/fleet")
+            me = next(e for e in fleet["members"] if e["name"] == m.name)
+            assert "landlock" not in me["items"]["walls"] and "read the data" in me["items"]["warning"]
         finally:
             m.stop()
     finally:
@@ -140,6 +147,21 @@ def test_hostile_item_gets_through_with_the_wall_off() -> None:
 
 
 # --- The rule builder and the launcher on their own ------------------------------------------
+
+
+@pytest.mark.parametrize("garbage", [
+    None, "x", {}, {"user": 1, "walls": [], "signals_walled": True, "warning": None},
+    {"user": "u", "walls": ["root"], "signals_walled": True, "warning": None},
+    {"user": "u", "walls": ["uid"] * 100, "signals_walled": True, "warning": None},
+    {"user": "u", "walls": [], "signals_walled": "yes", "warning": None},
+    {"user": "u", "walls": [], "signals_walled": False, "warning": "w" * 100_000},
+    {"user": "u" * 10_000, "walls": [], "signals_walled": False, "warning": None}])
+def test_fleet_items_garbage_is_dropped(garbage) -> None:
+    """A member's report of its items' walls that is not well formed is taken as not said."""
+    from meshjobs.node.members import parse_items
+    assert parse_items(garbage) is None
+    good = {"user": "u", "walls": ["landlock"], "signals_walled": True, "warning": None}
+    assert parse_items(good) == good
 
 
 def test_rules_allow_siblings_and_nothing_beneath(tmp_path) -> None:
@@ -222,3 +244,20 @@ def test_launcher_errors() -> None:
             json.dumps({"allow": [], "path": None}), "--"]
     p = subprocess.run(none, env=env, capture_output=True)
     assert p.returncode == wall.EXIT_WALL
+
+
+@pytest.mark.parametrize("mode,said", [("off", "WARNING: items run as meshd's own user"),
+                                       ("auto", "walls landlock, undumpable"),
+                                       ("bogus", "[items] wall must be one of"),
+                                       ("", "[items] wall must be one of"),
+                                       ("x" * 10_000, "[items] wall must be one of")])
+def test_check_config_says_what_walls_items_get(tmp_path, mode: str, said: str) -> None:
+    """meshd check-config says what walls items get where meshd cannot change uid, with the
+    warning when none holds; a bad [items] wall is a problem (exit 2)."""
+    cfg = tmp_path / "m.toml"
+    cfg.write_text(f'name = "a"\n[items]\nwall = "{mode}"\n')
+    p = subprocess.run(["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable,
+                        "-m", "meshjobs.daemon", "check-config", str(cfg)],
+                       capture_output=True, cwd=os.getcwd())
+    assert said in (p.stdout + p.stderr).decode(), p
+    assert p.returncode == (0 if mode in ("off", "auto") else 2)
