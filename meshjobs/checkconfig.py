@@ -62,4 +62,18 @@ def check_config(path: str, out: TextIO | None = None, err: TextIO | None = None
             print(f"  - {problem}", file=err)
         return EXIT_PROBLEMS
     print(f"ok: {path}: {summary(cfg)}", file=out)
+    print(f"items: {walls_line(cfg)}", file=out)
     return EXIT_OK
+
+
+def walls_line(cfg: Config) -> str:
+    """What walls items would run behind if meshd started here now, as this user
+    (meshjobs.wall), and the warning when none holds."""
+    from meshjobs import runas, wall
+    abi = wall.landlock_abi()
+    st = wall.status(cfg.item_wall, abi, runas.can_switch_user(), "", cfg.data)
+    said = ", ".join(st.walls) if st.walls else "none"
+    if cfg.item_wall == "landlock" and abi == 0:
+        return ("meshd would refuse to start: [items] wall = \"landlock\" and this kernel has "
+                "no Landlock")
+    return f"walls {said}" + (f"; WARNING: {st.warning}" if st.warning else "")

@@ -21,6 +21,7 @@ from meshjobs.itemenv import DEFAULT_PASS
 from meshjobs.node import Pool
 
 DEFAULT_DATA = "meshjobs-data"
+K8S_SECRETS = "/var/run/secrets"  # the service account's token, when Kubernetes mounts it
 DEFAULT_HTTP = "127.0.0.1:7700"
 DEFAULT_PEER = "127.0.0.1:7701"
 DEFAULT_RAFT = "127.0.0.1:7702"
@@ -128,6 +129,18 @@ class Config:
     # [items] user: who items run as when neither their job nor their pool names a user, when
     # meshd may switch users (None: meshjobs-item, else nobody; see runas.item_user).
     item_user: str | None = None
+    # [items] wall: auto (Landlock when the kernel has it), landlock (refuse to start without
+    # it) or off (meshjobs.wall)
+    item_wall: str = "auto"
+
+    @property
+    def wall_denied(self) -> tuple[str, ...]:
+        """What items may never reach (meshjobs.wall): the data folder, the fleet secret, the
+        TLS key, and the Kubernetes service account's token."""
+        paths = [self.data, self.secret_path, K8S_SECRETS]
+        if self.http_tls_key is not None:
+            paths.append(self.http_tls_key)
+        return tuple(paths)
 
     @property
     def secret_path(self) -> str:
@@ -457,4 +470,5 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         item_env_pass=tuple(items.env_pass) if items.env_pass is not None else DEFAULT_PASS,
         notify_allow=tuple((file.notify or configfile.NotifyTable()).allow or ()),
         item_user=item_user,
+        item_wall=items.wall or "auto",
     )

@@ -186,6 +186,8 @@ class ItemsTable(_Table):
         None, description='a list of variable names, like ["PATH", "HOME", "LC_*"]')
     # Who items run as when neither their job nor their pool names a user (meshjobs.runas).
     user: str | None = Field(None, description='a string: a user name, or "UID" or "UID:GID"')
+    wall: Literal["auto", "landlock", "off"] | None = Field(
+        None, description='one of "auto", "landlock", "off"')
 
 
 class ConfigFile(_Table):

@@ -144,6 +144,7 @@ class Member:
         address files, wait, shut down. A step that cannot start the member says why on stderr
         and gives the exit status (`_StartFailed`)."""
         try:
+            self._wall_items()
             self._open_tls()
             self._open_secret()
             self._watch_disk()
@@ -165,6 +166,31 @@ class Member:
         return code
 
     # --- the steps of `serve` --------------------------------------------------------------------
+
+    def _wall_items(self) -> None:
+        """meshd non-dumpable (its /proc files root's), and the walls its items get
+        (meshjobs.wall): `self.walls`, said at start when they do not hold; exit 2 when
+        [items] wall = "landlock" and the kernel has no Landlock."""
+        from meshjobs import runas, wall
+        undumpable = wall.make_undumpable()
+        abi = wall.landlock_abi()
+        mode = self.cfg.item_wall
+        if mode == "landlock" and abi == 0:
+            print("meshd: [items] wall = \"landlock\", but this kernel has no Landlock "
+                  "(Linux 5.13+ with landlock in lsm=): use a kernel that has it, or set "
+                  "[items] wall = \"auto\"", file=sys.stderr)
+            raise _StartFailed(2)
+        may_switch = runas.can_switch_user()
+        # Who items run as when their job and pool name nobody: the item user where meshd may
+        # switch users, else meshd's own.
+        default_user = (runas.item_user(self.cfg.item_user) if may_switch else None) or _own_user()
+        self.walls = wall.status(mode, abi, may_switch, default_user, self.cfg.data,
+                                 undumpable=undumpable)
+        self.wall_denied = self.cfg.wall_denied if "landlock" in self.walls.walls else None
+        if self.walls.warning is not None:
+            log.warning("items_not_walled", member=self.cfg.name, why=self.walls.warning)
+        else:
+            log.info("items_walled", walls=list(self.walls.walls), landlock_abi=abi)
 
     def _start_failed(self, why: str, exc: BaseException) -> _StartFailed:
         """A disk that fails at start stops the member as it would later: the fail-stop
@@ -304,7 +330,8 @@ class Member:
         self.node = JobNode(table, NodeConfig(
             member=cfg.name, boot=self.boot, pools=cfg.pools, keep_s=cfg.keep_s,
             keep_jobs=cfg.keep_jobs, role=cfg.role, voters=tuple(sorted(self.voter_peers)),
-            dead_ms=cfg.dead_ms, lost_ms=cfg.lost_ms, blob_copies=cfg.blob_copies),
+            dead_ms=cfg.dead_ms, lost_ms=cfg.lost_ms, blob_copies=cfg.blob_copies,
+            items=self.walls.fleet_entry()),
             random.Random())
 
     def _build_replica(self) -> None:
@@ -371,7 +398,8 @@ class Member:
             python_workers=python_workers(cfg.pools), env_pass=cfg.item_env_pass,
             member=cfg.name, item_user=runas.item_user(cfg.item_user),
             python_pools={p.name: (p.slots, p.user) for p in cfg.pools.values()
-                          if p.kind == "python"})
+                          if p.kind == "python"},
+            wall_denied=self.wall_denied)
         links = mover = None
         if not cfg.fleet_of_one:
             from meshjobs.blobmover import BlobMover
@@ -661,6 +689,14 @@ class _HttpBlobs:
         if size is None and self._mover is not None and self._mover.fetch(digest, limits.blob_fetch_s_max):
             size = self._blobs.size(digest)
         return size
+
+
+def _own_user() -> str:
+    import pwd
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
 
 
 def _write_file(path: str, text: str) -> None:

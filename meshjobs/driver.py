@@ -79,7 +79,7 @@ import structlog
 
 from blobstore.digest import EMPTY_DIGEST
 from blobstore.errors import BlobError
-from meshjobs import limits, outpaths, pidwatch, runas, spawn
+from meshjobs import limits, outpaths, pidwatch, runas, spawn, wall
 from meshjobs.capture import Capture
 from meshjobs.datadir import private_opener
 from meshjobs.itemenv import DEFAULT_PASS, base_env
@@ -172,6 +172,7 @@ class Driver:
         may_switch_user: bool | None = None,
         item_user: str | None = None,
         python_pools: dict[str, tuple[int, str | None]] | None = None,
+        wall_denied: Iterable[str] | None = None,
     ) -> None:
         """python_workers: the python worker processes to pre-fork when run() starts (the
         slots of this member's python pools together). None starts os.cpu_count() workers when
@@ -188,7 +189,11 @@ class Driver:
 
         python_pools: each python pool's slots and the user its workers run as (None: the item
         user); with it, python_workers is ignored and the workers of each user are started
-        when run() starts."""
+        when run() starts.
+
+        wall_denied: the paths items may not reach (meshjobs.wall): every command item and
+        python worker then starts behind Landlock rules denying them, in a Landlock domain of
+        its own. None: no wall (the caller checked that the kernel has Landlock)."""
         self._blobs = blobs
         # The blob writer threads (group commit, backpressure); without them, outputs are
         # stored on the driver thread.
@@ -201,6 +206,8 @@ class Driver:
         self._member = member
         self._may_switch = runas.can_switch_user() if may_switch_user is None else may_switch_user
         self._item_user = item_user if self._may_switch else None
+        self._wall_denied = tuple(wall_denied) if wall_denied is not None else None
+        self._wall_rules: wall.Rules | None = None
         self._on_end = on_end
         self._clock_ms = clock_ms
         self._log = log if log is not None else structlog.get_logger(__name__)
@@ -517,7 +524,12 @@ class Driver:
 
         posix_spawn (meshjobs.spawn: vfork and exec, no Python in the child) unless the item
         runs as another user; subprocess.Popen then, and whenever posix_spawn fails: Popen
-        then fails too, and says exactly why, as it always did."""
+        then fails too, and says exactly why, as it always did. Behind the wall, the argv is
+        the launcher's (meshjobs.wall), its program resolved first so a missing one is said
+        as clearly as without it."""
+        walled = self._walled(item.argv, env)
+        if walled is not None:
+            item = dataclasses.replace(item, argv=walled)
         if not ids and min(fds) > 2 and spawn.available():
             path = item.argv[0] if "/" in item.argv[0] else _which(item.argv[0], env)
             if path is not None:
@@ -530,6 +542,23 @@ class Driver:
                                 cwd=item.cwd, env=env, start_new_session=True, close_fds=True,
                                 **ids)
         return proc.pid, proc
+
+    def _walled(self, argv: list[str], env: dict[str, str]) -> list[str] | None:
+        """`argv` behind the wall (None: no wall). Raises FileNotFoundError or PermissionError
+        when its program is missing or may not run (meshjobs.wall.program_path)."""
+        rules = self.wall_rules()
+        if rules is None:
+            return None
+        return wall.wrap(rules, wall.program_path(argv[0], env), argv, env)
+
+    def wall_rules(self) -> wall.Rules | None:
+        """The wall's rules as the filesystem is now (computed again when a folder around a
+        denied path changed); None: no wall."""
+        if self._wall_denied is None:
+            return None
+        if self._wall_rules is None or not wall.fresh(self._wall_rules):
+            self._wall_rules = wall.rules(self._wall_denied)
+        return self._wall_rules
 
     def _remove_stdin(self, run: _Run) -> None:
         if run.stdin_path is not None:
@@ -808,7 +837,8 @@ class Driver:
                 ident = None  # meshd's own user: nothing to switch
             pool = self._pools[user] = PyPool(max(1, size), self._sel, self._py_load,
                                               self._py_finish, self._clock_ms, self._log,
-                                              env=self._base_env, user=ident)
+                                              env=self._base_env, user=ident,
+                                              wall_rules=self.wall_rules)
             pool.start()
         return pool
 

@@ -335,6 +335,7 @@ notify_backoff_s_max = 30  # ...but never longer than this
 notify_sent_max = 4_096  # (job, version) notices a leader remembers sending (not sent twice)
 notify_body_bytes_max = 256 * 1024  # a notice's JSON body; a longer record drops argv and env
 notify_answer_bytes_max = 4_096  # of a receiver's answer to a notice, read (and thrown away)
+items_warning_chars_max = 1000  # a member's warning that its items are not walled (/fleet)
 boot_chars_max = 64  # a member's boot id in a stop order (as in its F_JOB_HAVE reports)
 have_pools_max = 256  # pools one member's F_JOB_HAVE report names; a longer report is garbage
 # The weight of the newest committed result in the leader's moving average of a pool's run

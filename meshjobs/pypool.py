@@ -43,7 +43,7 @@ from typing import Any
 import msgpack
 import structlog
 
-from meshjobs import limits, pidwatch, pyworker, runas
+from meshjobs import limits, pidwatch, pyworker, runas, wall
 from meshjobs.itemenv import base_env
 
 RunKey = tuple[str, int, int]  # (job_id, index, epoch)
@@ -113,11 +113,15 @@ class PyPool:
         log: Any = None,
         env: dict[str, str] | None = None,
         user: runas.Identity | None = None,
+        wall_rules: Callable[[], Any] | None = None,
     ) -> None:
         """env: the workers' environment (meshjobs.itemenv.base_env of meshd's; that of the
         default list when None), to which the pool adds what python needs to start a worker.
 
-        user: who the workers run as (None: meshd's own user, in meshd's folder)."""
+        user: who the workers run as (None: meshd's own user, in meshd's folder).
+        wall_rules: the Landlock rules (meshjobs.wall.Rules, or None) each worker starts
+        behind. A worker serves the items of many jobs, so it is one Landlock domain: walled
+        off from meshd's files and from signalling meshd, not from the other items it runs."""
         if size < 1:
             raise ValueError(f"a python pool needs at least one worker, not {size}")
         self._size = size
@@ -137,6 +141,7 @@ class PyPool:
             for name in runas.IDENTITY_VARS:
                 self._env.pop(name, None)
             self._env.update(user.env())
+        self._wall_rules = wall_rules
         self._workers: list[_Worker] = []
         self._queue: deque[Any] = deque()
         self._respawn_at: float | None = None
@@ -247,9 +252,13 @@ class PyPool:
         env["PYTHONPATH"] = _ROOT + (os.pathsep + path if path else "")
         if "PYTHONHOME" in os.environ:
             env["PYTHONHOME"] = os.environ["PYTHONHOME"]
+        argv = [sys.executable, "-m", "meshjobs.pyworker"]
+        rules = self._wall_rules() if self._wall_rules is not None else None
+        if rules is not None:
+            argv = wall.wrap(rules, sys.executable, argv, env)
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "meshjobs.pyworker"],
+                argv,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
                 close_fds=True, env=env, cwd=self._cwd, **self._ids)
         except OSError as e:

@@ -11,12 +11,16 @@ from tests.helpers import LinksMember, Meshd
 
 
 @pytest.fixture
-def meshd_factory(tmp_path):
+def meshd_factory(tmp_path_factory):
+    # The data folders live beside the test's tmp_path, not in it: items are walled off from
+    # the folders around meshd's data folder (meshjobs/wall.py, Rule 3), and tests' items write
+    # into tmp_path.
+    where = str(tmp_path_factory.mktemp("members"))
     started: list[Meshd] = []
 
     def make(name: str = "m1", slots: int = 2, env: dict[str, str] | None = None,
              data: str | None = None, start: bool = True) -> Meshd:
-        m = Meshd(data or os.path.join(str(tmp_path), name), slots=slots, name=name, env=env)
+        m = Meshd(data or os.path.join(where, name), slots=slots, name=name, env=env)
         started.append(m)
         if start:
             m.start()

@@ -923,6 +923,7 @@ class JobNode:
             "disk_full": self.storage.disk_full,
             "blob_bytes": self.storage.blob_bytes,
             "running": self.runs.running_count(),
+            "items": self.cfg.items,
         }
 
     # --- leading (leader.py) ---------------------------------------------------------------------
@@ -1023,6 +1024,7 @@ class JobNode:
             "disk_full": self.storage.disk_full,
             "blob_bytes": self.storage.blob_bytes,
             "last_seen": self.now_ms / 1000.0,
+            "items": self.cfg.items,
         }
         members = {self.cfg.member: me}
         for name in self.cfg.voters:
@@ -1043,6 +1045,7 @@ class JobNode:
                 "disk_full": m.disk_full,
                 "blob_bytes": m.blob_bytes,
                 "last_seen": m.last_ms / 1000.0 if m.last_ms else None,
+                "items": m.items,
             }
         self.orders.fleet_rows(members)
         return {"term": self.view.term, "leader": self.view.leader,

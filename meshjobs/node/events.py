@@ -228,6 +228,8 @@ class NodeConfig:
     dead_ms: int = limits.member_dead_ms
     lost_ms: int = limits.member_lost_ms  # not heard from this long: its blob copies are remade
     blob_copies: int = limits.blob_copies
+    # What walls this member's items run behind (meshjobs.wall.Status.fleet_entry), for /fleet.
+    items: dict | None = None
 
 
 # Every event the node takes (`JobNode.step` has one handler per type) and every effect it makes

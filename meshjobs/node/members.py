@@ -21,6 +21,8 @@ from typing import Any
 from meshjobs import limits
 from meshjobs.node.events import NodeConfig
 
+WALLS = ("uid", "landlock", "undumpable")  # meshjobs.wall.Status.walls
+
 
 @dataclass
 class Member:
@@ -35,6 +37,7 @@ class Member:
     pos: int = 0
     running: int = 0
     blob_bytes: int = 0
+    items: dict | None = None  # the walls its items run behind (None: not said)
     last_ms: int = 0
     sent_upto: int = 0  # the table position F_JOB_STATE has been sent up to (workers)
     sent_ms: int = 0  # when F_JOB_STATE last went to it (entries or a keep-alive)
@@ -62,7 +65,25 @@ def parse_have(body: Any) -> dict | None:
         "disk_full": body.get("disk_full") is True,
         "running": running if type(running) is int else 0,
         "blob_bytes": blob_bytes if type(blob_bytes) is int else 0,
+        "items": parse_items(body.get("items")),
     }
+
+
+def parse_items(items: Any) -> dict | None:
+    """A member's `items` (the walls its items run behind), checked; None when absent or
+    garbage (an older member says nothing of it)."""
+    if not isinstance(items, dict):
+        return None
+    user, walls, signals, warning = (items.get("user"), items.get("walls"),
+                                     items.get("signals_walled"), items.get("warning"))
+    if not (isinstance(user, str) and len(user) <= limits.boot_chars_max
+            and isinstance(walls, list) and len(walls) <= len(WALLS)
+            and all(w in WALLS for w in walls)
+            and isinstance(signals, bool)
+            and (warning is None or (isinstance(warning, str)
+                                         and len(warning) <= limits.items_warning_chars_max))):
+        return None
+    return {"user": user, "walls": list(walls), "signals_walled": signals, "warning": warning}
 
 
 class Members:
@@ -96,6 +117,7 @@ class Members:
         m.pressure, m.pos, m.running = have["pressure"], have["pos"], have["running"]
         m.blob_bytes = have["blob_bytes"]
         m.disk_full = have["disk_full"]
+        m.items = have["items"]
         m.last_ms = now_ms
         if m.role == "worker" and (m.pos > m.sent_upto or (
                 m.pos < m.sent_upto and now_ms - m.pos_ms >= limits.state_resend_ms

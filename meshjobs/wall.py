@@ -1,0 +1,299 @@
+"""The kernel wall around items: Landlock rules that keep an item out of meshd's files, and the
+launcher that puts an item's program behind them.
+
+Theory of operation. An item is someone else's code. When meshd cannot give it another uid (a
+non-root container, a plain `meshd` on a laptop) the item runs as meshd's own user and could
+read everything meshd can: the data folder (fleet secret, journal, dumps, blob store,
+history), the TLS key, token files. Landlock (Linux 5.13+) lets an unprivileged process take
+away its own access to the filesystem, for itself and everything it starts, for good.
+
+Landlock is an allow-list: once a ruleset handles an access right, that right is allowed only
+beneath the paths a rule names. A rule on a folder covers everything beneath it, so a denied
+path can only be carved out by naming everything around it. `rules(denied)` therefore:
+
+Rule 1. Resolves every denied path (symlinks followed, `realpath`), drops those that do not
+   exist, and those beneath another denied path (already covered).
+Rule 2. Takes the *spine*: every folder that is an ancestor of a denied path. Every entry of a
+   spine folder that is neither on the spine nor denied is allowed in full (every handled
+   right): the rest of the filesystem. Nothing beneath a denied path is allowed.
+Rule 3. A spine folder itself gets no rule (a right on it would reach the denied path beneath
+   it): an item may walk through it, stat and use what is in it, but not list it nor create,
+   rename or remove entries directly in it (Landlock does not restrict lookups or stat). Give
+   items a folder of their own rather than the folder that holds meshd's data folder.
+Rule 4. Symbolic links among the entries get no rule: a rule is taken on what a path opens to,
+   and a link to the data folder would otherwise allow it. A link's target is reachable when
+   the target is allowed by its own path.
+Rule 5. The result is a pure function of the tree as it is now; `Rules.stamp` (the spine
+   folders' change times) tells when it must be computed again (an entry added or removed).
+
+The launcher. Command items start through posix_spawn or Popen: no Python code runs in the
+child before exec, so no `landlock_restrict_self` can be called there. An item's argv is
+wrapped instead (`wrap`): `python -I -S -c LAUNCHER_CODE RULES_JSON -- argv...`. LAUNCHER_CODE
+is self-contained and imports only the standard library (an item user who cannot read meshd's
+install can run it): it sets no_new_privs, builds a ruleset handling every filesystem right of
+the running ABI and (ABI 6+) the signal and abstract unix socket scopes, adds one rule per
+allowed path, restricts itself and execs the item's program with the item's own argv (argv[0]
+included), environment and working directory. Each item gets its own Landlock domain: with
+the signal scope it cannot signal meshd, nor the items of other jobs (each in its own domain),
+while meshd, outside every domain, still signals it. Landlock also keeps a walled process from
+ptrace access to processes outside its domain, so meshd's /proc files are closed to it too.
+
+Launcher exit statuses (the item's own statuses are whatever its program returns):
+EXIT_WALL (125): the rules were unreadable or the kernel refused the wall; nothing ran.
+EXIT_EXEC (127): the program could not be executed; nothing ran. Either way one line on stderr
+starting "meshjobs wall:" says why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import stat
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+EXIT_WALL = 125
+EXIT_EXEC = 127
+MODES = ("auto", "landlock", "off")
+
+# Linux x86_64 and aarch64 share these numbers (asm-generic and x86_64 tables).
+_SYS_CREATE_RULESET = 444
+_CREATE_RULESET_VERSION = 1
+
+# The launcher: a program of its own, run by `python -I -S -c` (isolated: no site, no user
+# site, no PYTHON* variables, no current folder on sys.path: the item's cwd cannot plant a
+# module). argv: RULES_JSON "--" argv... RULES_JSON: {"allow": [paths], "path": the program to
+# exec or null (search the item's PATH), "lc_ctype": the item's LC_CTYPE or null (python may
+# set it at start; it is put back exactly)}.
+LAUNCHER_CODE = r"""
+import ctypes, json, os, stat, struct, sys
+def fail(code, why):
+    os.write(2, ("meshjobs wall: " + why + "\n").encode("utf-8", "replace"))
+    os._exit(code)
+try:
+    rules = json.loads(sys.argv[1])
+    allow, path = rules["allow"], rules["path"]
+    if sys.argv[2] != "--" or len(sys.argv) < 4 or not isinstance(allow, list):
+        raise ValueError("no argv after --")
+except Exception as e:
+    fail(125, "bad rules (%s): meshd passes them; report this" % e)
+libc = ctypes.CDLL(None, use_errno=True)
+sc = libc.syscall
+sc.restype = ctypes.c_long
+L, I, U = ctypes.c_long, ctypes.c_int, ctypes.c_uint32
+abi = sc(L(444), None, L(0), U(1))
+if abi < 1:
+    fail(125, "Landlock is not available here (%s)" % os.strerror(ctypes.get_errno()))
+fs = (1 << 13) - 1
+files = 1 | 2 | 4
+if abi >= 2: fs |= 1 << 13
+if abi >= 3: fs |= 1 << 14; files |= 1 << 14
+if abi >= 5: fs |= 1 << 15; files |= 1 << 15
+attr = struct.pack("=QQQ", fs, 0, 3 if abi >= 6 else 0)[:8 if abi < 4 else 16 if abi < 6 else 24]
+buf = ctypes.create_string_buffer(attr, len(attr))
+rs = sc(L(444), buf, L(len(attr)), U(0))
+if rs < 0:
+    fail(125, "landlock_create_ruleset: " + os.strerror(ctypes.get_errno()))
+for p in allow:
+    try:
+        fd = os.open(p, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        continue
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISLNK(mode):
+        os.close(fd)
+        continue
+    rule = ctypes.create_string_buffer(struct.pack("=Qi", fs if stat.S_ISDIR(mode) else files, fd), 12)
+    if sc(L(445), I(rs), I(1), rule, U(0)):
+        fail(125, "landlock_add_rule %s: %s" % (p, os.strerror(ctypes.get_errno())))
+    os.close(fd)
+if libc.prctl(38, 1, 0, 0, 0):
+    fail(125, "prctl(PR_SET_NO_NEW_PRIVS): " + os.strerror(ctypes.get_errno()))
+if sc(L(446), I(rs), U(0)):
+    fail(125, "landlock_restrict_self: " + os.strerror(ctypes.get_errno()))
+os.close(rs)
+env = os.environb
+env.pop(b"LC_CTYPE", None)
+if rules.get("lc_ctype") is not None:
+    env[b"LC_CTYPE"] = os.fsencode(rules["lc_ctype"])
+argv = [os.fsencode(a) for a in sys.argv[3:]]
+try:
+    if path is None:
+        os.execvpe(argv[0], argv, env)
+    os.execve(os.fsencode(path), argv, env)
+except OSError as e:
+    fail(127, "cannot run %s: %s" % (path or sys.argv[3], e.strerror or e))
+"""
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What an item may reach: `allow` (paths allowed in full), `denied` (the resolved denied
+    paths that exist) and `stamp` (the spine folders and their change times, Rule 5)."""
+
+    allow: tuple[str, ...]
+    denied: tuple[str, ...]
+    stamp: tuple[tuple[str, int], ...]
+
+
+def _beneath(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _ancestors(path: str) -> list[str]:
+    """The folders above `path`, from / down to its parent."""
+    out = []
+    head = os.path.dirname(path)
+    while True:
+        out.append(head)
+        if head == "/":
+            break
+        head = os.path.dirname(head)
+    return out[::-1]
+
+
+def rules(denied: Iterable[str]) -> Rules:
+    """The allow rules that leave `denied` out of reach (the module's Rules 1-4)."""
+    real = sorted({os.path.realpath(p) for p in denied if p and os.path.lexists(p)})
+    real = [p for p in real if os.path.exists(p)]
+    kept = [p for p in real if not any(q != p and _beneath(p, q) for q in real)]
+    if "/" in kept:
+        return Rules((), ("/",), ())
+    spine: set[str] = set()
+    for p in kept:
+        spine.update(_ancestors(p))
+    allow: list[str] = []
+    stamp: list[tuple[str, int]] = []
+    for folder in sorted(spine):
+        try:
+            stamp.append((folder, os.stat(folder).st_mtime_ns))
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue  # gone, or not ours to list: nothing in it is allowed
+        for name in names:
+            path = os.path.join(folder, name)
+            if path in spine or path in kept:
+                continue
+            try:
+                if stat.S_ISLNK(os.lstat(path).st_mode):
+                    continue
+            except OSError:
+                continue
+            allow.append(path)
+    return Rules(tuple(allow), tuple(kept), tuple(stamp))
+
+
+def fresh(r: Rules) -> bool:
+    """Do `r`'s spine folders still hold what they held when `r` was computed (Rule 5)?"""
+    try:
+        return all(os.stat(f).st_mtime_ns == t for f, t in r.stamp)
+    except OSError:
+        return False
+
+
+def wrap(r: Rules, path: str | None, argv: list[str], env: dict[str, str]) -> list[str]:
+    """The argv that runs `argv` (its program at `path`, or None: searched on the item's PATH
+    at exec) behind the rules `r`, with `env` as the item's environment."""
+    body = json.dumps({"allow": list(r.allow), "path": path, "lc_ctype": env.get("LC_CTYPE")},
+                      separators=(",", ":"))
+    return [sys.executable, "-I", "-S", "-c", LAUNCHER_CODE, body, "--", *argv]
+
+
+def landlock_abi() -> int:
+    """The running kernel's Landlock ABI version; 0 when it has none (or it is disabled)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        abi = libc.syscall(ctypes.c_long(_SYS_CREATE_RULESET), None, ctypes.c_size_t(0),
+                           ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    except (OSError, AttributeError):
+        return 0
+    return int(abi) if abi > 0 else 0
+
+
+def make_undumpable() -> bool:
+    """prctl(PR_SET_DUMPABLE, 0): this process's /proc files (environ, mem, fd, ...) become
+    root's, so processes of the same uid cannot read them, and it cannot be ptraced by them.
+    False where prctl is missing (not Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE
+    except (OSError, AttributeError):
+        return False
+
+
+def is_dumpable() -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(3, 0, 0, 0, 0) == 1  # PR_GET_DUMPABLE
+    except (OSError, AttributeError):
+        return True
+
+
+def program_path(argv0: str, env: dict[str, str]) -> str | None:
+    """The program the item's argv[0] names, as exec would find it, checked here so a missing
+    program is said as clearly as without the wall: its path, or None when the item's PATH has
+    a relative folder (the launcher then searches it). Raises FileNotFoundError when there is
+    no such program, PermissionError when it may not be executed."""
+    if "/" in argv0:
+        candidates = [argv0]
+    else:
+        candidates = []
+        for folder in os.get_exec_path(env):
+            if not folder.startswith("/"):
+                return None
+            candidates.append(os.path.join(folder, argv0))
+    for path in candidates:
+        if os.path.isdir(path):
+            continue
+        if os.access(path, os.X_OK):
+            return path
+        if "/" in argv0 and os.path.exists(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), argv0)
+    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv0)
+
+
+@dataclass(frozen=True)
+class Status:
+    """What walls this member's items are behind, for the start log, /fleet and check-config."""
+
+    user: str  # the user items run as by default ("meshd's own (NAME)" or a user name)
+    walls: tuple[str, ...]  # "uid", "landlock", "undumpable"
+    signals_walled: bool
+    abi: int
+    warning: str | None
+
+    def fleet_entry(self) -> dict:
+        return {"user": self.user, "walls": list(self.walls),
+                "signals_walled": self.signals_walled, "warning": self.warning}
+
+
+def status(mode: str, abi: int, may_switch_user: bool, user: str, data: str,
+           undumpable: bool = True) -> Status:
+    """The walls items get under `[items] wall = mode` on a kernel with Landlock ABI `abi`
+    (0: none), and the warning to give when they do not hold."""
+    walls: list[str] = []
+    if may_switch_user:
+        walls.append("uid")
+    landlock = mode != "off" and abi > 0
+    if landlock:
+        walls.append("landlock")
+    if undumpable:
+        walls.append("undumpable")
+    signals = (landlock and abi >= 6) or may_switch_user
+    warning = None
+    if not may_switch_user and not landlock:
+        why = ("[items] wall = \"off\"" if mode == "off"
+               else "this kernel has no Landlock")
+        warning = (f"items run as meshd's own user with no wall ({why}): they can read the data "
+                   f"folder {data} (the fleet secret, journal, blob store, history), the TLS "
+                   "key and signal meshd and other jobs' items. Start meshd as root (items then "
+                   "run as an item user), or on a kernel with Landlock (5.13+, enabled in "
+                   "lsm=) with [items] wall = \"auto\"")
+    elif landlock and not signals:
+        warning = (f"Landlock ABI {abi} cannot scope signals (6+ can): items may signal meshd "
+                   "and other jobs' items; a newer kernel walls them off")
+    return Status(user, tuple(walls), signals, abi, warning)
