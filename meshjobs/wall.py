@@ -199,7 +199,44 @@ def wrap(r: Rules, path: str | None, argv: list[str], env: dict[str, str]) -> li
     at exec) behind the rules `r`, with `env` as the item's environment."""
     body = json.dumps({"allow": list(r.allow), "path": path, "lc_ctype": env.get("LC_CTYPE")},
                       separators=(",", ":"))
-    return [sys.executable, "-I", "-S", "-c", LAUNCHER_CODE, body, "--", *argv]
+    return [launcher_python(), "-I", "-S", "-c", LAUNCHER_CODE, body, "--", *argv]
+
+
+def _open_to_all(path: str) -> bool:
+    """Whether every user may run the program at `path`: it and each folder above it are open
+    to others (the item may run as a user other than meshd's)."""
+    real = os.path.realpath(path)
+    try:
+        if os.stat(real).st_mode & 0o005 != 0o005:
+            return False
+        folder = os.path.dirname(real)
+        while True:
+            if os.stat(folder).st_mode & 0o001 == 0:
+                return False
+            up = os.path.dirname(folder)
+            if up == folder:
+                return True
+            folder = up
+    except OSError:
+        return False
+
+
+_SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")
+_launcher: str | None = None
+
+
+def launcher_python() -> str:
+    """The interpreter the launcher runs on: meshd's own when every user may run it, else a
+    system python3 that every user may run (the launcher needs only the standard library, so
+    any Python 3 does; an item running as another user may not be able to enter the folder of
+    meshd's interpreter, e.g. one installed under root's HOME). Found once."""
+    global _launcher
+    if _launcher is None:
+        found = sys.executable
+        if not _open_to_all(found):
+            found = next((p for p in _SYSTEM_PYTHONS if _open_to_all(p)), found)
+        _launcher = found
+    return _launcher
 
 
 def landlock_abi() -> int:
