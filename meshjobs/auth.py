@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from meshjobs import limits
+from meshjobs.control import ANONYMOUS, LOCAL
 
 ROLES = ("read", "submit", "admin")  # the same order as meshjobs.config.ROLES
 READ_METHODS = frozenset({"GET", "HEAD"})
@@ -80,7 +81,8 @@ class AuthLike(Protocol):
 
 @dataclass(frozen=True)
 class Caller:
-    """Who a request comes from: a token's (or session's) name, or "anonymous"/"open"."""
+    """Who a request comes from: a token's (or session's) name, "anonymous" (no token, with
+    allow_anonymous), or "local" (a member without [auth]: one person's machine)."""
 
     name: str
     role: str
@@ -140,7 +142,7 @@ def identify(auth: AuthLike, header: str | None, session: Caller | None = None) 
     """Who sent a request: from its Authorization header, else its session, else anonymous.
     Raises AuthError(401) when nobody may be assumed (Rule 3)."""
     if not auth.configured:
-        return Caller("open", "admin", "open")
+        return Caller(LOCAL, "admin", "open")
     token = bearer(header)
     if token is not None:
         t = find_token(auth.tokens, token)
@@ -151,7 +153,7 @@ def identify(auth: AuthLike, header: str | None, session: Caller | None = None) 
     if session is not None:
         return session
     if auth.allow_anonymous:
-        return Caller("anonymous", auth.anonymous_role, "anonymous")
+        return Caller(ANONYMOUS, auth.anonymous_role, "anonymous")
     raise AuthError(401, "missing", "this member wants a token: " + TOKEN_HINT)
 
 

@@ -608,6 +608,12 @@ class HttpApi:
 
     async def _relay(self, request: dict, extra_ms: int = 0) -> web.Response:
         answer = await self._ask(request, extra_ms)
+        if "by" in request:
+            # Every change, once, at the member that received it, with who asked for it.
+            self._log.info("http_change", op=request.get("op"), action=request.get("action"),
+                           id=request.get("id") or request.get("name") or request.get("pool"),
+                           by=request["by"], by_role=request["by_role"], status=answer.status,
+                           job=answer.body.get("id") if isinstance(answer.body, dict) else None)
         return web.json_response(answer.body, status=answer.status)
 
     async def _body_json(self, request: web.Request) -> Any:
@@ -656,18 +662,22 @@ class HttpApi:
         return raw
 
     async def _rid(self, request: web.Request) -> dict[str, str | None]:
-        """The request id of a change, and the fingerprint its Idempotency-Key is bound to:
-        the method, path and body, so that a key reused on another request is refused (422)
-        instead of answering that request with the first one's outcome."""
+        """The request id of a change, the fingerprint its Idempotency-Key is bound to (the
+        method, path and body, so that a key reused on another request is refused (422)
+        instead of answering that request with the first one's outcome), and who asks for it
+        (`by`, `by_role`: the leader checks ownership against them)."""
+        caller = request[CALLER]
+        assert caller is not None, "a change reached a handler without a caller"
+        by = {"by": caller.name, "by_role": caller.role}
         key = request.headers.get("Idempotency-Key")
         if key is None:
-            return {"rid": uuid.uuid4().hex, "fp": None}
+            return {"rid": uuid.uuid4().hex, "fp": None, **by}
         body = await self._read_body(request)
         h = blake3.blake3()
         for part in (request.method.encode(), request.path.encode("utf-8", "surrogateescape"), body):
             h.update(len(part).to_bytes(8, "big"))
             h.update(part)
-        return {"rid": parse_rid(key), "fp": h.hexdigest()[:32]}
+        return {"rid": parse_rid(key), "fp": h.hexdigest()[:32], **by}
 
     async def _blob_call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
