@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from meshjobs import limits
 from meshjobs.control import ANONYMOUS, LOCAL
+from meshjobs.identity import default_run_as
 
 ROLES = ("read", "submit", "admin")  # the same order as meshjobs.config.ROLES
 READ_METHODS = frozenset({"GET", "HEAD"})
@@ -87,6 +88,8 @@ class Caller:
     name: str
     role: str
     via: str  # "token", "session", "anonymous" or "open" (no [auth] table)
+    # The users its jobs may run as (meshjobs/identity.py Rule 2); None: any (`local`).
+    run_as: tuple[str, ...] | None = None
 
 
 def role_allows(have: str, need: str) -> bool:
@@ -149,11 +152,12 @@ def identify(auth: AuthLike, header: str | None, session: Caller | None = None) 
         if t is None:
             raise AuthError(401, "invalid", "the token is none of this member's tokens; "
                             + TOKEN_HINT)
-        return Caller(t.name, t.role, "token")
+        return Caller(t.name, t.role, "token", tuple(getattr(t, "run_as", ())))
     if session is not None:
         return session
     if auth.allow_anonymous:
-        return Caller(ANONYMOUS, auth.anonymous_role, "anonymous")
+        return Caller(ANONYMOUS, auth.anonymous_role, "anonymous",
+                      default_run_as(auth.anonymous_role))
     raise AuthError(401, "missing", "this member wants a token: " + TOKEN_HINT)
 
 

@@ -43,7 +43,19 @@ import structlog
 from aiohttp import web
 
 from blobstore import BlobCorrupt, BlobGone, StoreFull
-from meshjobs import auth, cron, fleetctl, httpconn, jsonbody, limits, metrics, placement, webui
+from meshjobs import (
+    auth,
+    cron,
+    fleetctl,
+    httpconn,
+    identity,
+    jsonbody,
+    limits,
+    metrics,
+    placement,
+    runas,
+    webui,
+)
 from meshjobs.auth import AuthError, Caller, Sessions
 from meshjobs.config import Auth
 from meshjobs.connbook import conns_limit
@@ -739,6 +751,7 @@ class HttpApi:
         body = await self._body_json(request)
         rid = await self._rid(request)
         spec = dict(parse_submit(body))
+        await self._stamp_run_as(request, spec)
         if spec.get("user") is not None and self._user_check is not None:
             why = await self._blob_call(self._user_check, spec["user"])
             if why is not None:
@@ -756,6 +769,21 @@ class HttpApi:
                 why = str(e) or "the blob store of this member is full"
                 raise HttpError(503, f"{why}; try another member, or free space") from None
         return await self._relay({"op": "submit", **rid, "spec": spec, "items": items})
+
+    async def _stamp_run_as(self, request: web.Request, spec: dict) -> None:
+        """The user a submit's (or a schedule's) job runs as, as the caller's run_as allows
+        (meshjobs/identity.py Rule 2; 403 otherwise), and the caller's run_as in the spec, so
+        that the member running an item can hold a pool's user to it."""
+        caller = request[CALLER]
+        assert caller is not None, "a change reached a handler without a caller"
+        if caller.run_as is None:
+            return
+        user = await self._blob_call(identity.job_user, caller.name, caller.run_as,
+                                     spec.get("user"), runas.is_root)
+        spec.pop("user", None)
+        if user is not None:
+            spec["user"] = user
+        spec["run_as"] = list(caller.run_as)
 
     def _store_items(self, payloads: list[bytes | tuple[str, int]]) -> list[str | None]:
         """Runs in the executor: store inline payloads, check referred blobs exist.
