@@ -459,6 +459,8 @@ def parse_request(req: object) -> dict:
         out["by"], out["by_role"] = parse_by(req)
         if out["op"] == "submit":
             out["spec"]["submitted_by"] = out["by"]
+        elif out["op"] == "cron" and out["action"] == "add":
+            out["job"]["submitted_by"] = out["by"]  # the schedule's owner, its runs' submitter
     return out
 
 

@@ -1518,6 +1518,9 @@ class HttpApi:
             raise HttpError(413, too_big)
         body = await self._body_json(request)
         cron.parse_add(body)  # refused here with the control's words, before any round trip
+        job = dict(body["job"])
+        await self._stamp_run_as(request, job)
+        body = {**body, "job": job}
         return await self._relay({"op": "cron", "action": "add", "name": name, **body,
                                   **await self._rid(request)})
 

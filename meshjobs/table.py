@@ -43,7 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from blobstore.digest import EMPTY_DIGEST
-from meshjobs import cron, limits, placement, reruns
+from meshjobs import cron, identity, limits, placement, reruns
 from meshjobs.compact import ItemQueue, entry_items
 from meshjobs.control import ANONYMOUS, ITEM_STATES, JOB_FINAL_STATES, ControlError, parse_submit
 from meshjobs.fleetctl import CtlRefused, FleetCtl
@@ -329,6 +329,19 @@ class JobTable:
 
     def _count(self, name: str, n: int = 1) -> None:
         self.counts[name] = self.counts.get(name, 0) + n
+
+    def _owned(self, e: dict, owner: str, what: str) -> None:
+        """Refuses (403, naming the owner) a change by an identity that may not change what
+        `owner` submitted (meshjobs/identity.py Rule 1): the entry's `by` and `br` (its role)
+        are the request's. An entry without them (from before identities, or the leader's own)
+        may change anything."""
+        by, role = e.get("by"), e.get("br")
+        if by is None:
+            return
+        if not isinstance(by, str) or not isinstance(role, str):
+            raise Refused(400, "malformed identity", "malformed")
+        if not identity.may_change(by, role, owner):
+            raise Refused(403, identity.not_owner(what, owner, by)["error"], "not_owner")
 
     def _job(self, job_id: object) -> Job:
         if not isinstance(job_id, str):
@@ -666,6 +679,7 @@ class JobTable:
 
     def _apply_cancel(self, e: dict, index: int, t: int) -> dict:
         job = self._job(e.get("id"))
+        self._owned(e, job.submitted_by, f"job {job.id}")
         if job.finished and job.due_ms:
             # A cancel stops restarting (meshjobs.reruns, Rule 4): the due re-run is dropped.
             reruns.unschedule(self, job)
@@ -690,6 +704,7 @@ class JobTable:
 
     def _apply_forget(self, e: dict, index: int, t: int) -> dict:
         job = self._job(e.get("id"))
+        self._owned(e, job.submitted_by, f"job {job.id}")
         kids = self.dependents.get(job.id)
         if kids:
             shown = ", ".join(list(kids)[:10]) + (f" and {len(kids) - 10} more" if len(kids) > 10 else "")
@@ -744,10 +759,14 @@ class JobTable:
                 "priority", "hold", "max_leases"}:
             raise Refused(400, "malformed bulk change", "malformed")
         rows = []
+        who = {k: e[k] for k in ("by", "br") if k in e}
         for job_id in ids:
-            out = self._apply_one({"k": op, "t": t, "id": job_id, **fields}, index, nested=True)
+            out = self._apply_one({"k": op, "t": t, "id": job_id, **fields, **who}, index,
+                                  nested=True)
             if out.get("ok"):
                 rows.append([job_id, "changed", None])
+            elif out.get("reason") == "not_owner":
+                rows.append([job_id, "not_owner", out.get("error")])
             elif out.get("reason") in ("unknown_job", "forgotten"):
                 rows.append([job_id, "no_such_job", None])
             elif out.get("reason") == "finished":
@@ -756,12 +775,15 @@ class JobTable:
                 rows.append([job_id, "refused", out.get("error")])
         self._count("bulk_changes")
         nxt = e.get("nx")  # the cursor of the filter's next page, handed back to the client
+        skipped = e.get("so")  # jobs the filter matched that the caller may not change
         return {"ok": True, "op": op, "rows": rows,
+                **({"skipped_not_owner": skipped} if _is_int(skipped) and skipped > 0 else {}),
                 "next": nxt if isinstance(nxt, str) and len(nxt) <= limits.jobs_cursor_chars_max
                 else None}
 
     def _apply_tone(self, e: dict, index: int, t: int) -> dict:
         job = self._job(e.get("id"))
+        self._owned(e, job.submitted_by, f"job {job.id}")
         if job.finished:
             raise Refused(409, f"job {job.id} has already ended ({job.state})", "finished")
         changes = {}
@@ -817,6 +839,8 @@ class JobTable:
             return self._cron_fire(c, d, index, t)
         if op not in ("add", "rm", "pause", "resume"):
             raise Refused(400, "malformed schedule change", "malformed")
+        if c is not None:
+            self._owned(e, c.owner, f"schedule {name}")
         if op != "add":
             if c is None:
                 raise Refused(404, f"no schedule {name} (see `meshctl cron list`)", "unknown_cron")
@@ -833,7 +857,7 @@ class JobTable:
         spec, job, catch_up, overlap = e.get("spec"), e.get("job"), e.get("catch_up"), e.get("overlap")
         try:
             ok = (isinstance(spec, str) and cron.Schedule.parse(spec).text == spec
-                  and isinstance(job, dict) and cron.parse_job(job) == job
+                  and isinstance(job, dict) and cron.parse_job(job, committed=True) == job
                   and catch_up in cron.CATCH_UP and overlap in cron.OVERLAP)
         except (ControlError, cron.CronError):
             ok = False

@@ -96,3 +96,44 @@ def test_pool_user_outside_run_as_fails_the_item(member: Meshd) -> None:
     rec = wait_until(lambda: ended(job["id"]), what="other's job on pool daem ends")
     assert rec["state"] == "failed", rec
     assert "daemon" in json.dumps(rec["items"]) and "run as" in json.dumps(rec["items"])
+
+
+# --- point 4: ownership between tokens --------------------------------------------------------
+
+
+def test_submit_token_cannot_change_an_admins_job(member: Meshd) -> None:
+    m = member
+    job = held(m, ADMIN)
+    for path, body in (("cancel", None), ("tone", {"hold": False}), ("tone", {"priority": 3}),
+                       ("rerun", None)):
+        status, out = as_(m, SUB, "POST", f"/jobs/{job['id']}/{path}", body)
+        assert status == 403 and "boss" in out["error"], (path, out)
+    status, rec = as_(m, ADMIN, "GET", f"/jobs/{job['id']}")
+    assert rec["state"] == "held" and rec["priority"] == 0
+    status, out = as_(m, SUB, "PUT", "/cron/bossly",
+                      {"spec": "@hourly", "job": {"argv": ["true"]}})
+    status, out = as_(m, ADMIN, "PUT", "/cron/bossly", {"spec": "@hourly", "job": {"argv": ["true"]}})
+    assert status in (200, 201), out
+    for method, path in (("PUT", "/cron/bossly"), ("DELETE", "/cron/bossly"),
+                         ("POST", "/cron/bossly/pause")):
+        body = {"spec": "@daily", "job": {"argv": ["false"]}} if method == "PUT" else None
+        status, out = as_(m, SUB, method, path, body)
+        assert status == 403 and "boss" in out["error"], (path, out)
+    # Its own job it changes, and an admin changes anyone's.
+    mine = held(m, SUB)
+    assert as_(m, SUB, "POST", f"/jobs/{mine['id']}/tone", {"hold": False})[0] == 200
+    assert as_(m, ADMIN, "POST", f"/jobs/{job['id']}/cancel")[0] == 200
+
+
+def test_bulk_by_filter_skips_others_jobs(member: Meshd) -> None:
+    m = member
+    theirs = held(m, ADMIN, tags=["bulk1"])
+    mine = held(m, OTHER, tags=["bulk1"])
+    status, out = as_(m, OTHER, "POST", "/jobs/cancel", {"filter": {"tag": "bulk1"}})
+    assert status == 200 and out["skipped_not_owner"] == 1, out
+    assert [r["id"] for r in out["results"]] == [mine["id"]]
+    status, out = as_(m, OTHER, "POST", "/jobs/tone",
+                      {"ids": [theirs["id"]], "set": {"hold": False}})
+    assert status == 200 and out["results"][0]["answer"] == "not_owner", out
+    assert out["results"][0]["status"] == 403 and "boss" in out["results"][0]["error"]
+    assert as_(m, ADMIN, "GET", f"/jobs/{theirs['id']}")[1]["state"] == "held"

@@ -439,11 +439,12 @@ class JobNode:
         elif op == "bulk":
             # A filter is resolved here, against the leader's committed table; the entry names
             # the ids, so that every member changes the same jobs.
-            ids, nxt = bulk.resolve(self.table, req)
+            ids, nxt, skipped = bulk.resolve_owned(self.table, req)
             if not ids:
-                self._reply(token, 200, bulk.answer(self.table, req["action"], [], False, None))
+                self._reply(token, 200, bulk.answer(self.table, req["action"], [], False, None,
+                                                    skipped))
                 return
-            entry = bulk.entry(req, ids, nxt, self.now_ms)
+            entry = bulk.entry(req, ids, nxt, self.now_ms, skipped)
             job_id = None
         elif op in ("pool", "member"):
             job_id = None
@@ -460,6 +461,7 @@ class JobNode:
             # may have been deposed, and its table may lag. "No such job" must come from a
             # committed entry (the table refuses it with 404), never from a stale table.
             entry["id"] = job_id
+            entry.update(by=req["by"], br=req["by_role"])  # the table checks ownership
             if op == "tone":
                 for k in ("priority", "hold", "max_leases"):
                     if k in req:
@@ -567,7 +569,7 @@ class JobNode:
         if op == "bulk" and outcome.get("ok"):
             self._answer(token, Answer(200, bulk.answer(
                 self.table, outcome.get("op", ""), outcome.get("rows") or [], False,
-                outcome.get("next"))), index)
+                outcome.get("next"), outcome.get("skipped_not_owner", 0))), index)
             return
         if not outcome.get("ok"):
             answer = Answer(outcome.get("status", 409), {"error": outcome.get("error", "refused")})
