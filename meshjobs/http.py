@@ -618,8 +618,12 @@ class HttpApi:
             timer.cancel()
         return Answer(int(answer[0]), answer[1])
 
-    async def _relay(self, request: dict, extra_ms: int = 0) -> web.Response:
+    async def _relay(self, request: dict, extra_ms: int = 0,
+                     viewer: Caller | None = None) -> web.Response:
         answer = await self._ask(request, extra_ms)
+        if viewer is not None:
+            answer = Answer(answer.status, identity.redact_body(answer.body, viewer.name,
+                                                                viewer.role))
         if "by" in request:
             # Every change, once, at the member that received it, with who asked for it.
             self._log.info("http_change", op=request.get("op"), action=request.get("action"),
@@ -725,7 +729,9 @@ class HttpApi:
             return web.json_response(answer.body, status=answer.status)
         # The node answers a page {"jobs", "next"}; clients get the list, and the cursor of the
         # next page in a header (and a Link), so that the body keeps its shape.
-        body = answer.body
+        caller = request[CALLER]
+        body = answer.body if caller is None else identity.redact_body(answer.body, caller.name,
+                                                                       caller.role)
         jobs, nxt = (body.get("jobs"), body.get("next")) if isinstance(body, dict) else (body, None)
         if not isinstance(jobs, list):
             return web.json_response(body, status=answer.status)
@@ -839,6 +845,9 @@ class HttpApi:
             ask["since"] = parse_version(since)
         answer = await self._ask(ask, extra_ms=wait_ms)
         body = await self._waiting_for(answer.body)
+        caller = request[CALLER]
+        if caller is not None:
+            body = identity.redact_body(body, caller.name, caller.role)
         if isinstance(body, dict) and isinstance(body.get("items"), ItemRows):
             # Sent as it is encoded: no 36 MB string for 100,000 items, nor one copy of it.
             resp = web.StreamResponse(status=answer.status)
@@ -1001,7 +1010,7 @@ class HttpApi:
         ask: dict[str, Any] = {"op": "bulk", "action": action, **body}
         if action != "status":
             ask.update(await self._rid(request))
-        return await self._relay(ask)
+        return await self._relay(ask, viewer=request[CALLER])
 
     async def _pools(self, request: web.Request) -> web.Response:
         """GET /pools: every pool, fleet-wide (the leader's view; see fleetctl.pools_view)."""
@@ -1069,6 +1078,9 @@ class HttpApi:
         body = await self._blob_call(history_file.read, history.folder, since, limit)
         body["member"] = self._member
         body["dropped"] = history.counts["history_dropped"]
+        caller = request[CALLER]
+        if caller is not None:
+            body = identity.redact_body(body, caller.name, caller.role)
         return web.json_response(body)
 
     async def _results(self, request: web.Request) -> web.StreamResponse:

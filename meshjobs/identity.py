@@ -94,6 +94,27 @@ def job_user(caller_name: str, run_as: tuple[str, ...] | None, user: str | None,
     return user
 
 
+def redact_body(body: Any, viewer: str, viewer_role: str) -> Any:
+    """An answer's body as `viewer` may see it (Rule 3): a job record, a list of them, a page
+    ({"jobs": [...]}), a bulk status ({"results": [{"job": record}]}) or history
+    ({"records": [{"job": record}]}); anything else as it is."""
+    if viewer_role == "admin":
+        return body
+    if isinstance(body, list):
+        return [redact_body(b, viewer, viewer_role) for b in body]
+    if not isinstance(body, dict):
+        return body
+    if "id" in body and "submitted_by" in body:
+        return redact(body, viewer, viewer_role)
+    out = dict(body)
+    for key in ("jobs", "results", "records", "entries"):
+        if isinstance(body.get(key), list):
+            out[key] = [redact_body(r, viewer, viewer_role) for r in body[key]]
+    if isinstance(body.get("job"), dict):
+        out["job"] = redact(body["job"], viewer, viewer_role)
+    return out
+
+
 def redact(record: Any, viewer: str, viewer_role: str) -> Any:
     """A job record (or a list of them, or a history row {"job": record}) as `viewer` may see
     it (Rule 3): the same object when it may see everything, else a copy with every env value

@@ -137,3 +137,40 @@ def test_bulk_by_filter_skips_others_jobs(member: Meshd) -> None:
     assert status == 200 and out["results"][0]["answer"] == "not_owner", out
     assert out["results"][0]["status"] == 403 and "boss" in out["results"][0]["error"]
     assert as_(m, ADMIN, "GET", f"/jobs/{theirs['id']}")[1]["state"] == "held"
+
+
+# --- point 5: secrets shown only to the owner and admins --------------------------------------
+
+
+def test_env_and_notify_redacted_for_others(member: Meshd) -> None:
+    m = member
+    job = held(m, SUB, env={"API_KEY": "s3cret-value"}, notify="https://hooks.example.com/x1y2")
+    jid = job["id"]
+    for token in (READ, OTHER):
+        status, rec = as_(m, token, "GET", f"/jobs/{jid}")
+        assert status == 200 and rec["env"] == {"API_KEY": "<redacted>"}, rec
+        assert rec["notify"] == "<redacted>"
+        _, rows = as_(m, token, "GET", "/jobs?format=json")
+        text = json.dumps(rows)
+        assert "s3cret-value" not in text and "x1y2" not in text
+        _, out = as_(m, token, "POST", "/jobs/status", {"ids": [jid]})
+        assert "s3cret-value" not in json.dumps(out) and "API_KEY" in json.dumps(out)
+    for token in (SUB, ADMIN):
+        status, rec = as_(m, token, "GET", f"/jobs/{jid}")
+        assert rec["env"] == {"API_KEY": "s3cret-value"} and rec["notify"].endswith("x1y2")
+
+
+def test_history_file_keeps_no_env_values(member: Meshd) -> None:
+    m = member
+    status, job = as_(m, SUB, "POST", "/jobs", {"argv": ["true"], "env": {"TOK": "hist-secret-9"}})
+    assert status == 201
+    wait_until(lambda: as_(m, ADMIN, "GET", f"/jobs/{job['id']}")[1]["state"] == "done",
+               what="the job ends")
+    assert as_(m, ADMIN, "DELETE", f"/jobs/{job['id']}")[0] == 200
+    path = os.path.join(m.data, "history.jsonl")
+    wait_until(lambda: os.path.exists(path) and job["id"] in open(path).read(),
+               what="its history line")
+    text = open(path).read()
+    assert "hist-secret-9" not in text and '"TOK"' in text
+    _, hist = as_(m, READ, "GET", "/history")
+    assert "hist-secret-9" not in json.dumps(hist)
