@@ -1094,8 +1094,10 @@ class RecordingControl:
                                     "jobs_by_state_pool": {"running": {"default": 1}}}),
         }
 
-    def last(self) -> dict:
-        return self.requests[-1]
+    def last(self, by: bool = False) -> dict:
+        """The last request; without `by`, less who asked (`by`, `by_role` on every change)."""
+        req = self.requests[-1]
+        return req if by else {k: v for k, v in req.items() if k not in ("by", "by_role")}
 
     def call(self, request: dict) -> concurrent.futures.Future:
         self.requests.append(request)
