@@ -19,11 +19,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshjobs import limits
+from meshjobs import identity, limits
 from meshjobs.table import Job, JobTable
 
 # What a bulk change answers for one job. A dry run says "would_change" for "changed".
-ANSWERS = ("changed", "would_change", "already_final", "no_such_job", "refused", "found")
+# "not_owner": a job named by id that the caller may not change (403, meshjobs/identity.py).
+ANSWERS = ("changed", "would_change", "already_final", "no_such_job", "refused", "found",
+           "not_owner")
 
 
 def matches(job: Job, flt: dict) -> bool:
@@ -41,24 +43,43 @@ def resolve(table: JobTable, req: dict) -> tuple[list[str], str | None]:
     """The job ids a bulk request names, and the cursor of the next page (None: no more).
     A list of ids is taken as given (the table answers for unknown ones); a filter takes the
     matching jobs oldest first, after the cursor, at most `bulk_jobs_max` of them."""
+    ids, nxt, _ = resolve_owned(table, req)
+    return ids, nxt
+
+
+def resolve_owned(table: JobTable, req: dict) -> tuple[list[str], str | None, int]:
+    """As `resolve`, and a change's filter takes only the jobs its caller may change
+    (meshjobs/identity.py Rule 1; a status takes all): the third value is how many matching
+    jobs of others it left alone."""
     if "ids" in req:
-        return list(req["ids"]), None
+        return list(req["ids"]), None, 0
     flt, after = req["filter"], req.get("after")
+    by, role = req.get("by"), req.get("by_role")
+    owned_only = req.get("action") != "status" and by is not None
     picked: list[Job] = []
+    skipped = 0
     for job in sorted(table.jobs.values(), key=lambda j: j.seq):
         if (after is not None and job.seq <= after) or not matches(job, flt):
             continue
+        if owned_only and not identity.may_change(by, role, job.submitted_by):
+            skipped += 1
+            continue
         if len(picked) == limits.bulk_jobs_max:
-            return [j.id for j in picked], str(picked[-1].seq)
+            return [j.id for j in picked], str(picked[-1].seq), skipped
         picked.append(job)
-    return [j.id for j in picked], None
+    return [j.id for j in picked], None, skipped
 
 
-def predict(table: JobTable, action: str, job_id: str, fields: dict) -> list[Any]:
-    """What a change would answer for one job now: [id, answer, why] (a dry run's row)."""
+def predict(table: JobTable, action: str, job_id: str, fields: dict,
+            by: tuple[str, str] | None = None) -> list[Any]:
+    """What a change would answer for one job now: [id, answer, why] (a dry run's row), for
+    the caller `by` (name, role; None: anyone)."""
     job = table.jobs.get(job_id)
     if job is None:
         return [job_id, "no_such_job", None]
+    if by is not None and not identity.may_change(by[0], by[1], job.submitted_by):
+        return [job_id, "not_owner", identity.not_owner(f"job {job_id}", job.submitted_by,
+                                                        by[0])["error"]]
     if action in ("cancel", "tone") and job.finished:
         return [job_id, "already_final", None]
     if action == "forget" and not job.finished:
@@ -67,9 +88,11 @@ def predict(table: JobTable, action: str, job_id: str, fields: dict) -> list[Any
     return [job_id, "would_change", None]
 
 
-def answer(table: JobTable, action: str, rows: list, dry_run: bool, nxt: str | None) -> dict:
+def answer(table: JobTable, action: str, rows: list, dry_run: bool, nxt: str | None,
+           skipped: int = 0) -> dict:
     """The body of a bulk answer: one result per job (with its state now, when it still
-    exists), a count of each answer, and the cursor of the next page."""
+    exists), a count of each answer, the cursor of the next page, and how many jobs the
+    filter matched that the caller may not change (`skipped_not_owner`, left alone)."""
     results = []
     counts: dict[str, int] = {}
     for job_id, what, why in rows:
@@ -80,9 +103,11 @@ def answer(table: JobTable, action: str, rows: list, dry_run: bool, nxt: str | N
             res["state"] = job.state
         if why:
             res["error"] = why
+        if what == "not_owner":
+            res["status"] = 403
         results.append(res)
     return {"action": action, "dry_run": dry_run, "matched": len(rows), "counts": counts,
-            "results": results, "next": nxt}
+            "results": results, "next": nxt, "skipped_not_owner": skipped}
 
 
 def status(table: JobTable, req: dict) -> dict:
@@ -104,12 +129,13 @@ def status(table: JobTable, req: dict) -> dict:
 
 def dry_run(table: JobTable, req: dict) -> dict:
     """A bulk change's dry run: what each named job would answer, changing nothing."""
-    ids, nxt = resolve(table, req)
-    rows = [predict(table, req["action"], i, req.get("set") or {}) for i in ids]
-    return answer(table, req["action"], rows, True, nxt)
+    ids, nxt, skipped = resolve_owned(table, req)
+    by = (req["by"], req["by_role"]) if req.get("by") is not None else None
+    rows = [predict(table, req["action"], i, req.get("set") or {}, by) for i in ids]
+    return answer(table, req["action"], rows, True, nxt, skipped)
 
 
-def entry(req: dict, ids: list[str], nxt: str | None, now_ms: int) -> dict:
+def entry(req: dict, ids: list[str], nxt: str | None, now_ms: int, skipped: int = 0) -> dict:
     """The committed entry of a bulk change (rid and fp bind it to the client's request)."""
     e: dict[str, Any] = {"k": "bulk", "rid": req["rid"], "t": now_ms, "op": req["action"],
                          "ids": ids}
@@ -119,4 +145,8 @@ def entry(req: dict, ids: list[str], nxt: str | None, now_ms: int) -> dict:
         e["set"] = dict(req["set"])
     if nxt is not None:
         e["nx"] = nxt
+    if req.get("by") is not None:
+        e.update(by=req["by"], br=req["by_role"])
+    if skipped:
+        e["so"] = skipped
     return e

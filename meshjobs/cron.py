@@ -288,6 +288,11 @@ class Cron:
             self.nxt = (self.done_ms, self.sched.next_after(self.done_ms))
         return self.nxt[1]
 
+    @property
+    def owner(self) -> str:
+        """Who owns it: the identity that added it, whose name its runs are submitted by."""
+        return str(self.job.get("submitted_by", "anonymous"))
+
     def same(self, spec: str, job: dict, catch_up: str, overlap: str) -> bool:
         return (self.spec, self.job, self.catch_up, self.overlap) == (spec, job, catch_up, overlap)
 
@@ -341,6 +346,7 @@ def record(c: Cron, now_ms: int | None = None) -> dict:
         "next_due": None if nxt is None else nxt / 1000.0,
         "last_due": c.last_due_ms / 1000.0 if c.last_due_ms else None,
         "last_job": c.last_id, "fired": c.fired, "skipped": c.skipped, "version": c.version,
+        "owner": c.owner,
     }
 
 
@@ -354,7 +360,7 @@ def parse_name(value: object) -> str:
     return value
 
 
-def parse_job(value: object) -> dict:
+def parse_job(value: object, committed: bool = False) -> dict:
     """The job spec a schedule's runs are submitted with: a submit spec without id, items,
     names or after (normalized as a submit's)."""
     if not isinstance(value, dict):
@@ -365,7 +371,7 @@ def parse_job(value: object) -> dict:
         raise ControlError(400, f"a schedule's job may not have {', '.join(sorted(refused))}: "
                                 "each run gets its own id (cron-NAME-TIME) and has one item "
                                 "with no input and no parents")
-    spec = parse_submit(value)
+    spec = parse_submit(value, committed)
     del spec["id"]
     if spec.get("member") == "*":
         # A fan-out's members are fixed by the leader at a submit from a client; a run fired by
@@ -375,7 +381,7 @@ def parse_job(value: object) -> dict:
     return spec
 
 
-def parse_add(body: object) -> dict:
+def parse_add(body: object, committed: bool = False) -> dict:
     """The body of PUT /cron/{name}: {"spec": "...", "job": {...}, "catch_up", "overlap",
     "replace"}."""
     if not isinstance(body, dict):
@@ -391,7 +397,7 @@ def parse_add(body: object) -> dict:
         sched = Schedule.parse(body["spec"])
     except CronError as e:
         raise ControlError(400, str(e)) from None
-    out: dict[str, Any] = {"spec": sched.text, "job": parse_job(body["job"]),
+    out: dict[str, Any] = {"spec": sched.text, "job": parse_job(body["job"], committed),
                            "catch_up": "latest", "overlap": "allow", "replace": True}
     for key, allowed in (("catch_up", CATCH_UP), ("overlap", OVERLAP)):
         v = body.get(key)
@@ -420,7 +426,7 @@ def parse_request(req: dict) -> dict:
         return out
     out.update(rid=parse_rid(req.get("rid")), fp=parse_fp(req.get("fp")))
     if action == "add":
-        out.update(parse_add({k: req[k] for k in ADD_KEYS if k in req}))
+        out.update(parse_add({k: req[k] for k in ADD_KEYS if k in req}, committed=True))
     return out
 
 
@@ -432,6 +438,8 @@ def entry(req: dict, now_ms: int) -> dict:
         e["fp"] = req["fp"]
     if req["action"] == "add":
         e.update({k: req[k] for k in ("spec", "job", "catch_up", "overlap", "replace")})
+    if req.get("by") is not None:
+        e.update(by=req["by"], br=req["by_role"])  # the table checks ownership
     return e
 
 

@@ -37,9 +37,15 @@ def rotated_name(k: int) -> str:
     return f"history.{k}.jsonl"
 
 
+REDACTED = "<redacted>"  # as meshjobs/identity.py shows a secret to who may not see it
+
+
 def line_of(record: dict, why: str, t_ms: int, index: int, member: str) -> bytes | None:
     """One record's line (with its newline), at most history_line_bytes_max bytes: a record too
     large keeps its program's name only, and no environment; None if even that is too large."""
+    # No env values, ever (keys only), and no notify URL: the file outlives the jobs' secrets.
+    record = {**record, "env": dict.fromkeys(record.get("env") or {}, REDACTED),
+              **({"notify": REDACTED} if record.get("notify") is not None else {})}
     row = {"at": t_ms / 1000.0, "why": why, "index": index, "member": member, "job": record}
     line = json.dumps(row, separators=(",", ":"), ensure_ascii=False).encode("utf-8",
                                                                               "surrogatepass")

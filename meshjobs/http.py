@@ -43,7 +43,19 @@ import structlog
 from aiohttp import web
 
 from blobstore import BlobCorrupt, BlobGone, StoreFull
-from meshjobs import auth, cron, fleetctl, httpconn, jsonbody, limits, metrics, placement, webui
+from meshjobs import (
+    auth,
+    cron,
+    fleetctl,
+    httpconn,
+    identity,
+    jsonbody,
+    limits,
+    metrics,
+    placement,
+    runas,
+    webui,
+)
 from meshjobs.auth import AuthError, Caller, LoginLimiter, Sessions
 from meshjobs.config import Auth
 from meshjobs.connbook import conns_limit
@@ -620,8 +632,18 @@ class HttpApi:
             timer.cancel()
         return Answer(int(answer[0]), answer[1])
 
-    async def _relay(self, request: dict, extra_ms: int = 0) -> web.Response:
+    async def _relay(self, request: dict, extra_ms: int = 0,
+                     viewer: Caller | None = None) -> web.Response:
         answer = await self._ask(request, extra_ms)
+        if viewer is not None:
+            answer = Answer(answer.status, identity.redact_body(answer.body, viewer.name,
+                                                                viewer.role))
+        if "by" in request:
+            # Every change, once, at the member that received it, with who asked for it.
+            self._log.info("http_change", op=request.get("op"), action=request.get("action"),
+                           id=request.get("id") or request.get("name") or request.get("pool"),
+                           by=request["by"], by_role=request["by_role"], status=answer.status,
+                           job=answer.body.get("id") if isinstance(answer.body, dict) else None)
         return web.json_response(answer.body, status=answer.status)
 
     async def _body_json(self, request: web.Request) -> Any:
@@ -670,18 +692,22 @@ class HttpApi:
         return raw
 
     async def _rid(self, request: web.Request) -> dict[str, str | None]:
-        """The request id of a change, and the fingerprint its Idempotency-Key is bound to:
-        the method, path and body, so that a key reused on another request is refused (422)
-        instead of answering that request with the first one's outcome."""
+        """The request id of a change, the fingerprint its Idempotency-Key is bound to (the
+        method, path and body, so that a key reused on another request is refused (422)
+        instead of answering that request with the first one's outcome), and who asks for it
+        (`by`, `by_role`: the leader checks ownership against them)."""
+        caller = request[CALLER]
+        assert caller is not None, "a change reached a handler without a caller"
+        by = {"by": caller.name, "by_role": caller.role}
         key = request.headers.get("Idempotency-Key")
         if key is None:
-            return {"rid": uuid.uuid4().hex, "fp": None}
+            return {"rid": uuid.uuid4().hex, "fp": None, **by}
         body = await self._read_body(request)
         h = blake3.blake3()
         for part in (request.method.encode(), request.path.encode("utf-8", "surrogateescape"), body):
             h.update(len(part).to_bytes(8, "big"))
             h.update(part)
-        return {"rid": parse_rid(key), "fp": h.hexdigest()[:32]}
+        return {"rid": parse_rid(key), "fp": h.hexdigest()[:32], **by}
 
     async def _blob_call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
@@ -717,7 +743,9 @@ class HttpApi:
             return web.json_response(answer.body, status=answer.status)
         # The node answers a page {"jobs", "next"}; clients get the list, and the cursor of the
         # next page in a header (and a Link), so that the body keeps its shape.
-        body = answer.body
+        caller = request[CALLER]
+        body = answer.body if caller is None else identity.redact_body(answer.body, caller.name,
+                                                                       caller.role)
         jobs, nxt = (body.get("jobs"), body.get("next")) if isinstance(body, dict) else (body, None)
         if not isinstance(jobs, list):
             return web.json_response(body, status=answer.status)
@@ -744,6 +772,7 @@ class HttpApi:
         rid = await self._rid(request)
         spec = dict(parse_submit(body))
         self._check_notify(spec)
+        await self._stamp_run_as(request, spec)
         if spec.get("user") is not None and self._user_check is not None:
             why = await self._blob_call(self._user_check, spec["user"])
             if why is not None:
@@ -770,6 +799,22 @@ class HttpApi:
             why = self._notify_policy.refusal_at_submit(url)
             if why is not None:
                 raise HttpError(400, why)
+
+
+    async def _stamp_run_as(self, request: web.Request, spec: dict) -> None:
+        """The user a submit's (or a schedule's) job runs as, as the caller's run_as allows
+        (meshjobs/identity.py Rule 2; 403 otherwise), and the caller's run_as in the spec, so
+        that the member running an item can hold a pool's user to it."""
+        caller = request[CALLER]
+        assert caller is not None, "a change reached a handler without a caller"
+        if caller.run_as is None:
+            return
+        user = await self._blob_call(identity.job_user, caller.name, caller.run_as,
+                                     spec.get("user"), runas.is_root)
+        spec.pop("user", None)
+        if user is not None:
+            spec["user"] = user
+        spec["run_as"] = list(caller.run_as)
 
     def _store_items(self, payloads: list[bytes | tuple[str, int]]) -> list[str | None]:
         """Runs in the executor: store inline payloads, check referred blobs exist.
@@ -825,6 +870,9 @@ class HttpApi:
             ask["since"] = parse_version(since)
         answer = await self._ask(ask, extra_ms=wait_ms)
         body = await self._waiting_for(answer.body)
+        caller = request[CALLER]
+        if caller is not None:
+            body = identity.redact_body(body, caller.name, caller.role)
         if isinstance(body, dict) and isinstance(body.get("items"), ItemRows):
             # Sent as it is encoded: no 36 MB string for 100,000 items, nor one copy of it.
             resp = web.StreamResponse(status=answer.status)
@@ -994,7 +1042,7 @@ class HttpApi:
         ask: dict[str, Any] = {"op": "bulk", "action": action, **body}
         if action != "status":
             ask.update(await self._rid(request))
-        return await self._relay(ask)
+        return await self._relay(ask, viewer=request[CALLER])
 
     async def _pools(self, request: web.Request) -> web.Response:
         """GET /pools: every pool, fleet-wide (the leader's view; see fleetctl.pools_view)."""
@@ -1062,6 +1110,9 @@ class HttpApi:
         body = await self._blob_call(history_file.read, history.folder, since, limit)
         body["member"] = self._member
         body["dropped"] = history.counts["history_dropped"]
+        caller = request[CALLER]
+        if caller is not None:
+            body = identity.redact_body(body, caller.name, caller.role)
         return web.json_response(body)
 
     async def _results(self, request: web.Request) -> web.StreamResponse:
@@ -1520,6 +1571,9 @@ class HttpApi:
         body = await self._body_json(request)
         added = cron.parse_add(body)  # refused here with the control's words, before any round trip
         self._check_notify(added["job"])
+        job = dict(body["job"])
+        await self._stamp_run_as(request, job)
+        body = {**body, "job": job}
         return await self._relay({"op": "cron", "action": "add", "name": name, **body,
                                   **await self._rid(request)})
 

@@ -89,6 +89,7 @@ def apply_rerun(tbl: JobTable, e: dict, index: int, t: int) -> dict:
     from meshjobs.table import CANCELLED, FAILED, PENDING, TIMEOUT, Refused
 
     job = tbl._job(e.get("id"))
+    tbl._owned(e, job.submitted_by, f"job {job.id}")
     auto = e.get("auto")
     failed_only = e.get("failed_only", False)
     if not isinstance(failed_only, bool):

@@ -43,9 +43,9 @@ from collections.abc import Callable
 from typing import Any
 
 from blobstore.digest import EMPTY_DIGEST
-from meshjobs import cron, limits, placement, reruns
+from meshjobs import cron, identity, limits, placement, reruns
 from meshjobs.compact import ItemQueue, entry_items
-from meshjobs.control import ITEM_STATES, JOB_FINAL_STATES, ControlError, parse_submit
+from meshjobs.control import ANONYMOUS, ITEM_STATES, JOB_FINAL_STATES, ControlError, parse_submit
 from meshjobs.fleetctl import CtlRefused, FleetCtl
 
 # Item states, stored as one byte each.
@@ -107,6 +107,7 @@ class Job:
         "notify",
         "restart", "restart_delay_s", "resubmit", "stdout_path", "stderr_path",
         "run", "restarts", "resubmits", "due_ms", "due_why", "past",
+        "submitted_by", "run_as",
     )
 
     def __init__(self, job_id: str, seq: int, spec: dict, digest: bytes, stdin: list, t: int) -> None:
@@ -145,6 +146,10 @@ class Job:
         self.resubmit: int | None = spec.get("resubmit")
         self.stdout_path: str | None = spec.get("stdout")  # items' stdout also written here
         self.stderr_path: str | None = spec.get("stderr")
+        # Who submitted it (an identity's name; jobs from before identities: "anonymous"), and
+        # the users its submitter's jobs may run as (None: any, the member's own among them).
+        self.submitted_by: str = spec.get("submitted_by", ANONYMOUS)
+        self.run_as: list[str] | None = spec.get("run_as")
         self.run = 1
         self.restarts = 0
         self.resubmits = 0
@@ -222,6 +227,9 @@ class Job:
                                  ("restart_delay_s", self.restart_delay_s),
                                  ("stdout", self.stdout_path), ("stderr", self.stderr_path))
                if v is not None},
+            # Only when named, so that a spec from before identities stays as it was.
+            **({} if self.submitted_by == ANONYMOUS else {"submitted_by": self.submitted_by}),
+            **({} if self.run_as is None else {"run_as": self.run_as}),
         }
 
 
@@ -321,6 +329,19 @@ class JobTable:
 
     def _count(self, name: str, n: int = 1) -> None:
         self.counts[name] = self.counts.get(name, 0) + n
+
+    def _owned(self, e: dict, owner: str, what: str) -> None:
+        """Refuses (403, naming the owner) a change by an identity that may not change what
+        `owner` submitted (meshjobs/identity.py Rule 1): the entry's `by` and `br` (its role)
+        are the request's. An entry without them (from before identities, or the leader's own)
+        may change anything."""
+        by, role = e.get("by"), e.get("br")
+        if by is None:
+            return
+        if not isinstance(by, str) or not isinstance(role, str):
+            raise Refused(400, "malformed identity", "malformed")
+        if not identity.may_change(by, role, owner):
+            raise Refused(403, identity.not_owner(what, owner, by)["error"], "not_owner")
 
     def _job(self, job_id: object) -> Job:
         if not isinstance(job_id, str):
@@ -658,6 +679,7 @@ class JobTable:
 
     def _apply_cancel(self, e: dict, index: int, t: int) -> dict:
         job = self._job(e.get("id"))
+        self._owned(e, job.submitted_by, f"job {job.id}")
         if job.finished and job.due_ms:
             # A cancel stops restarting (meshjobs.reruns, Rule 4): the due re-run is dropped.
             reruns.unschedule(self, job)
@@ -682,6 +704,7 @@ class JobTable:
 
     def _apply_forget(self, e: dict, index: int, t: int) -> dict:
         job = self._job(e.get("id"))
+        self._owned(e, job.submitted_by, f"job {job.id}")
         kids = self.dependents.get(job.id)
         if kids:
             shown = ", ".join(list(kids)[:10]) + (f" and {len(kids) - 10} more" if len(kids) > 10 else "")
@@ -736,10 +759,14 @@ class JobTable:
                 "priority", "hold", "max_leases"}:
             raise Refused(400, "malformed bulk change", "malformed")
         rows = []
+        who = {k: e[k] for k in ("by", "br") if k in e}
         for job_id in ids:
-            out = self._apply_one({"k": op, "t": t, "id": job_id, **fields}, index, nested=True)
+            out = self._apply_one({"k": op, "t": t, "id": job_id, **fields, **who}, index,
+                                  nested=True)
             if out.get("ok"):
                 rows.append([job_id, "changed", None])
+            elif out.get("reason") == "not_owner":
+                rows.append([job_id, "not_owner", out.get("error")])
             elif out.get("reason") in ("unknown_job", "forgotten"):
                 rows.append([job_id, "no_such_job", None])
             elif out.get("reason") == "finished":
@@ -748,12 +775,15 @@ class JobTable:
                 rows.append([job_id, "refused", out.get("error")])
         self._count("bulk_changes")
         nxt = e.get("nx")  # the cursor of the filter's next page, handed back to the client
+        skipped = e.get("so")  # jobs the filter matched that the caller may not change
         return {"ok": True, "op": op, "rows": rows,
+                **({"skipped_not_owner": skipped} if _is_int(skipped) and skipped > 0 else {}),
                 "next": nxt if isinstance(nxt, str) and len(nxt) <= limits.jobs_cursor_chars_max
                 else None}
 
     def _apply_tone(self, e: dict, index: int, t: int) -> dict:
         job = self._job(e.get("id"))
+        self._owned(e, job.submitted_by, f"job {job.id}")
         if job.finished:
             raise Refused(409, f"job {job.id} has already ended ({job.state})", "finished")
         changes = {}
@@ -809,6 +839,8 @@ class JobTable:
             return self._cron_fire(c, d, index, t)
         if op not in ("add", "rm", "pause", "resume"):
             raise Refused(400, "malformed schedule change", "malformed")
+        if c is not None:
+            self._owned(e, c.owner, f"schedule {name}")
         if op != "add":
             if c is None:
                 raise Refused(404, f"no schedule {name} (see `meshctl cron list`)", "unknown_cron")
@@ -825,7 +857,7 @@ class JobTable:
         spec, job, catch_up, overlap = e.get("spec"), e.get("job"), e.get("catch_up"), e.get("overlap")
         try:
             ok = (isinstance(spec, str) and cron.Schedule.parse(spec).text == spec
-                  and isinstance(job, dict) and cron.parse_job(job) == job
+                  and isinstance(job, dict) and cron.parse_job(job, committed=True) == job
                   and catch_up in cron.CATCH_UP and overlap in cron.OVERLAP)
         except (ControlError, cron.CronError):
             ok = False
@@ -975,6 +1007,7 @@ class JobTable:
             "id": job.id,
             "state": job.state,
             "version": job.version,
+            "submitted_by": job.submitted_by,
             "priority": job.priority,
             "hold": job.hold,
             "tags": list(job.tags),
@@ -1320,7 +1353,7 @@ def _spec_ok(spec: dict) -> bool:
     if "id" in spec or "items" in spec:
         return False
     try:
-        return parse_submit(spec) == {**spec, "id": None}
+        return parse_submit(spec, committed=True) == {**spec, "id": None}
     except ControlError:
         return False
 

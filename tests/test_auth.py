@@ -266,3 +266,49 @@ def test_login_limiter_is_a_token_bucket_per_address() -> None:
     assert lim.refused == 4
     lim.take("c", 101.0)  # a third address: the longest idle ("b") is forgotten
     assert len(lim) == 2
+
+
+@pytest.mark.parametrize("req", [
+    {"by": "x" * 65, "by_role": "submit"}, {"by": "a b", "by_role": "submit"},
+    {"by": "", "by_role": "submit"}, {"by": 5, "by_role": "submit"},
+    {"by": "ci", "by_role": "root"}, {"by": "ci"}, {"by_role": "admin"},
+    {"by": "ci\x00", "by_role": "admin"}, {"by": ["ci"], "by_role": "admin"},
+])
+def test_hostile_by_is_refused(req: dict) -> None:
+    from meshjobs.control import ControlError, parse_request
+
+    with pytest.raises(ControlError):
+        parse_request({"op": "cancel", "rid": "r1", "id": "j1", **req})
+
+
+@pytest.mark.parametrize("run_as", [
+    "alice", [1001], ["-rf"], ["a" * 40], [None], ["*"] * 0 + [["x"]],
+    ["u"] * 65, ["../etc"], ["1:2:3"], [str(2**32)],
+])
+def test_hostile_run_as_is_refused(run_as: object, tmp_path) -> None:
+    """[auth] tokens run_as: anything but a short list of users is a config problem."""
+    import json as _json
+
+    from meshjobs.config import ConfigError, load_config
+
+    path = tmp_path / "m.toml"
+    path.write_text('name = "m"\n[auth]\ntokens = [ { name = "t", role = "submit", sha256 = "'
+                    + "ab" * 32 + f'", run_as = {_json.dumps(run_as)} }} ]\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(str(path))
+    assert "run_as" in str(e.value)
+
+
+def test_run_as_defaults_and_local_identity() -> None:
+    from meshjobs.identity import job_user
+
+    assert auth.identify(Auth(), None) == Caller("local", "admin", "open")
+    anon = Auth(configured=True, tokens=(), allow_anonymous=True, anonymous_role="submit")
+    assert auth.identify(anon, None).run_as == ()
+    def never_root(u: str) -> bool:
+        return u in ("root", "0")
+    assert job_user("local", None, "0", never_root) == "0"  # local may run as anyone
+    assert job_user("t", ("*",), None, never_root) is None
+    with pytest.raises(Exception, match="root"):
+        job_user("t", ("*", "alice"), "root", never_root)
+    assert job_user("t", ("root",), "0", never_root) == "0"

@@ -259,8 +259,9 @@ def test_parse_request_and_entry() -> None:
                          "spec": "@hourly", "job": {"argv": ["x"]}, "overlap": "skip"})
     e = cron.entry(req, 5)
     assert e == {"k": "cron", "rid": "r1", "t": 5, "op": "add", "name": "n", "spec": "@hourly",
-                 "job": cron.parse_job({"argv": ["x"]}), "catch_up": "latest",
-                 "overlap": "skip", "replace": True}
+                 "job": {**cron.parse_job({"argv": ["x"]}), "submitted_by": "local"},
+                 "catch_up": "latest", "overlap": "skip", "replace": True,
+                 "by": "local", "br": "admin"}  # a request without by is the member's own
     assert parse_request({"op": "cron", "action": "list"}) == {"op": "cron", "action": "list"}
 
 

@@ -277,9 +277,10 @@ def test_cancel_and_forget_ops(srv: Server) -> None:
     fingerprint (method, path, body), which differs between two requests."""
     status, body = srv.json("POST", "/jobs/j1/cancel", headers={"Idempotency-Key": "k:1"})
     assert status == 200 and body["state"] == "cancelled"
-    req = srv.control.last()
+    req = srv.control.last(by=True)
     fp = req.pop("fp")
-    assert req == {"op": "cancel", "rid": "k:1", "id": "j1"}
+    # Who asks goes with it: a member without [auth] is the `local` identity.
+    assert req == {"op": "cancel", "rid": "k:1", "id": "j1", "by": "local", "by_role": "admin"}
     assert re.fullmatch("[0-9a-f]{32}", fp)
     srv.json("POST", "/jobs/j2/cancel", headers={"Idempotency-Key": "k:1"})
     assert srv.control.last()["fp"] != fp

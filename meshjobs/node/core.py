@@ -88,6 +88,14 @@ def _rows_ok(rows: Any) -> bool:
         and type(r[2]) is int for r in rows)
 
 
+def _pool_user_bound(job: Any, pool: Any) -> tuple[str, ...] | None:
+    """What the driver holds a pool's user to: the submitter's run_as, when the item runs as
+    its pool's user (the job names none) and the submitter has one."""
+    if job.user is not None or job.run_as is None or pool is None or pool.user is None:
+        return None
+    return tuple(job.run_as)
+
+
 def _output_paths(job: Any, i: int) -> tuple[str | None, str | None]:
     """The paths item `i` of `job` also writes its stdout and stderr to (`{index}` filled in)."""
     return tuple(None if p is None else p.replace(OUTPUT_INDEX, str(i))  # type: ignore[return-value]
@@ -458,11 +466,12 @@ class JobNode:
         elif op == "bulk":
             # A filter is resolved here, against the leader's committed table; the entry names
             # the ids, so that every member changes the same jobs.
-            ids, nxt = bulk.resolve(self.table, req)
+            ids, nxt, skipped = bulk.resolve_owned(self.table, req)
             if not ids:
-                self._reply(token, 200, bulk.answer(self.table, req["action"], [], False, None))
+                self._reply(token, 200, bulk.answer(self.table, req["action"], [], False, None,
+                                                    skipped))
                 return
-            entry = bulk.entry(req, ids, nxt, self.now_ms)
+            entry = bulk.entry(req, ids, nxt, self.now_ms, skipped)
             job_id = None
         elif op in ("pool", "member"):
             job_id = None
@@ -479,6 +488,7 @@ class JobNode:
             # may have been deposed, and its table may lag. "No such job" must come from a
             # committed entry (the table refuses it with 404), never from a stale table.
             entry["id"] = job_id
+            entry.update(by=req["by"], br=req["by_role"])  # the table checks ownership
             if op == "tone":
                 for k in ("priority", "hold", "max_leases"):
                     if k in req:
@@ -586,7 +596,7 @@ class JobNode:
         if op == "bulk" and outcome.get("ok"):
             self._answer(token, Answer(200, bulk.answer(
                 self.table, outcome.get("op", ""), outcome.get("rows") or [], False,
-                outcome.get("next"))), index)
+                outcome.get("next"), outcome.get("skipped_not_owner", 0))), index)
             return
         if not outcome.get("ok"):
             answer = Answer(outcome.get("status", 409), {"error": outcome.get("error", "refused")})
@@ -830,7 +840,8 @@ class JobNode:
                                  pool.kind if pool is not None else "command",
                                  job.user if job.user is not None
                                  else pool.user if pool is not None else None,
-                                 job.inherit_env, *_output_paths(job, i), pool=job.pool))
+                                 job.inherit_env, *_output_paths(job, i), pool=job.pool,
+                                 run_as=_pool_user_bound(job, pool)))
         self._stop_check()
 
     # --- frames between members, seen from both ends --------------------------------------------

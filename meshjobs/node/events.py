@@ -145,6 +145,9 @@ class Run:
     stderr_path: str | None = None  # and its stderr here (--stderr)
     # The job's pool: a python pool's workers run as that pool's user (meshjobs.pypool).
     pool: str | None = None
+    # The users the job's submitter may run as, when `user` is the pool's (None: no bound):
+    # the driver refuses a pool user outside it (meshjobs/identity.py Rule 2).
+    run_as: tuple[str, ...] | None = None
 
     @property
     def key(self) -> tuple[str, int, int]:
