@@ -498,7 +498,7 @@ def _lines(raw: bytes, where: str) -> list[Any]:
               help="Run the whole job again each time it ends done, up to N times or forever "
                    "(a cancel stops it).")
 @click.option("--restart-delay", "restart_delay", metavar="S",
-              type=click.FloatRange(0, limits.restart_delay_s_max),
+              type=click.FloatRange(limits.restart_delay_s_min, limits.restart_delay_s_max),
               help="Wait S seconds before each automatic re-run (--restart, --resubmit).")
 @click.option("--resubmit", "resubmit", type=click.IntRange(1, limits.resubmit_max), metavar="N",
               help="Run the whole job again when it ends done or failed (placed afresh), up "
@@ -1628,8 +1628,11 @@ def _rerun_rows(record: dict) -> list[tuple[str, str]]:
         asked.append(f"resubmit {record.get('resubmits', 0)} of {record['resubmit']}")
     rows.append(("run", f"{record['run']}" + (f" ({', '.join(asked)})" if asked else "")))
     if record.get("rerun_due_at"):
+        capped = (f", later than its delay: it re-ran {limits.restarts_per_minute_max} times "
+                  "within a minute (restarts_per_minute_max)"
+                  if record.get("rerun_wait") == "restarts_per_minute_max" else "")
         rows.append(("next run", f"{record.get('rerun_due_why')} at "
-                                 f"{_when(record['rerun_due_at'])} (meshctl job cancel "
+                                 f"{_when(record['rerun_due_at'])}{capped} (meshctl job cancel "
                                  f"{record.get('id')} stops it)"))
     for p in record.get("previous_runs") or []:
         rows.append((f"run {p.get('run')}", f"{p.get('state')} at {_when(p.get('finished_at'))}: "

@@ -409,6 +409,7 @@ def parse_request(req: object) -> dict:
         if not isinstance(spec, dict):
             raise ControlError(400, "submit needs a spec")
         spec = parse_submit({k: v for k, v in spec.items() if k != "items"})
+        check_restart_delay(spec)
         items = req.get("items")
         if not isinstance(items, list) or not items or len(items) > limits.items_max:
             raise ControlError(400, "submit needs a non-empty list of item digests")
@@ -656,6 +657,20 @@ def parse_output_path(value: object, name: str) -> str:
         raise ControlError(400, f"{name}: the only placeholder is {OUTPUT_INDEX} (the item's "
                                 "index); remove other braces")
     return path
+
+
+def check_restart_delay(spec: dict) -> None:
+    """A new submit's restart delay is at least `limits.restart_delay_s_min` (reruns.py Rule
+    6). Checked on a request, not in parse_submit: a spec committed before the minimum existed
+    stays valid in the journal (the table waits the minimum for it)."""
+    delay = spec.get("restart_delay_s")
+    if delay is not None and delay < limits.restart_delay_s_min:
+        raise ControlError(400, f"restart_delay_s must be at least {limits.restart_delay_s_min} "
+                                f"second(s) (restart_delay_s_min), not {delay:g}: give "
+                                f"{limits.restart_delay_s_min} or more, or leave it out (the "
+                                "minimum is the default); a job re-runs at most "
+                                f"{limits.restarts_per_minute_max} times a minute "
+                                "(restarts_per_minute_max)")
 
 
 def parse_rerun_keys(body: dict) -> dict:

@@ -330,6 +330,13 @@ run_ms_average_weight_fraction = 0.2
 restart_max = 10_000  # automatic re-runs after success a job may ask for (--restart N; or "forever")
 resubmit_max = 100  # whole-job re-runs after it ends (--resubmit N)
 restart_delay_s_max = 7 * 86_400  # the wait before an automatic re-run (--restart-delay S)
+# Restarts bounded (a `true` with restart forever must not rerun a hundred times a second): a
+# submit asking for a shorter delay is refused (a spec committed before the minimum existed is
+# run with the minimum), and a job's automatic re-runs (restart and resubmit) within any minute
+# are at most `restarts_per_minute_max`: the next one is due when the minute allows it.
+restart_delay_s_min = 1  # the shortest wait before an automatic re-run (--restart-delay S)
+restarts_per_minute_max = 6  # automatic re-runs of one job within any 60 s
+restarts_window_ms = 60_000  # the window restarts_per_minute_max counts in
 job_runs_kept_max = 16  # summaries of earlier runs a job's record keeps (the oldest dropped first)
 output_path_chars_max = 4096  # a --stdout / --stderr path, before {index} is filled in
 output_path_write_s_max = 60  # writing one item's output to its path as another user
@@ -449,6 +456,12 @@ RELATIONS: tuple[tuple[str, str, Callable[[dict[str, Any]], bool]], ...] = (
      lambda v: v["join_retry_s"] < v["join_s_max"]),
     ("a result's copies are no more than the holders its row names", "blob_copies",
      lambda v: 1 <= v["blob_copies"] <= v["result_holders_max"]),
+    ("the shortest restart delay is within the longest", "restart_delay_s_min",
+     lambda v: 0 < v["restart_delay_s_min"] <= v["restart_delay_s_max"]),
+    ("the cap of a minute's restarts binds before the shortest delay does",
+     "restarts_per_minute_max",
+     lambda v: 1 <= v["restarts_per_minute_max"]
+     < v["restarts_window_ms"] / (v["restart_delay_s_min"] * 1000)),
 )
 
 

@@ -107,6 +107,7 @@ class Job:
         "notify",
         "restart", "restart_delay_s", "resubmit", "stdout_path", "stderr_path",
         "run", "restarts", "resubmits", "due_ms", "due_why", "past",
+        "rerun_times", "due_capped",
     )
 
     def __init__(self, job_id: str, seq: int, spec: dict, digest: bytes, stdin: list, t: int) -> None:
@@ -151,6 +152,10 @@ class Job:
         self.due_ms = 0
         self.due_why: str | None = None
         self.past: list[dict] | None = None
+        # The entry times of its last automatic re-runs (reruns.py Rule 6), and whether the
+        # one due waits for them.
+        self.rerun_times: list[int] | None = None
+        self.due_capped = False
         self.digest = digest
         self.submitted_ms = t
         self.finished_ms = 0
