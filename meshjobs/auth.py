@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from meshjobs import limits
+from meshjobs.control import ANONYMOUS, LOCAL
+from meshjobs.identity import default_run_as
 
 ROLES = ("read", "submit", "admin")  # the same order as meshjobs.config.ROLES
 READ_METHODS = frozenset({"GET", "HEAD"})
@@ -80,11 +82,14 @@ class AuthLike(Protocol):
 
 @dataclass(frozen=True)
 class Caller:
-    """Who a request comes from: a token's (or session's) name, or "anonymous"/"open"."""
+    """Who a request comes from: a token's (or session's) name, "anonymous" (no token, with
+    allow_anonymous), or "local" (a member without [auth]: one person's machine)."""
 
     name: str
     role: str
     via: str  # "token", "session", "anonymous" or "open" (no [auth] table)
+    # The users its jobs may run as (meshjobs/identity.py Rule 2); None: any (`local`).
+    run_as: tuple[str, ...] | None = None
 
 
 def role_allows(have: str, need: str) -> bool:
@@ -140,18 +145,19 @@ def identify(auth: AuthLike, header: str | None, session: Caller | None = None) 
     """Who sent a request: from its Authorization header, else its session, else anonymous.
     Raises AuthError(401) when nobody may be assumed (Rule 3)."""
     if not auth.configured:
-        return Caller("open", "admin", "open")
+        return Caller(LOCAL, "admin", "open")
     token = bearer(header)
     if token is not None:
         t = find_token(auth.tokens, token)
         if t is None:
             raise AuthError(401, "invalid", "the token is none of this member's tokens; "
                             + TOKEN_HINT)
-        return Caller(t.name, t.role, "token")
+        return Caller(t.name, t.role, "token", tuple(getattr(t, "run_as", ())))
     if session is not None:
         return session
     if auth.allow_anonymous:
-        return Caller("anonymous", auth.anonymous_role, "anonymous")
+        return Caller(ANONYMOUS, auth.anonymous_role, "anonymous",
+                      default_run_as(auth.anonymous_role))
     raise AuthError(401, "missing", "this member wants a token: " + TOKEN_HINT)
 
 

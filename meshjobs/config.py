@@ -17,6 +17,7 @@ from typing import Any
 
 from meshjobs import configfile, limits
 from meshjobs.control import POOL_RE, ControlError, parse_user
+from meshjobs.identity import default_run_as
 from meshjobs.itemenv import DEFAULT_PASS
 from meshjobs.node import Pool
 
@@ -57,6 +58,9 @@ class Token:
     name: str
     role: str  # one of ROLES
     sha256: bytes  # 32 bytes
+    # The users its jobs may run as (meshjobs/identity.py Rule 2; "*": any but root), the first
+    # the default. From the config's run_as; without one: ["*"] for admin, none for the others.
+    run_as: tuple[str, ...] = ()
 
 
 @dataclass
@@ -261,7 +265,8 @@ def _tls_file(value: str | None, key: str, base: str) -> str | None:
 def _auth(table: configfile.AuthTable | None, problems: _Problems) -> Auth:
     if table is None:
         return Auth()
-    tokens = tuple(Token(t.name, t.role, bytes.fromhex(t.sha256)) for t in table.tokens or ())
+    tokens = tuple(Token(t.name, t.role, bytes.fromhex(t.sha256), default_run_as(t.role)
+                         if t.run_as is None else tuple(t.run_as)) for t in table.tokens or ())
     if len({t.name for t in tokens}) != len(tokens):
         problems.add("[auth] tokens: every token needs its own name")
     if len({t.sha256 for t in tokens}) != len(tokens):

@@ -53,6 +53,16 @@ def _env_pass(value: Any) -> Any:
     return value
 
 
+def _run_as(value: Any) -> Any:
+    """[auth] tokens run_as: the users a token's jobs may run as (control.parse_run_as)."""
+    from meshjobs.control import ControlError, parse_run_as
+
+    try:
+        return parse_run_as(value)
+    except ControlError as e:
+        raise ValueError(f": {e.message}") from None
+
+
 def _sha256(value: str) -> str:
     try:
         ok = len(bytes.fromhex(value)) == 32
@@ -125,12 +135,16 @@ class TokenTable(_Table):
     role: Literal["read", "submit", "admin"] = Field(description="one of read, submit, admin")
     sha256: Annotated[str, AfterValidator(_sha256)] = Field(
         description="the 64 hex characters of the token's SHA-256")
+    run_as: Annotated[Any, BeforeValidator(_run_as)] | None = Field(
+        None, description='a list of users its jobs may run as ("alice", "1001", "1001:1001"; '
+                          '"*": any user but root; "root" or "0": root too), the first the '
+                          "default")
 
 
 class AuthTable(_Table):
     tokens: list[TokenTable] | None = Field(
         None, description='a list of { name = "...", role = "read|submit|admin", '
-                          'sha256 = "<hex sha256 of the token>" } tables')
+                          'sha256 = "<hex sha256 of the token>", run_as = [...] } tables')
     allow_anonymous: bool | None = Field(None, description="true or false")
     anonymous_role: Literal["read", "submit", "admin"] | None = Field(
         None, description="one of read, submit, admin")

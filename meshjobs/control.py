@@ -62,6 +62,15 @@ SUBMIT_KEYS = frozenset(
      "items", "max_leases", "names", "user", "inherit_env", "after", "member", "notify"}
     | {"restart", "restart_delay_s", "resubmit", "stdout", "stderr"}
 )
+# Keys of a committed spec that no client sets: the HTTP edge and the leader stamp them (who
+# submitted the job, and the users its items may run as; meshjobs/identity.py).
+SPEC_IDENTITY_KEYS = frozenset({"submitted_by", "run_as"})
+# Who asks for a change: an identity's name (a token's, "local" without [auth], "anonymous")
+# and its role, stamped by the HTTP edge on every change request (`by`, `by_role`).
+IDENTITY_RE = POOL_RE
+ROLES = ("read", "submit", "admin")  # the same order as meshjobs.auth.ROLES
+LOCAL = "local"  # the identity of a member without [auth] (one person's machine)
+ANONYMOUS = "anonymous"  # a request without a token (allow_anonymous), and jobs from before names
 TONE_KEYS = frozenset({"priority", "hold", "max_leases"})
 # The ops that are log entries ("cron": its list and get are reads, its other actions changes).
 CHANGE_OPS = frozenset({"submit", "cancel", "forget", "tone", "bulk", "pool", "member", "rerun",
@@ -172,15 +181,52 @@ def parse_env(value: object) -> dict[str, str]:
     return dict(sorted(value.items()))
 
 
-def parse_submit(body: object) -> dict:
+def parse_identity(value: object, name: str = "by") -> str:
+    """The name of an identity (a token's name, "local" or "anonymous")."""
+    if not isinstance(value, str) or not IDENTITY_RE.fullmatch(value):
+        raise ControlError(400, f"bad {name} {str(value)[:80]!r}: an identity is 1 to "
+                                f"{limits.pool_chars_max} letters, digits, '.', '_' or '-'")
+    return value
+
+
+def parse_by(req: dict) -> tuple[str, str]:
+    """Who asks for a change (`by`, `by_role`). A request without them comes from a caller
+    older than identities: it counts as the member's own (`local`, admin)."""
+    if "by" not in req and "by_role" not in req:
+        return LOCAL, "admin"
+    role = req.get("by_role")
+    if role not in ROLES:
+        raise ControlError(400, f"bad by_role {str(role)[:40]!r}: use one of {', '.join(ROLES)}")
+    return parse_identity(req.get("by")), role
+
+
+def parse_run_as(value: object) -> list[str]:
+    """The users an identity's jobs may run as: user names or ids (parse_user), or "*" (any
+    user but root). Normalized as users are, duplicates dropped, order kept (the first is the
+    default user of its jobs)."""
+    if not isinstance(value, list):
+        raise ControlError(400, 'run_as must be a list of users ("alice", "1001", "1001:1001") '
+                                'or ["*"]')
+    if len(value) > limits.run_as_users_max:
+        raise ControlError(400, f"run_as names at most {limits.run_as_users_max} users")
+    out: list[str] = []
+    for u in value:
+        v = "*" if u == "*" else parse_user(u)
+        if v not in out:
+            out.append(v)
+    return out
+
+
+def parse_submit(body: object, committed: bool = False) -> dict:
     """Validate a submit spec (the JSON body of POST /jobs) and return it normalized.
 
     The normalized spec has every key with its default; `items` is left as given (the HTTP edge
-    turns it into blob digests) but its shape and count are checked here.
+    turns it into blob digests) but its shape and count are checked here. `committed`: the spec
+    may carry the identity keys (SPEC_IDENTITY_KEYS) that only members set, never a client.
     """
     if not isinstance(body, dict):
         raise ControlError(400, "a job spec must be a JSON object with at least \"argv\"")
-    unknown = set(body) - SUBMIT_KEYS
+    unknown = set(body) - (SUBMIT_KEYS | SPEC_IDENTITY_KEYS if committed else SUBMIT_KEYS)
     if unknown:
         raise ControlError(400, f"unknown key(s) in job spec: {', '.join(sorted(map(str, unknown)))[:200]}")
     if "argv" not in body:
@@ -257,6 +303,10 @@ def parse_submit(body: object) -> dict:
         from meshjobs.fleetctl import parse_notify
         spec["notify"] = parse_notify(body["notify"])
     spec.update(parse_rerun_keys(body))
+    if committed and body.get("submitted_by") is not None:
+        spec["submitted_by"] = parse_identity(body["submitted_by"], "submitted_by")
+    if committed and body.get("run_as") is not None:
+        spec["run_as"] = parse_run_as(body["run_as"])
     if "items" in body and body["items"] is not None:
         items = body["items"]
         if not isinstance(items, list) or not items:
@@ -400,15 +450,25 @@ def parse_tone(body: object) -> dict:
 
 
 def parse_request(req: object) -> dict:
-    """Validate a whole control request (as it reaches the node, locally or forwarded)."""
+    """Validate a whole control request (as it reaches the node, locally or forwarded). A
+    change keeps who asks for it (`by`, `by_role`, parse_by)."""
     if not isinstance(req, dict):
         raise ControlError(400, "a control request must be an object")
+    out = _parse_request(req)
+    if out["op"] in CHANGE_OPS and "rid" in out:
+        out["by"], out["by_role"] = parse_by(req)
+        if out["op"] == "submit":
+            out["spec"]["submitted_by"] = out["by"]
+    return out
+
+
+def _parse_request(req: dict) -> dict:
     op = req.get("op")
     if op == "submit":
         spec = req.get("spec")
         if not isinstance(spec, dict):
             raise ControlError(400, "submit needs a spec")
-        spec = parse_submit({k: v for k, v in spec.items() if k != "items"})
+        spec = parse_submit({k: v for k, v in spec.items() if k != "items"}, committed=True)
         check_restart_delay(spec)
         items = req.get("items")
         if not isinstance(items, list) or not items or len(items) > limits.items_max:

@@ -71,7 +71,7 @@ import structlog
 
 from blobstore.digest import EMPTY_DIGEST
 from blobstore.errors import BlobError
-from meshjobs import limits, outpaths, pidwatch, runas, spawn
+from meshjobs import identity, limits, outpaths, pidwatch, runas, spawn
 from meshjobs.capture import Capture
 from meshjobs.itemenv import DEFAULT_PASS, base_env
 from meshjobs.node.events import ItemEnded, Run
@@ -323,6 +323,8 @@ class Driver:
                         cuts.discard(item.key)
                         now = self._clock_ms()
                         self._report_unstarted(item, "cut", now, None)
+                    elif (why := _pool_user_refused(item, self._member)) is not None:
+                        self._report_unstarted(item, "failed", self._clock_ms(), why)
                     elif item.kind == "python":
                         self._py_start(item)
                     else:
@@ -1016,3 +1018,16 @@ def reap_orphans(own: set[int]) -> int:
         if got == pid:
             reaped += 1
     return reaped
+
+
+def _pool_user_refused(item: Run, member: str) -> str | None:
+    """Why an item may not run as its pool's user: the job's submitter may not run as it
+    (Run.run_as, meshjobs/identity.py Rule 2); None when it may, or nothing bounds it."""
+    if item.run_as is None or item.user is None:
+        return None
+    if identity.user_allowed(item.run_as, item.user, runas.is_root):
+        return None
+    return (f"the pool of this job runs its items as user {item.user!r} on member {member}, "
+            f"and the job's submitter may run as: {identity.allowed_text(item.run_as)}; submit "
+            "with a user it may run as, to a pool whose user it may run as, or ask the "
+            "operator to add the user to the token's run_as")

@@ -43,7 +43,19 @@ import structlog
 from aiohttp import web
 
 from blobstore import BlobCorrupt, BlobGone, StoreFull
-from meshjobs import auth, cron, fleetctl, httpconn, jsonbody, limits, metrics, placement, webui
+from meshjobs import (
+    auth,
+    cron,
+    fleetctl,
+    httpconn,
+    identity,
+    jsonbody,
+    limits,
+    metrics,
+    placement,
+    runas,
+    webui,
+)
 from meshjobs.auth import AuthError, Caller, Sessions
 from meshjobs.config import Auth
 from meshjobs.connbook import conns_limit
@@ -608,6 +620,12 @@ class HttpApi:
 
     async def _relay(self, request: dict, extra_ms: int = 0) -> web.Response:
         answer = await self._ask(request, extra_ms)
+        if "by" in request:
+            # Every change, once, at the member that received it, with who asked for it.
+            self._log.info("http_change", op=request.get("op"), action=request.get("action"),
+                           id=request.get("id") or request.get("name") or request.get("pool"),
+                           by=request["by"], by_role=request["by_role"], status=answer.status,
+                           job=answer.body.get("id") if isinstance(answer.body, dict) else None)
         return web.json_response(answer.body, status=answer.status)
 
     async def _body_json(self, request: web.Request) -> Any:
@@ -656,18 +674,22 @@ class HttpApi:
         return raw
 
     async def _rid(self, request: web.Request) -> dict[str, str | None]:
-        """The request id of a change, and the fingerprint its Idempotency-Key is bound to:
-        the method, path and body, so that a key reused on another request is refused (422)
-        instead of answering that request with the first one's outcome."""
+        """The request id of a change, the fingerprint its Idempotency-Key is bound to (the
+        method, path and body, so that a key reused on another request is refused (422)
+        instead of answering that request with the first one's outcome), and who asks for it
+        (`by`, `by_role`: the leader checks ownership against them)."""
+        caller = request[CALLER]
+        assert caller is not None, "a change reached a handler without a caller"
+        by = {"by": caller.name, "by_role": caller.role}
         key = request.headers.get("Idempotency-Key")
         if key is None:
-            return {"rid": uuid.uuid4().hex, "fp": None}
+            return {"rid": uuid.uuid4().hex, "fp": None, **by}
         body = await self._read_body(request)
         h = blake3.blake3()
         for part in (request.method.encode(), request.path.encode("utf-8", "surrogateescape"), body):
             h.update(len(part).to_bytes(8, "big"))
             h.update(part)
-        return {"rid": parse_rid(key), "fp": h.hexdigest()[:32]}
+        return {"rid": parse_rid(key), "fp": h.hexdigest()[:32], **by}
 
     async def _blob_call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
@@ -729,6 +751,7 @@ class HttpApi:
         body = await self._body_json(request)
         rid = await self._rid(request)
         spec = dict(parse_submit(body))
+        await self._stamp_run_as(request, spec)
         if spec.get("user") is not None and self._user_check is not None:
             why = await self._blob_call(self._user_check, spec["user"])
             if why is not None:
@@ -746,6 +769,21 @@ class HttpApi:
                 why = str(e) or "the blob store of this member is full"
                 raise HttpError(503, f"{why}; try another member, or free space") from None
         return await self._relay({"op": "submit", **rid, "spec": spec, "items": items})
+
+    async def _stamp_run_as(self, request: web.Request, spec: dict) -> None:
+        """The user a submit's (or a schedule's) job runs as, as the caller's run_as allows
+        (meshjobs/identity.py Rule 2; 403 otherwise), and the caller's run_as in the spec, so
+        that the member running an item can hold a pool's user to it."""
+        caller = request[CALLER]
+        assert caller is not None, "a change reached a handler without a caller"
+        if caller.run_as is None:
+            return
+        user = await self._blob_call(identity.job_user, caller.name, caller.run_as,
+                                     spec.get("user"), runas.is_root)
+        spec.pop("user", None)
+        if user is not None:
+            spec["user"] = user
+        spec["run_as"] = list(caller.run_as)
 
     def _store_items(self, payloads: list[bytes | tuple[str, int]]) -> list[str | None]:
         """Runs in the executor: store inline payloads, check referred blobs exist.

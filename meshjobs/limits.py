@@ -22,6 +22,7 @@ tag_chars_max = 64  # one tag
 pool_chars_max = 64  # a pool name
 cwd_chars_max = 4096  # a working directory
 user_chars_max = 32  # a user name a job runs as (--user NAME; Linux useradd allows 32)
+run_as_users_max = 64  # users one token's jobs may run as ([auth] tokens run_as)
 uid_max = 2**32 - 2  # a uid or gid a job runs as (--user UID:GID; 2**32-1 is "no id" to the kernel)
 items_max = 1_000_000  # items of one job (an array job)
 item_name_chars_max = 255  # the name of one item (its input file's name, from --items-from DIR)

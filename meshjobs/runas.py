@@ -116,3 +116,22 @@ def refusal(user: str, ident: Identity, member: str, may_switch: bool, euid: int
     return (f"member {member} {who}: it cannot run items as user {user!r}; start meshd as root "
             f"there to run items as other users, or submit without --user (items then run as "
             f"uid {euid}, gid {egid})")
+
+
+def is_root(user: str) -> bool:
+    """Whether `user` (as control.parse_user normalized it) is root on this machine: its uid
+    or its primary gid is 0 ("root", "0", "0:0", "65534:0", or a name whose entry says so).
+    A name or uid this machine does not know is not (an item cannot run as it here)."""
+    if user == "root":
+        return True
+    m = USER_IDS_RE.fullmatch(user)
+    try:
+        if m is not None:
+            uid = int(m.group(1))
+            if uid == 0 or (m.group(2) is not None and int(m.group(2)) == 0):
+                return True
+            return m.group(2) is None and pwd.getpwuid(uid).pw_gid == 0
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        return False
+    return entry.pw_uid == 0 or entry.pw_gid == 0

@@ -283,6 +283,12 @@ class _Client:
     next_ms: int = 0
 
 
+def _identity(cid: int) -> dict[str, str]:
+    """Who client `cid` is (not drawn: the seeds' runs stay what they were): one of three
+    submit identities, every fifth client an admin."""
+    return {"by": f"user{cid % 3}", "by_role": "admin" if cid % 5 == 0 else "submit"}
+
+
 def _pack(x: Any) -> bytes:
     return msgpack.packb(x, use_bin_type=True)
 
@@ -1496,7 +1502,7 @@ class Sim:
             plan += ["poll", "rerun"]
         plan += (["poll", "forget"] if rng.random() < 0.3 else []) + ["done"]
         req = {"op": "submit", "rid": f"s{cid}", "fp": _fp("submit", cid), "spec": spec,
-               "items": items}
+               "items": items, **_identity(cid)}
         self.clients.append(_Client(cid, req, plan, next_ms=self.now))
         self.count("jobs_made")
 
@@ -1510,6 +1516,8 @@ class Sim:
             # single retry of a bulk one, would not be answered with the other's outcome).
             return c.sent
         c.sent = self._new_client_request(c, rid)
+        if c.sent["op"] != "get":
+            c.sent.update(_identity(c.cid))
         return c.sent
 
     def _new_client_request(self, c: _Client, rid: str) -> dict:
@@ -1684,6 +1692,9 @@ class Sim:
             self.fail(f"client {c.cid} {c.phase}: a well-formed request answered {status} {body}")
         if c.phase == "submit":
             if status in (200, 201):
+                if body.get("submitted_by") != c.req["by"]:
+                    self.fail(f"client {c.cid}: its job {body.get('id')} names "
+                              f"{body.get('submitted_by')!r} as its submitter, not {c.req['by']!r}")
                 c.job_id = body["id"]
                 self.acked[c.job_id] = c.cid
                 self.count("jobs_acked")

@@ -45,7 +45,7 @@ from typing import Any
 from blobstore.digest import EMPTY_DIGEST
 from meshjobs import cron, limits, placement, reruns
 from meshjobs.compact import ItemQueue, entry_items
-from meshjobs.control import ITEM_STATES, JOB_FINAL_STATES, ControlError, parse_submit
+from meshjobs.control import ANONYMOUS, ITEM_STATES, JOB_FINAL_STATES, ControlError, parse_submit
 from meshjobs.fleetctl import CtlRefused, FleetCtl
 
 # Item states, stored as one byte each.
@@ -108,6 +108,7 @@ class Job:
         "restart", "restart_delay_s", "resubmit", "stdout_path", "stderr_path",
         "run", "restarts", "resubmits", "due_ms", "due_why", "past",
         "rerun_times", "due_capped",
+        "submitted_by", "run_as",
     )
 
     def __init__(self, job_id: str, seq: int, spec: dict, digest: bytes, stdin: list, t: int) -> None:
@@ -146,6 +147,10 @@ class Job:
         self.resubmit: int | None = spec.get("resubmit")
         self.stdout_path: str | None = spec.get("stdout")  # items' stdout also written here
         self.stderr_path: str | None = spec.get("stderr")
+        # Who submitted it (an identity's name; jobs from before identities: "anonymous"), and
+        # the users its submitter's jobs may run as (None: any, the member's own among them).
+        self.submitted_by: str = spec.get("submitted_by", ANONYMOUS)
+        self.run_as: list[str] | None = spec.get("run_as")
         self.run = 1
         self.restarts = 0
         self.resubmits = 0
@@ -227,6 +232,9 @@ class Job:
                                  ("restart_delay_s", self.restart_delay_s),
                                  ("stdout", self.stdout_path), ("stderr", self.stderr_path))
                if v is not None},
+            # Only when named, so that a spec from before identities stays as it was.
+            **({} if self.submitted_by == ANONYMOUS else {"submitted_by": self.submitted_by}),
+            **({} if self.run_as is None else {"run_as": self.run_as}),
         }
 
 
@@ -980,6 +988,7 @@ class JobTable:
             "id": job.id,
             "state": job.state,
             "version": job.version,
+            "submitted_by": job.submitted_by,
             "priority": job.priority,
             "hold": job.hold,
             "tags": list(job.tags),
@@ -1325,7 +1334,7 @@ def _spec_ok(spec: dict) -> bool:
     if "id" in spec or "items" in spec:
         return False
     try:
-        return parse_submit(spec) == {**spec, "id": None}
+        return parse_submit(spec, committed=True) == {**spec, "id": None}
     except ControlError:
         return False
 

@@ -456,10 +456,13 @@ def make_cert(folder: str, names: tuple[str, ...] = ("localhost", "127.0.0.1", "
     return cert_path, key_path
 
 
-def token_line(name: str, role: str, token: str) -> str:
-    """One entry of [auth] tokens for `token` (only its SHA-256 goes in the config)."""
+def token_line(name: str, role: str, token: str, run_as: list[str] | None = None) -> str:
+    """One entry of [auth] tokens for `token` (only its SHA-256 goes in the config), with the
+    users its jobs may run as when `run_as` is given."""
     digest = hashlib.sha256(token.encode()).hexdigest()
-    return f'{{ name = "{name}", role = "{role}", sha256 = "{digest}" }}'
+    extra = "" if run_as is None else f", run_as = {json.dumps(run_as)}"
+    return f'{{ name = "{name}", role = "{role}", sha256 = "{digest}"{extra} }}'
+
 def limit_fds(m: Meshd, nofile: int) -> Meshd:
     """Start `m` under a file descriptor limit of `nofile` (soft and hard), as a host with
     `ulimit -n 1024` would: prlimit execs meshd, so the pid stays the member's."""

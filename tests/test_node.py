@@ -349,7 +349,8 @@ def test_idempotent_submit() -> None:
 def _normal_spec(**kw: Any) -> dict:
     from meshjobs.control import parse_submit
 
-    return parse_submit({"argv": ["echo", "hi"], "id": "j1", **kw})
+    # A request without `by` is the member's own (parse_by): its jobs name "local".
+    return {**parse_submit({"argv": ["echo", "hi"], "id": "j1", **kw}), "submitted_by": "local"}
 
 
 def test_submit_of_forgotten_id_409() -> None:

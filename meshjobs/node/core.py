@@ -80,6 +80,14 @@ def _rows_ok(rows: Any) -> bool:
         and type(r[2]) is int for r in rows)
 
 
+def _pool_user_bound(job: Any, pool: Any) -> tuple[str, ...] | None:
+    """What the driver holds a pool's user to: the submitter's run_as, when the item runs as
+    its pool's user (the job names none) and the submitter has one."""
+    if job.user is not None or job.run_as is None or pool is None or pool.user is None:
+        return None
+    return tuple(job.run_as)
+
+
 def _output_paths(job: Any, i: int) -> tuple[str | None, str | None]:
     """The paths item `i` of `job` also writes its stdout and stderr to (`{index}` filled in)."""
     return tuple(None if p is None else p.replace(OUTPUT_INDEX, str(i))  # type: ignore[return-value]
@@ -801,7 +809,8 @@ class JobNode:
                                  pool.kind if pool is not None else "command",
                                  job.user if job.user is not None
                                  else pool.user if pool is not None else None,
-                                 job.inherit_env, *_output_paths(job, i)))
+                                 job.inherit_env, *_output_paths(job, i),
+                                 run_as=_pool_user_bound(job, pool)))
         self._stop_check()
 
     # --- frames between members, seen from both ends --------------------------------------------

@@ -143,6 +143,9 @@ class Run:
     inherit_env: bool = False  # the item gets meshd's whole environment, not the minimal one
     stdout_path: str | None = None  # also write the item's stdout here (the job's --stdout)
     stderr_path: str | None = None  # and its stderr here (--stderr)
+    # The users the job's submitter may run as, when `user` is the pool's (None: no bound):
+    # the driver refuses a pool user outside it (meshjobs/identity.py Rule 2).
+    run_as: tuple[str, ...] | None = None
 
     @property
     def key(self) -> tuple[str, int, int]:
