@@ -562,6 +562,7 @@ class OneRestartTooManyTable(JobTable):
             job = self.jobs[entry["id"]]
             if job.restarts == 1 and job.run == 2:
                 job.restarts = 0
+                job.rerun_times = None  # (and its time: the table's own check stays quiet)
         return out
 
 
