@@ -25,6 +25,7 @@ user_chars_max = 32  # a user name a job runs as (--user NAME; Linux useradd all
 run_as_users_max = 64  # users one token's jobs may run as ([auth] tokens run_as)
 uid_max = 2**32 - 2  # a uid or gid a job runs as (--user UID:GID; 2**32-1 is "no id" to the kernel)
 items_max = 1_000_000  # items of one job (an array job)
+quota_items_max = 1_000_000_000  # the largest pending_items_max / running_items_max of a token
 item_name_chars_max = 255  # the name of one item (its input file's name, from --items-from DIR)
 priority_abs_max = 1_000_000  # priorities range over [-max, +max]
 retries_max = 100  # re-runs of one failing item
