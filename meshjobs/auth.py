@@ -90,6 +90,8 @@ class Caller:
     via: str  # "token", "session", "anonymous" or "open" (no [auth] table)
     # The users its jobs may run as (meshjobs/identity.py Rule 2); None: any (`local`).
     run_as: tuple[str, ...] | None = None
+    # Its quota (config.Quota.as_request pairs: pending_items_max, ...); empty: no limit.
+    quota: tuple[tuple[str, int], ...] = ()
 
 
 def role_allows(have: str, need: str) -> bool:
@@ -152,12 +154,16 @@ def identify(auth: AuthLike, header: str | None, session: Caller | None = None) 
         if t is None:
             raise AuthError(401, "invalid", "the token is none of this member's tokens; "
                             + TOKEN_HINT)
-        return Caller(t.name, t.role, "token", tuple(getattr(t, "run_as", ())))
+        quota = getattr(t, "quota", None)
+        return Caller(t.name, t.role, "token", tuple(getattr(t, "run_as", ())),
+                      tuple(quota.as_request().items()) if quota is not None else ())
     if session is not None:
         return session
     if auth.allow_anonymous:
+        quota = getattr(auth, "quota", None)
         return Caller(ANONYMOUS, auth.anonymous_role, "anonymous",
-                      default_run_as(auth.anonymous_role))
+                      default_run_as(auth.anonymous_role),
+                      tuple(quota.as_request().items()) if quota is not None else ())
     raise AuthError(401, "missing", "this member wants a token: " + TOKEN_HINT)
 
 
@@ -308,7 +314,7 @@ class Sessions:
             oldest = min(self._by_digest, key=lambda d: self._by_digest[d][1])
             del self._by_digest[oldest]
         self._by_digest[self._digest(session_id)] = (
-            Caller(caller.name, caller.role, "session"), now_s + self._ttl_s)
+            Caller(caller.name, caller.role, "session", quota=caller.quota), now_s + self._ttl_s)
 
     def get(self, session_id: str | None, now_s: float) -> Caller | None:
         if not session_id or len(session_id) > limits.http_token_chars_max:

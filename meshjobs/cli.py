@@ -3,7 +3,8 @@
 Rules:
 - Exit codes say what happened: 0 ok, 1 the job failed, was cancelled or ended dep_failed
   (`job wait`, `job results`), 5 the job has not finished (`job results`, which prints what exists), 2 bad
-  usage or input, or a missing or refused token (HTTP 400/401/403/409/413/415/421), 3 no such
+  usage or input, or a missing or refused token (HTTP 400/401/403/409/413/415/421),
+  or over a quota (429), 3 no such
   job or forgotten (404), 4 no leader, or the member unreachable or its certificate not trusted
   (503, refused, timeout, TLS). Messages go to stderr and say what to do; the words come
   from the server's `error` when it gave one. No traceback for anything expected.

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshjobs import configfile, limits
-from meshjobs.control import POOL_RE, ControlError, parse_user
+from meshjobs.control import POOL_RE, QUOTA_KEYS, ControlError, parse_user
 from meshjobs.identity import default_run_as
 from meshjobs.itemenv import DEFAULT_PASS
 from meshjobs.node import Pool
@@ -79,9 +79,6 @@ class Quota:
         return {k: v for k, v in (("pending_items_max", self.pending_items_max),
                                   ("running_items_max", self.running_items_max),
                                   ("schedules_max", self.schedules_max)) if v is not None}
-
-
-QUOTA_KEYS = ("pending_items_max", "running_items_max", "schedules_max")
 
 
 @dataclass

@@ -459,7 +459,19 @@ def parse_request(req: object) -> dict:
         out["by"], out["by_role"] = parse_by(req)
         if out["op"] == "submit":
             out["spec"]["submitted_by"] = out["by"]
+            if "quota" in req:
+                out["quota"] = parse_quota(req["quota"])
     return out
+
+
+QUOTA_KEYS = ("pending_items_max", "running_items_max", "schedules_max")
+
+
+def parse_quota(value: object) -> dict[str, int]:
+    """The caller's limits a change request carries (config.Quota.as_request)."""
+    if not isinstance(value, dict) or not set(value) <= set(QUOTA_KEYS):
+        raise ControlError(400, f"quota must be an object with keys {', '.join(QUOTA_KEYS)}")
+    return {k: _int(v, k, 0, limits.quota_items_max) for k, v in value.items()}
 
 
 def _parse_request(req: dict) -> dict:

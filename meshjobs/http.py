@@ -768,7 +768,9 @@ class HttpApi:
                 # The store's own words when it has them (a full disk names its free bytes).
                 why = str(e) or "the blob store of this member is full"
                 raise HttpError(503, f"{why}; try another member, or free space") from None
-        return await self._relay({"op": "submit", **rid, "spec": spec, "items": items})
+        quota = dict(request[CALLER].quota)
+        return await self._relay({"op": "submit", **rid, "spec": spec, "items": items,
+                                  **({"quota": quota} if quota else {})})
 
     async def _stamp_run_as(self, request: web.Request, spec: dict) -> None:
         """The user a submit's (or a schedule's) job runs as, as the caller's run_as allows
