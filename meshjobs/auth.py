@@ -93,6 +93,8 @@ class Caller:
     via: str  # "token", "session", "anonymous" or "open" (no [auth] table)
     # The users its jobs may run as (meshjobs/identity.py Rule 2); None: any (`local`).
     run_as: tuple[str, ...] | None = None
+    # Its quota (config.Quota.as_request pairs: pending_items_max, ...); empty: no limit.
+    quota: tuple[tuple[str, int], ...] = ()
 
 
 def role_allows(have: str, need: str) -> bool:
@@ -155,12 +157,16 @@ def identify(auth: AuthLike, header: str | None, session: Caller | None = None) 
         if t is None:
             raise AuthError(401, "invalid", "the token is none of this member's tokens; "
                             + TOKEN_HINT)
-        return Caller(t.name, t.role, "token", tuple(getattr(t, "run_as", ())))
+        quota = getattr(t, "quota", None)
+        return Caller(t.name, t.role, "token", tuple(getattr(t, "run_as", ())),
+                      tuple(quota.as_request().items()) if quota is not None else ())
     if session is not None:
         return session
     if auth.allow_anonymous:
+        quota = getattr(auth, "quota", None)
         return Caller(ANONYMOUS, auth.anonymous_role, "anonymous",
-                      default_run_as(auth.anonymous_role))
+                      default_run_as(auth.anonymous_role),
+                      tuple(quota.as_request().items()) if quota is not None else ())
     raise AuthError(401, "missing", "this member wants a token: " + TOKEN_HINT)
 
 

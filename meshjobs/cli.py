@@ -3,7 +3,8 @@
 Rules:
 - Exit codes say what happened: 0 ok, 1 the job failed, was cancelled or ended dep_failed
   (`job wait`, `job results`), 5 the job has not finished (`job results`, which prints what exists), 2 bad
-  usage or input, or a missing or refused token (HTTP 400/401/403/409/413/415/421), 3 no such
+  usage or input, or a missing or refused token (HTTP 400/401/403/409/413/415/421),
+  or over a quota (429), 3 no such
   job or forgotten (404), 4 no leader, or the member unreachable or its certificate not trusted
   (503, refused, timeout, TLS). Messages go to stderr and say what to do; the words come
   from the server's `error` when it gave one. No traceback for anything expected.
@@ -499,7 +500,7 @@ def _lines(raw: bytes, where: str) -> list[Any]:
               help="Run the whole job again each time it ends done, up to N times or forever "
                    "(a cancel stops it).")
 @click.option("--restart-delay", "restart_delay", metavar="S",
-              type=click.FloatRange(0, limits.restart_delay_s_max),
+              type=click.FloatRange(limits.restart_delay_s_min, limits.restart_delay_s_max),
               help="Wait S seconds before each automatic re-run (--restart, --resubmit).")
 @click.option("--resubmit", "resubmit", type=click.IntRange(1, limits.resubmit_max), metavar="N",
               help="Run the whole job again when it ends done or failed (placed afresh), up "
@@ -1629,8 +1630,11 @@ def _rerun_rows(record: dict) -> list[tuple[str, str]]:
         asked.append(f"resubmit {record.get('resubmits', 0)} of {record['resubmit']}")
     rows.append(("run", f"{record['run']}" + (f" ({', '.join(asked)})" if asked else "")))
     if record.get("rerun_due_at"):
+        capped = (f", later than its delay: it re-ran {limits.restarts_per_minute_max} times "
+                  "within a minute (restarts_per_minute_max)"
+                  if record.get("rerun_wait") == "restarts_per_minute_max" else "")
         rows.append(("next run", f"{record.get('rerun_due_why')} at "
-                                 f"{_when(record['rerun_due_at'])} (meshctl job cancel "
+                                 f"{_when(record['rerun_due_at'])}{capped} (meshctl job cancel "
                                  f"{record.get('id')} stops it)"))
     for p in record.get("previous_runs") or []:
         rows.append((f"run {p.get('run')}", f"{p.get('state')} at {_when(p.get('finished_at'))}: "

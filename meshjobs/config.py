@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshjobs import configfile, limits
-from meshjobs.control import POOL_RE, ControlError, parse_user
+from meshjobs.control import POOL_RE, QUOTA_KEYS, ControlError, parse_user
 from meshjobs.identity import default_run_as
 from meshjobs.itemenv import DEFAULT_PASS
 from meshjobs.node import Pool
@@ -62,6 +62,24 @@ class Token:
     # The users its jobs may run as (meshjobs/identity.py Rule 2; "*": any but root), the first
     # the default. From the config's run_as; without one: ["*"] for admin, none for the others.
     run_as: tuple[str, ...] = ()
+    # Per-identity quotas (meshjobs/quotas.py): None is unlimited. From the token's keys, else
+    # [auth]'s defaults; an admin token takes no [auth] default, only what it sets itself.
+    quota: Quota = field(default_factory=lambda: Quota())
+
+
+@dataclass(frozen=True)
+class Quota:
+    """What one identity may hold at once; None: no limit."""
+
+    pending_items_max: int | None = None
+    running_items_max: int | None = None
+    schedules_max: int | None = None
+
+    def as_request(self) -> dict[str, int]:
+        """The limits that are set, as a change request's "quota" carries them."""
+        return {k: v for k, v in (("pending_items_max", self.pending_items_max),
+                                  ("running_items_max", self.running_items_max),
+                                  ("schedules_max", self.schedules_max)) if v is not None}
 
 
 @dataclass
@@ -74,6 +92,8 @@ class Auth:
     # The role of a request that carries no token, when anonymous requests are allowed.
     anonymous_role: str = "admin"
     metrics: str = "open"  # "open": /metrics needs no token; "read": it needs the read role
+    # [auth]'s default quota: of non-admin tokens without their own keys, and of anonymous.
+    quota: Quota = field(default_factory=lambda: Quota())
 
 
 @dataclass
@@ -301,8 +321,15 @@ def _tls_file(value: str | None, key: str, base: str) -> str | None:
 def _auth(table: configfile.AuthTable | None, problems: _Problems) -> Auth:
     if table is None:
         return Auth()
+    default = Quota(**{k: getattr(table, k) for k in QUOTA_KEYS})
+
+    def quota(t: configfile.TokenTable) -> Quota:
+        return Quota(**{k: getattr(t, k) if getattr(t, k) is not None or t.role == "admin"
+                        else getattr(default, k) for k in QUOTA_KEYS})
+
     tokens = tuple(Token(t.name, t.role, bytes.fromhex(t.sha256), default_run_as(t.role)
-                         if t.run_as is None else tuple(t.run_as)) for t in table.tokens or ())
+                         if t.run_as is None else tuple(t.run_as), quota(t))
+                   for t in table.tokens or ())
     if len({t.name for t in tokens}) != len(tokens):
         problems.add("[auth] tokens: every token needs its own name")
     if len({t.sha256 for t in tokens}) != len(tokens):
@@ -310,7 +337,7 @@ def _auth(table: configfile.AuthTable | None, problems: _Problems) -> Auth:
     return Auth(configured=True, tokens=tokens,
                 allow_anonymous=bool(table.allow_anonymous),
                 anonymous_role=table.anonymous_role or "admin",
-                metrics=table.metrics or "open")
+                metrics=table.metrics or "open", quota=default)
 
 
 def _or(value: Any, default: Any) -> Any:

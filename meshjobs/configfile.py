@@ -139,6 +139,12 @@ class TokenTable(_Table):
         None, description='a list of users its jobs may run as ("alice", "1001", "1001:1001"; '
                           '"*": any user but root; "root" or "0": root too), the first the '
                           "default")
+    pending_items_max: int | None = Field(None, ge=0, le=limits.quota_items_max,
+                                          description=f"an integer 0..{limits.quota_items_max}")
+    running_items_max: int | None = Field(None, ge=0, le=limits.quota_items_max,
+                                          description=f"an integer 0..{limits.quota_items_max}")
+    schedules_max: int | None = Field(None, ge=0, le=limits.cron_schedules_max,
+                                      description=f"an integer 0..{limits.cron_schedules_max}")
 
 
 class AuthTable(_Table):
@@ -149,6 +155,12 @@ class AuthTable(_Table):
     anonymous_role: Literal["read", "submit", "admin"] | None = Field(
         None, description="one of read, submit, admin")
     metrics: Literal["open", "read"] | None = Field(None, description='"open" or "read"')
+    pending_items_max: int | None = Field(None, ge=0, le=limits.quota_items_max,
+                                          description=f"an integer 0..{limits.quota_items_max}")
+    running_items_max: int | None = Field(None, ge=0, le=limits.quota_items_max,
+                                          description=f"an integer 0..{limits.quota_items_max}")
+    schedules_max: int | None = Field(None, ge=0, le=limits.cron_schedules_max,
+                                      description=f"an integer 0..{limits.cron_schedules_max}")
 
 
 class BlobsTable(_Table):

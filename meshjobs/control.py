@@ -487,9 +487,21 @@ def parse_request(req: object) -> dict:
         out["by"], out["by_role"] = parse_by(req)
         if out["op"] == "submit":
             out["spec"]["submitted_by"] = out["by"]
+            if "quota" in req:
+                out["quota"] = parse_quota(req["quota"])
         elif out["op"] == "cron" and out["action"] == "add":
             out["job"]["submitted_by"] = out["by"]  # the schedule's owner, its runs' submitter
     return out
+
+
+QUOTA_KEYS = ("pending_items_max", "running_items_max", "schedules_max")
+
+
+def parse_quota(value: object) -> dict[str, int]:
+    """The caller's limits a change request carries (config.Quota.as_request)."""
+    if not isinstance(value, dict) or not set(value) <= set(QUOTA_KEYS):
+        raise ControlError(400, f"quota must be an object with keys {', '.join(QUOTA_KEYS)}")
+    return {k: _int(v, k, 0, limits.quota_items_max) for k, v in value.items()}
 
 
 def _parse_request(req: dict) -> dict:
@@ -499,6 +511,7 @@ def _parse_request(req: dict) -> dict:
         if not isinstance(spec, dict):
             raise ControlError(400, "submit needs a spec")
         spec = parse_submit({k: v for k, v in spec.items() if k != "items"}, committed=True)
+        check_restart_delay(spec)
         items = req.get("items")
         if not isinstance(items, list) or not items or len(items) > limits.items_max:
             raise ControlError(400, "submit needs a non-empty list of item digests")
@@ -748,6 +761,20 @@ def parse_output_path(value: object, name: str) -> str:
         raise ControlError(400, f"{name}: the only placeholder is {OUTPUT_INDEX} (the item's "
                                 "index); remove other braces")
     return path
+
+
+def check_restart_delay(spec: dict) -> None:
+    """A new submit's restart delay is at least `limits.restart_delay_s_min` (reruns.py Rule
+    6). Checked on a request, not in parse_submit: a spec committed before the minimum existed
+    stays valid in the journal (the table waits the minimum for it)."""
+    delay = spec.get("restart_delay_s")
+    if delay is not None and delay < limits.restart_delay_s_min:
+        raise ControlError(400, f"restart_delay_s must be at least {limits.restart_delay_s_min} "
+                                f"second(s) (restart_delay_s_min), not {delay:g}: give "
+                                f"{limits.restart_delay_s_min} or more, or leave it out (the "
+                                "minimum is the default); a job re-runs at most "
+                                f"{limits.restarts_per_minute_max} times a minute "
+                                "(restarts_per_minute_max)")
 
 
 def parse_rerun_keys(body: dict) -> dict:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshjobs import limits
-from meshjobs.control import ControlError, parse_fp, parse_rid, parse_submit
+from meshjobs.control import ControlError, check_restart_delay, parse_fp, parse_rid, parse_submit
 
 UTC = _dt.UTC
 MINUTE_MS = 60_000
@@ -427,6 +427,7 @@ def parse_request(req: dict) -> dict:
     out.update(rid=parse_rid(req.get("rid")), fp=parse_fp(req.get("fp")))
     if action == "add":
         out.update(parse_add({k: req[k] for k in ADD_KEYS if k in req}, committed=True))
+        check_restart_delay(out["job"])  # a new schedule's job, as a new submit (reruns Rule 6)
     return out
 
 

@@ -789,7 +789,9 @@ class HttpApi:
                 # The store's own words when it has them (a full disk names its free bytes).
                 why = str(e) or "the blob store of this member is full"
                 raise HttpError(503, f"{why}; try another member, or free space") from None
-        return await self._relay({"op": "submit", **rid, "spec": spec, "items": items})
+        quota = dict(request[CALLER].quota)
+        return await self._relay({"op": "submit", **rid, "spec": spec, "items": items,
+                                  **({"quota": quota} if quota else {})})
 
     def _check_notify(self, spec: dict) -> None:
         """A notify URL whose host is an address refused by [notify] allow: 400 saying how to

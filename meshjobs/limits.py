@@ -25,6 +25,7 @@ user_chars_max = 32  # a user name a job runs as (--user NAME; Linux useradd all
 run_as_users_max = 64  # users one token's jobs may run as ([auth] tokens run_as)
 uid_max = 2**32 - 2  # a uid or gid a job runs as (--user UID:GID; 2**32-1 is "no id" to the kernel)
 items_max = 1_000_000  # items of one job (an array job)
+quota_items_max = 1_000_000_000  # the largest pending_items_max / running_items_max of a token
 item_name_chars_max = 255  # the name of one item (its input file's name, from --items-from DIR)
 priority_abs_max = 1_000_000  # priorities range over [-max, +max]
 retries_max = 100  # re-runs of one failing item
@@ -346,6 +347,13 @@ run_ms_average_weight_fraction = 0.2
 restart_max = 10_000  # automatic re-runs after success a job may ask for (--restart N; or "forever")
 resubmit_max = 100  # whole-job re-runs after it ends (--resubmit N)
 restart_delay_s_max = 7 * 86_400  # the wait before an automatic re-run (--restart-delay S)
+# Restarts bounded (a `true` with restart forever must not rerun a hundred times a second): a
+# submit asking for a shorter delay is refused (a spec committed before the minimum existed is
+# run with the minimum), and a job's automatic re-runs (restart and resubmit) within any minute
+# are at most `restarts_per_minute_max`: the next one is due when the minute allows it.
+restart_delay_s_min = 1  # the shortest wait before an automatic re-run (--restart-delay S)
+restarts_per_minute_max = 6  # automatic re-runs of one job within any 60 s
+restarts_window_ms = 60_000  # the window restarts_per_minute_max counts in
 job_runs_kept_max = 16  # summaries of earlier runs a job's record keeps (the oldest dropped first)
 output_path_chars_max = 4096  # a --stdout / --stderr path, before {index} is filled in
 output_path_write_s_max = 60  # writing one item's output to its path as another user
@@ -475,6 +483,12 @@ RELATIONS: tuple[tuple[str, str, Callable[[dict[str, Any]], bool]], ...] = (
      lambda v: v["results_slice_max"] * 40 + v["frame_part_room_bytes"] <= v["frame_bytes_max"]),
     ("a result's copies are no more than the holders its row names", "blob_copies",
      lambda v: 1 <= v["blob_copies"] <= v["result_holders_max"]),
+    ("the shortest restart delay is within the longest", "restart_delay_s_min",
+     lambda v: 0 < v["restart_delay_s_min"] <= v["restart_delay_s_max"]),
+    ("the cap of a minute's restarts binds before the shortest delay does",
+     "restarts_per_minute_max",
+     lambda v: 1 <= v["restarts_per_minute_max"]
+     < v["restarts_window_ms"] / (v["restart_delay_s_min"] * 1000)),
 )
 
 

@@ -25,6 +25,14 @@ Rule 4: a cancel stops restarting: a cancelled job is never re-run automatically
         of a finished job whose re-run is due drops that re-run (the job keeps its state).
         A rerun by hand starts the policy again (the counts of re-runs used are kept, so
         `restart` N never runs more than N automatic restarts in the job's life).
+Rule 6: re-runs are bounded in time: each automatic re-run waits at least
+        `limits.restart_delay_s_min` after the end (a spec committed before that minimum
+        existed, with a shorter `restart_delay_s`, waits the minimum), and a job has at most
+        `limits.restarts_per_minute_max` automatic re-runs (restart and resubmit together) in
+        any `limits.restarts_window_ms`: the times of its last ones are kept in the table
+        (`rerun_times`, part of a snapshot), and past the cap the next one is due when the
+        oldest of them leaves the window. The record says so (`rerun_wait`). Both rules are
+        judged by the apply, from entry times, so every member and any leader agree.
 Rule 5: a job that waited for parents and was cancelled before its items ever ran is judged
         again at a rerun, as at a submit: it waits again for the parents not ended, and a parent
         that ended the wrong way (or was forgotten) refuses the rerun. A job whose items ran
@@ -65,14 +73,33 @@ def schedule(tbl: JobTable, job: Job) -> None:
         why = "resubmit"
     if why is None:
         return
-    job.due_ms = job.finished_ms + round((job.restart_delay_s or 0.0) * 1000)
+    job.due_ms, job.due_capped = due_after_end(job)
     job.due_why = why
     tbl.due[job.id] = job.due_ms
+
+
+def delay_ms(job: Job) -> int:
+    """The wait before an automatic re-run of `job` (Rule 6: never under the minimum)."""
+    return round(max(job.restart_delay_s or 0.0, limits.restart_delay_s_min) * 1000)
+
+
+def due_after_end(job: Job) -> tuple[int, bool]:
+    """When the automatic re-run of a job that has just ended is due, and whether the cap of
+    re-runs per minute (Rule 6) put it later than its delay did."""
+    due = job.finished_ms + delay_ms(job)
+    times = job.rerun_times or ()
+    cap = limits.restarts_per_minute_max
+    if len(times) >= cap:
+        allowed = times[-cap] + limits.restarts_window_ms
+        if allowed > due:
+            return allowed, True
+    return due, False
 
 
 def unschedule(tbl: JobTable, job: Job) -> None:
     job.due_ms = 0
     job.due_why = None
+    job.due_capped = False
     tbl.due.pop(job.id, None)
 
 
@@ -147,6 +174,11 @@ def apply_rerun(tbl: JobTable, e: dict, index: int, t: int) -> dict:
         job.restarts += 1
     elif auto == "resubmit":
         job.resubmits += 1
+    if auto is not None:
+        times = job.rerun_times if job.rerun_times is not None else []
+        times.append(t)
+        del times[:-limits.restarts_per_minute_max]
+        job.rerun_times = times
     unschedule(tbl, job)
     job.run += 1
     job.cancelled = False
@@ -206,6 +238,9 @@ def record_fields(job: Job) -> dict:
         "resubmits": job.resubmits,
         "rerun_due_at": job.due_ms / 1000.0 if job.due_ms else None,
         "rerun_due_why": job.due_why,
+        # Why the due re-run waits longer than its delay: the job used its automatic re-runs
+        # of the minute (Rule 6); None otherwise.
+        "rerun_wait": "restarts_per_minute_max" if job.due_ms and job.due_capped else None,
         "previous_runs": [dict(p) for p in job.past or ()],
     }
 
@@ -213,17 +248,28 @@ def record_fields(job: Job) -> dict:
 def to_state(tbl: JobTable) -> dict:
     """The re-run state of a snapshot: only jobs that have some, so that a table without re-runs
     snapshots as it did."""
-    rows = [[j.id, j.run, j.restarts, j.resubmits, j.due_ms, j.due_why, j.past]
-            for j in tbl.jobs.values() if j.run != 1 or j.due_ms or j.restarts or j.resubmits]
+    rows = []
+    for j in tbl.jobs.values():
+        if j.run != 1 or j.due_ms or j.restarts or j.resubmits:
+            row = [j.id, j.run, j.restarts, j.resubmits, j.due_ms, j.due_why, j.past]
+            if j.rerun_times:
+                # Rule 6's times, only for jobs that re-ran automatically (a row of seven
+                # fields, as before them, loads with none).
+                row.extend([list(j.rerun_times), j.due_capped])
+            rows.append(row)
     return {"reruns": rows} if rows else {}
 
 
 def from_state(tbl: JobTable, s: dict) -> None:
-    for jid, run, restarts, resubmits, due_ms, due_why, past in s.get("reruns", ()):
+    for row in s.get("reruns", ()):
+        jid, run, restarts, resubmits, due_ms, due_why, past = row[:7]
         j = tbl.jobs[jid]
         j.run, j.restarts, j.resubmits = run, restarts, resubmits
         j.due_ms, j.due_why = due_ms, due_why
         j.past = None if past is None else [dict(p) for p in past]
+        if len(row) > 7:
+            j.rerun_times = [int(x) for x in row[7]]
+            j.due_capped = bool(row[8]) and bool(due_ms)
         if due_ms:
             tbl.due[jid] = due_ms
 
@@ -245,6 +291,18 @@ def check(tbl: JobTable) -> None:
         else:
             assert j.due_why is None, f"{jid}: a reason for a re-run not due"
         assert j.past is None or 0 < len(j.past) <= limits.job_runs_kept_max, f"{jid}: past runs"
+        times = j.rerun_times or []
+        assert len(times) <= min(limits.restarts_per_minute_max, j.restarts + j.resubmits), \
+            f"{jid}: more re-run times than re-runs"
+        assert times == sorted(times), f"{jid}: re-run times out of order"
+        if j.due_ms:
+            # (Not checked against the delay: a snapshot made before the minimum existed may
+            # hold a re-run due sooner, and must still load.)
+            cap = limits.restarts_per_minute_max
+            assert len(times) < cap or j.due_ms >= times[-cap] + limits.restarts_window_ms, \
+                f"{jid}: a re-run due past {cap} in a minute"
+        else:
+            assert not j.due_capped, f"{jid}: a cap on a re-run not due"
     assert tbl.due == {jid: j.due_ms for jid, j in tbl.jobs.items() if j.due_ms}, \
         "due index and jobs disagree"
 

@@ -28,8 +28,9 @@ breaks them:
   jobs wait for earlier ones (`after`, each condition drawn from ok, end and fail). With
   `reruns` set, some jobs restart once or twice after a short delay and some clients rerun
   their finished job (whole, or only its failed items): each committed rerun must send back
-  exactly the items it names, no item may have more results than attempts, and no job more
-  restarts than it asked for.
+  exactly the items it names, no item may have more results than attempts, no job more
+  restarts than it asked for, and no job more automatic re-runs in a minute than
+  `limits.restarts_per_minute_max` (with `restarts_many`, jobs ask for enough to reach it).
   jobs wait for earlier ones (`after`, each condition drawn from ok, end and fail). With `cron`
   set, that many schedules (`@every` 1 to 5 s of simulated time) are added through the control
   path and fire through crashes, partitions and leader changes; once healed and seen firing,
@@ -192,6 +193,10 @@ class SimConfig:
     # short delay), and a client reruns its finished job (whole, or its failed items). Off by
     # default, and then not drawn at all.
     reruns: float = 0.0
+    # With re-runs on: the `restart` a job asks for is this many instead of 1 or 2 (0: 1 or 2,
+    # as before), with the shortest delay, so that a job re-runs more often than
+    # limits.restarts_per_minute_max allows in a minute (reruns.py Rule 6). Drawn nothing more.
+    restarts_many: int = 0
     # Schedules added at the start (meshjobs/cron.py), `@every` 1 to 5 s. Off by default (0),
     # and then nothing is drawn for them, so that recorded seeds replay as they did.
     cron: int = 0
@@ -544,6 +549,8 @@ class Sim:
         # job's committed automatic restarts.
         self.rerun_ids: set[str] = set()
         self.restarts: dict[str, int] = {}
+        # Each job's committed automatic re-runs (restart and resubmit): their entry times.
+        self.auto_times: dict[str, list[int]] = {}
         # Clients.
         self.clients: list[_Client] = []
         self.waiting: dict[tuple, _Client] = {}
@@ -1248,6 +1255,15 @@ class Sim:
             if job.restart != "forever" and n > (job.restart or 0):
                 self.fail(f"entry {index}: job {jid} restarted {n} times; it asked for "
                           f"{job.restart}")
+        if e.get("auto") is not None:
+            # Restarts bounded (reruns.py Rule 6): never more than the cap in any minute.
+            times = self.auto_times.setdefault(jid, [])
+            times.append(e["t"])
+            cap = limits.restarts_per_minute_max
+            if len(times) > cap and times[-1] - times[-1 - cap] < limits.restarts_window_ms:
+                self.fail(f"entry {index}: job {jid} re-ran automatically {cap + 1} times "
+                          f"within {times[-1] - times[-1 - cap]} ms; the cap is {cap} a minute")
+            self.count("rerun_caps_checked")
         self.count("reruns_checked")
 
     def _check_rerun_answer(self, m: _Member, req: dict, status: int, body: Any) -> None:
@@ -1463,7 +1479,10 @@ class Sim:
             items = [self._new_blob(rng) if rng.random() < 0.7 else None for _ in range(n)]
         if self.cfg.reruns and rng.random() < self.cfg.reruns:
             spec["restart"] = rng.randint(1, 2)
-            spec["restart_delay_s"] = rng.randint(0, 1500) / 1000
+            spec["restart_delay_s"] = limits.restart_delay_s_min + rng.randint(0, 1500) / 1000
+            if self.cfg.restarts_many:
+                spec["restart"] = self.cfg.restarts_many
+                spec["restart_delay_s"] = float(limits.restart_delay_s_min)
             self.count("jobs_with_restart")
         if self.cfg.deps and self.acked and rng.random() < self.cfg.deps:
             # Mostly recent jobs, which are likelier not to have ended yet.

@@ -43,7 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from blobstore.digest import EMPTY_DIGEST
-from meshjobs import cron, identity, limits, placement, reruns
+from meshjobs import cron, identity, limits, placement, quotas, reruns
 from meshjobs.compact import ItemQueue, entry_items
 from meshjobs.control import ANONYMOUS, ITEM_STATES, JOB_FINAL_STATES, ControlError, parse_submit
 from meshjobs.fleetctl import CtlRefused, FleetCtl
@@ -107,6 +107,7 @@ class Job:
         "notify",
         "restart", "restart_delay_s", "resubmit", "stdout_path", "stderr_path",
         "run", "restarts", "resubmits", "due_ms", "due_why", "past",
+        "rerun_times", "due_capped",
         "submitted_by", "run_as",
     )
 
@@ -156,6 +157,10 @@ class Job:
         self.due_ms = 0
         self.due_why: str | None = None
         self.past: list[dict] | None = None
+        # The entry times of its last automatic re-runs (reruns.py Rule 6), and whether the
+        # one due waits for them.
+        self.rerun_times: list[int] | None = None
+        self.due_capped = False
         self.digest = digest
         self.submitted_ms = t
         self.finished_ms = 0
@@ -273,6 +278,9 @@ class JobTable:
         self.on_forget: Callable[[dict, str, int, int], None] | None = None
         # Schedules by name (meshjobs/cron.py), in the order they were added.
         self.crons: dict[str, cron.Cron] = {}
+        # Submitter -> [items not finished, items leased] (meshjobs/quotas.py). Derived
+        # (rebuilt on load).
+        self.holds: dict[str, list[int]] = {}
 
     # --- applying entries -------------------------------------------------------------------
 
@@ -359,6 +367,8 @@ class JobTable:
             raise AssertionError(f"illegal item move {kind}: {frm}->{to} for {job.id}[{i}]")
         job.st[i] = to
         job.version = self.applied_index
+        quotas.moved(self, job, frm in (PENDING, LEASED), to in (PENDING, LEASED),
+                     frm == LEASED, to == LEASED)
         for state, d in ((frm, -1), (to, +1)):
             if state == PENDING:
                 job.n_pending += d
@@ -550,6 +560,7 @@ class JobTable:
                 self.dependents.setdefault(parent.id, {})[job_id] = None
             elif not self._holds(parent.state, dep["on"]):
                 impossible = True  # settled at the submit: the parent ended the wrong way
+        quotas.submitted(self, job)
         self._count("jobs_submitted")
         self._count("items_submitted", len(stdin))
         if impossible:
@@ -720,6 +731,7 @@ class JobTable:
     def _forget(self, job: Job, why: str, t: int) -> None:
         if self.on_forget is not None:
             self.on_forget(self.final_record(job), why, t, self.applied_index)
+        quotas.dropped(self, job)
         del self.jobs[job.id]
         del self.finished[job.id]
         self.ready.pop(job.id, None)
@@ -1179,6 +1191,7 @@ class JobTable:
         for jid, pins in s.get("pins", ()):
             t.jobs[jid].pins = [t._name(m) for m in pins]
         t.ctl = FleetCtl.from_state(s.get("ctl"))
+        quotas.rebuild(t)
         reruns.from_state(t, s)
         for row in s.get("crons", ()):
             c = cron.Cron.from_row(row)
@@ -1263,6 +1276,7 @@ class JobTable:
         assert all(self.jobs[jid] is j for jid, j in self.ready.items()), "ready index holds a stale job"
         self.ctl.check()
         reruns.check(self)
+        quotas.check(self)
         assert len(self.crons) <= limits.cron_schedules_max, "more schedules than the limit"
         for name, c in self.crons.items():
             assert c.name == name and cron.NAME_RE.fullmatch(name), f"schedule {name}: its name"

@@ -55,7 +55,7 @@ def test_real_answers_match_the_document(meshd):
         "id": "rich", "argv": ["cat"], "items": ["a", {"b64": "Yg=="}], "names": ["a", "b"],
         "after": ["plain", {"id": "plain", "on": "end"}][:1], "member": "m1",
         "pool": "default", "priority": 3, "retries": 1, "runtime_s": 60, "max_leases": 2,
-        "restart": 1, "restart_delay_s": 0, "stdout": "/dev/null", "cwd": "/",
+        "restart": 1, "restart_delay_s": 1, "stdout": "/dev/null", "cwd": "/",
         "notify": "http://hooks.example.org:9/hook", "inherit_env": False, "hold": False})
     assert rich["after"] == [{"id": "plain", "on": "ok"}]
     # The same submit again under one Idempotency-Key: the same record.

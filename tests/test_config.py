@@ -162,3 +162,46 @@ def test_disk_free_min_default_and_set(tmp_path):
     assert load_config(str(f)).disk_free_min_bytes == 0
     f.write_text('name = "a"\n[blobs]\ndisk_free_min = 2147483648\n')
     assert load_config(str(f)).disk_free_min_bytes == 2 << 30
+
+
+def _quota_config(tmp_path, auth: str, token_keys: str) -> str:
+    f = tmp_path / "q.toml"
+    f.write_text('name = "a"\n[auth]\n' + auth + 'tokens = [ { name = "ci", role = "submit", '
+                 'sha256 = "' + "ab" * 32 + '"' + token_keys + ' }, { name = "root", role = '
+                 '"admin", sha256 = "' + "cd" * 32 + '" } ]\n')
+    return str(f)
+
+
+def test_quotas_from_the_token_and_auth_defaults(tmp_path):
+    """A token's own quota keys win; [auth]'s fill the rest for non-admin tokens; an admin token
+    is unlimited unless it sets its own; no [auth] at all: unlimited."""
+    cfg = load_config(_quota_config(tmp_path, "pending_items_max = 10\nschedules_max = 3\n",
+                                    ", running_items_max = 1, schedules_max = 0"))
+    ci, admin = cfg.auth.tokens
+    assert (ci.quota.pending_items_max, ci.quota.running_items_max, ci.quota.schedules_max) == (
+        10, 1, 0)
+    assert ci.quota.as_request() == {"pending_items_max": 10, "running_items_max": 1,
+                                     "schedules_max": 0}
+    assert admin.quota.as_request() == {}
+    assert cfg.auth.quota.as_request() == {"pending_items_max": 10, "schedules_max": 3}
+    assert load_config(None).auth.quota.as_request() == {}
+
+
+@pytest.mark.parametrize("where", ["auth", "token"])
+@pytest.mark.parametrize("key,value,hint", [
+    ("pending_items_max", "-1", "0..1000000000"),
+    ("pending_items_max", "true", "0..1000000000"),
+    ("running_items_max", '"5"', "0..1000000000"),
+    ("running_items_max", "10000000000000000000000", "0..1000000000"),
+    ("running_items_max", "1.5", "0..1000000000"),
+    ("schedules_max", "1001", "0..1000"),
+    ("schedules_max", "[1]", "0..1000"),
+])
+def test_hostile_quota_values_name_the_key(tmp_path, where, key, value, hint):
+    path = (_quota_config(tmp_path, f"{key} = {value}\n", "") if where == "auth"
+            else _quota_config(tmp_path, "", f", {key} = {value}"))
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert key in str(e.value) and hint in str(e.value)
+    if where == "token":
+        assert "tokens[0]" in str(e.value)

@@ -22,7 +22,8 @@ import meshjobs
 
 PURE = ("table", "node", "control", "auth", "connbook", "frames", "raftseam", "raftwire", "webui",
         "bulk", "placement", "fleetctl", "reruns", "cron", "watchplan", "jsonbody", "compact",
-        "sim", "blobxfer", "ports", "versions", "identity")
+        "sim", "blobxfer", "ports", "versions", "identity",
+        "quotas")
 FORBIDDEN = frozenset({
     "os", "socket", "threading", "time", "random", "lmdb", "pysyncobj", "subprocess",
     # Other ways to reach the world, the clock or entropy from a module that must not.
@@ -42,7 +43,8 @@ PURE_SIBLINGS = frozenset({"meshjobs", "meshjobs.limits", "meshjobs.table", "mes
                            "meshjobs.node.catchup", "meshjobs.node.copies", "meshjobs.node.changes",
                            "meshjobs.node.storage", "meshjobs.node.members",
                            "meshjobs.node.runs",
-                           "meshjobs.reruns", "meshjobs.watchplan", "meshjobs.watchplan.config",
+                           "meshjobs.reruns", "meshjobs.quotas", "meshjobs.watchplan",
+                           "meshjobs.watchplan.config",
                            "meshjobs.watchplan.plan"})
 # What a module may use of `random`: the type name, never a call.
 RANDOM_TYPE_ONLY = {"node": {"Random"}, "sim": {"Random"}}

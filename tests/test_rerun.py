@@ -139,7 +139,7 @@ def test_restart_runs_n_more_times_after_delay(meshd, tmp_path):
     """--restart 2 --restart-delay: the job runs 3 times in all, the record counts 2 restarts
     and shows the earlier runs; each run starts at least the delay after the one before."""
     log = tmp_path / "ran"
-    meshd.submit("--id", "r", "--restart", "2", "--restart-delay", "0.3", "--",
+    meshd.submit("--id", "r", "--restart", "2", "--restart-delay", "1", "--",
             "sh", "-c", f"date +%s.%N >> {log}")
     rec = wait_until(lambda: (lambda r: r if r["restarts"] == 2 and r["state"] == "done"
                               and not r["rerun_due_at"] else None)(meshd.record("r")),
@@ -149,7 +149,7 @@ def test_restart_runs_n_more_times_after_delay(meshd, tmp_path):
     runs = [p["finished_at"] for p in rec["previous_runs"]]
     item = meshd.record("r", items=True)["items"][0]
     assert item["attempts"] == 3
-    assert item["started_at"] >= runs[1] + 0.3 - 0.01
+    assert item["started_at"] >= runs[1] + 1 - 0.01
     text = meshd.ctl("job", "status", "r").stdout.decode()
     assert "restart 2 of 2" in text
 
@@ -282,6 +282,23 @@ BAD_SUBMITS = [
     {"restart": 1, "restart_delay_s": 1e300}, {"stdout": "../../etc/passwd"},
     {"stdout": "a\x00b"}, {"stderr": ["x"]}, {"stdout": "o{job}"}, {"stdout": "x" * 5000},
 ]
+
+
+@pytest.mark.parametrize("delay", [0, 0.5, 1e-9])
+def test_restart_delay_under_the_minimum_is_refused(meshd, delay):
+    """restart_delay_s under restart_delay_s_min (reruns.py Rule 6): POST /jobs is 400 naming
+    the minimum, PUT /cron/{name} too, meshctl refuses it before sending; no job is made."""
+    status, body = meshd.request("POST", "/jobs", {"id": "fast", "argv": ["true"],
+                                                   "restart": "forever", "restart_delay_s": delay})
+    assert status == 400 and "restart_delay_s_min" in body["error"], body
+    assert f"at least {limits.restart_delay_s_min}" in body["error"]
+    assert meshd.request("GET", "/jobs/fast")[0] == 404
+    status, body = meshd.request("PUT", "/cron/fast", {"spec": "@every 1h", "job": {
+        "argv": ["true"], "restart": 1, "restart_delay_s": delay}})
+    assert status == 400 and "restart_delay_s_min" in body["error"], body
+    r = meshd.ctl("job", "submit", "--restart", "forever", "--restart-delay", str(delay), "--",
+                  "true")
+    assert r.returncode != 0 and b"restart-delay" in r.stderr
 
 
 @pytest.mark.parametrize("bad", BAD_SUBMITS)

@@ -135,8 +135,10 @@ def test_restart_not_after_failure_resubmit_is() -> None:
     log.submit("j2", n=1, dg=b"dg-2", resubmit=1)
     run_all(log, "j2", states=(FAILED,))
     job = log.job("j2")
-    assert job.due_why == "resubmit" and job.due_ms == job.finished_ms
-    assert log.op("rerun", "j2", auto="resubmit", run=1)["ok"]
+    # No delay asked: the minimum (reruns.py Rule 6).
+    assert job.due_why == "resubmit"
+    assert job.due_ms == job.finished_ms + limits.restart_delay_s_min * 1000
+    assert log.op("rerun", "j2", auto="resubmit", run=1, t=job.due_ms)["ok"]
     run_all(log, "j2", states=(FAILED,))
     assert log.job("j2").due_ms == 0 and log.job("j2").resubmits == 1
     log.table.check()
@@ -276,3 +278,106 @@ def test_rerun_of_a_job_cancelled_while_waiting_waits_again() -> None:
     log.op("forget", "p")
     assert log.op("rerun", "kid")["ok"] and log.job("kid").state == "queued"
     log.table.check()
+
+
+# --- restarts bounded (reruns.py Rule 6) ------------------------------------------------------
+
+
+def test_a_spec_with_no_delay_waits_the_minimum() -> None:
+    """Rule 6: a spec committed with restart_delay_s 0 (before the minimum existed) re-runs
+    after restart_delay_s_min, not at once; the rerun entry before that is stale."""
+    log = Log()
+    log.submit(n=1, restart="forever", restart_delay_s=0.0)
+    run_all(log)
+    job = log.job()
+    assert job.due_ms == job.finished_ms + limits.restart_delay_s_min * 1000
+    early = log.op("rerun", auto="restart", run=1, t=job.due_ms - 1)
+    assert refusal(early) == (False, 409, "stale_rerun")
+    assert log.op("rerun", auto="restart", run=1, t=job.due_ms)["ok"]
+    log.table.check()
+
+
+def test_restarts_per_minute_capped_on_the_simulated_clock() -> None:
+    """Rule 6: a `true` job with restart forever and the shortest delay, re-run as soon as each
+    re-run is due (a leader with no lag), has at most restarts_per_minute_max automatic re-runs
+    in any minute; past the cap the next one is due when the oldest leaves the window, and its
+    record says why (rerun_wait). The times survive a snapshot."""
+    cap, window = limits.restarts_per_minute_max, limits.restarts_window_ms
+    log = Log()
+    log.submit(n=1, restart="forever", restart_delay_s=float(limits.restart_delay_s_min))
+    t = T0
+    times: list[int] = []
+    for k in range(3 * cap + 2):
+        run_all(log, t=t)
+        job = log.job()
+        rec = log.table.record(job)
+        if k >= cap and len(times) >= cap and times[-cap] + window > job.finished_ms + 1000:
+            assert job.due_ms == times[-cap] + window, k
+            assert rec["rerun_wait"] == "restarts_per_minute_max"
+            # A proposal at its delay (the cap ignored) is stale.
+            assert refusal(log.op("rerun", auto="restart", run=job.run,
+                                  t=job.finished_ms + 1000)) == (False, 409, "stale_rerun")
+        else:
+            assert rec["rerun_wait"] is None
+        if k == cap:
+            t2 = roundtrip(log.table)
+            assert t2.jobs["j1"].rerun_times == job.rerun_times
+            assert t2.record(t2.jobs["j1"]) == rec
+        t = job.due_ms
+        assert log.op("rerun", auto="restart", run=job.run, t=t)["ok"]
+        times.append(t)
+        log.table.check()
+    for i, start in enumerate(times):
+        assert sum(1 for x in times[i:] if x < start + window) <= cap, (i, times)
+    assert times[-1] - times[0] >= 2 * window  # 3 * cap + 2 re-runs took over two minutes
+
+
+def test_resubmits_count_in_the_cap_too() -> None:
+    """Rule 6 counts resubmits with restarts: a job of resubmit 100 that fails at once re-runs
+    at most restarts_per_minute_max times a minute."""
+    log = Log()
+    log.submit(n=1, resubmit=limits.resubmit_max)
+    t = T0
+    times = []
+    for _ in range(limits.restarts_per_minute_max + 1):
+        run_all(log, states=(FAILED,), t=t)
+        t = log.job().due_ms
+        assert log.op("rerun", auto="resubmit", run=log.job().run, t=t)["ok"]
+        times.append(t)
+    assert times[-1] >= times[0] + limits.restarts_window_ms
+    log.table.check()
+
+
+def test_planted_cap_overrun_is_caught_by_check() -> None:
+    """check() catches a re-run due sooner than the cap allows."""
+    log = Log()
+    log.submit(n=1, restart="forever")
+    t = T0
+    for _ in range(limits.restarts_per_minute_max):
+        run_all(log, t=t)
+        t = log.job().due_ms
+        log.op("rerun", auto="restart", run=log.job().run, t=t)
+    run_all(log, t=t)
+    job = log.job()
+    job.due_ms = job.finished_ms + 1000
+    log.table.due["j1"] = job.due_ms
+    with pytest.raises(AssertionError, match=f"past {limits.restarts_per_minute_max} in a minute"):
+        log.table.check()
+
+
+@pytest.mark.parametrize("delay", [0, 0.0, 0.5, limits.restart_delay_s_min - 0.001])
+def test_a_new_submit_under_the_minimum_delay_is_refused(delay: float) -> None:
+    """A request (a submit, or a schedule's job) asking for less than restart_delay_s_min is
+    400, naming the minimum; the minimum itself and no delay at all are taken."""
+    for ask in ({"op": "submit", "rid": "r", "items": [None],
+                 "spec": {"argv": ["true"], "restart": "forever", "restart_delay_s": delay}},
+                {"op": "cron", "action": "add", "name": "c", "rid": "r", "spec": "@every 1m",
+                 "job": {"argv": ["true"], "restart": 1, "restart_delay_s": delay}}):
+        with pytest.raises(ControlError) as ei:
+            parse_request(ask)
+        assert ei.value.status == 400 and "restart_delay_s_min" in ei.value.message
+        assert f"at least {limits.restart_delay_s_min}" in ei.value.message
+    for ok in (limits.restart_delay_s_min, None):
+        spec = {"argv": ["true"], "restart": "forever",
+                **({} if ok is None else {"restart_delay_s": ok})}
+        assert parse_request({"op": "submit", "rid": "r", "items": [None], "spec": spec})

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from meshjobs import cron, limits
+from meshjobs import cron, limits, reruns
 from meshjobs.compact import entry_item_count
 from meshjobs.control import Answer
 from meshjobs.node import Ctl, JobNode, NodeConfig, Pool, Propose, Ready, Reply, Tick, View
@@ -562,6 +562,7 @@ class OneRestartTooManyTable(JobTable):
             job = self.jobs[entry["id"]]
             if job.restarts == 1 and job.run == 2:
                 job.restarts = 0
+                job.rerun_times = None  # (and its time: the table's own check stays quiet)
         return out
 
 
@@ -574,6 +575,40 @@ def test_planted_rerun_bugs_are_caught(table_cls: type[JobTable], words: str) ->
     time too many, is caught, and the failure names its seed."""
     caught(range(1, 8), table_cls.__name__, words,
            config=replace(RERUNS, liveness_ms_max=60_000), table_cls=table_cls)
+
+
+RESTARTS_MANY = replace(RERUNS, restarts_many=limits.restarts_per_minute_max + 4)
+
+
+def test_restarts_capped_per_minute_in_the_fleet() -> None:
+    """reruns.py Rule 6 through crashes, partitions and failovers: jobs that ask for more
+    restarts than a minute allows re-run at most restarts_per_minute_max times in any minute
+    of entry times (whichever leader proposes them), and still all end once healed."""
+    c = run(3, RESTARTS_MANY).counts
+    assert c.get("rerun_caps_checked", 0) > limits.restarts_per_minute_max, c
+    assert c.get("table_jobs_rerun_restart", 0) > 0, c
+
+
+class UncappedRestartsTable(JobTable):
+    """Planted bug: the table forgets the cap of re-runs per minute (each re-run is due at its
+    delay), keeping its own check quiet."""
+
+    def _apply_one(self, entry: object, index: int, nested: bool) -> dict:
+        out = super()._apply_one(entry, index, nested)
+        for job in self.jobs.values():
+            if job.due_capped:
+                job.due_capped = False
+                job.due_ms = job.finished_ms + reruns.delay_ms(job)
+                self.due[job.id] = job.due_ms
+            job.rerun_times = None
+        return out
+
+
+def test_planted_uncapped_restarts_are_caught() -> None:
+    """Safety check: a table that lets a job re-run past the cap of a minute is caught, and
+    the failure names its seed."""
+    caught(range(1, 8), "UncappedRestartsTable", "the cap is",
+           config=RESTARTS_MANY, table_cls=UncappedRestartsTable)
 
 
 CRON = SimConfig(cron=3)

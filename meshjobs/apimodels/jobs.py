@@ -140,9 +140,14 @@ class SubmitSpec(TypedDict, total=False):
     resubmit: _nullable(Annotated[int, Field(ge=1, le=limits.resubmit_max)], description=(
         "Run the whole job again when it ends done or failed (placed afresh on the fleet), up "
         "to N times. Per item: retries."))
-    restart_delay_s: _nullable(Annotated[float, Field(ge=0, le=limits.restart_delay_s_max)],
+    restart_delay_s: _nullable(Annotated[float, Field(ge=limits.restart_delay_s_min,
+                                                      le=limits.restart_delay_s_max)],
                                description="Seconds between a run's end and its automatic "
-                                           "re-run (needs restart or resubmit).")
+                                           "re-run (needs restart or resubmit); at least "
+                                           f"{limits.restart_delay_s_min} (a shorter one is "
+                                           "refused, 400), and at most "
+                                           f"{limits.restarts_per_minute_max} automatic "
+                                           "re-runs of a job within a minute.")
     stdout: _nullable(Annotated[str, Field(max_length=limits.output_path_chars_max)],
                       description=(
         "Also write each item's stdout to this path on the member that runs it: absolute, or "
@@ -267,6 +272,9 @@ class Job(TypedDict):
     rerun_due_at: NotRequired[Annotated[float | None, Field(description=(
         "When the next automatic re-run is due (seconds), if one is."))]]
     rerun_due_why: NotRequired[Literal["restart", "resubmit"] | None]
+    rerun_wait: NotRequired[Annotated[Literal["restarts_per_minute_max"] | None, Field(
+        description="Why the due re-run waits past its delay: the job had its "
+                    "restarts_per_minute_max automatic re-runs within the last minute.")]]
     previous_runs: NotRequired[Annotated[list[dict[str, Any]], Field(description=(
         f"The earlier runs (the last {limits.job_runs_kept_max}): run, state, finished_at, item "
         "counts and then (rerun, restart or resubmit)."))]]

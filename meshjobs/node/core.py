@@ -28,7 +28,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from meshjobs import bulk, cron, limits, reruns
+from meshjobs import bulk, cron, limits, quotas, reruns
 from meshjobs.compact import entry_payloads, pack_items
 from meshjobs.control import (
     CHANGE_OPS,
@@ -516,6 +516,17 @@ class JobNode:
         as_bytes: dict[str, bytes] = {}  # an array's repeated payload: one bytes object
         items = [None if d is None else as_bytes.get(d) or as_bytes.setdefault(d, bytes.fromhex(d))
                  for d in req["items"]]
+        limit = req.get("quota", {}).get("pending_items_max")
+        if limit is not None:
+            holds = quotas.pending_items(self.table, req["by"])
+            if holds + len(items) > limit:
+                self._reply(token, 429, {
+                    "error": f"{req['by']} may hold at most {limit} unfinished items "
+                             f"(pending_items_max) and holds {holds}; this job adds {len(items)}: "
+                             "wait for its jobs to finish, cancel some, or ask an admin to raise "
+                             "the token's pending_items_max",
+                    "limit": "pending_items_max", "value": limit, "holds": holds})
+                return None
         digest = spec_digest(spec, items)
         job_id = spec.pop("id")
         if job_id is None:
