@@ -50,6 +50,8 @@ class Cron(TypedDict):
     fired: int
     skipped: Annotated[int, Field(description="Runs passed over (overlap skip).")]
     version: int
+    owner: NotRequired[Annotated[str, Field(description=(
+        "Who made it (the submitter of its runs): only it and admins may change it."))]]
 
 
 @with_config(CLOSED)

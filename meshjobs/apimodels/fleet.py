@@ -16,6 +16,18 @@ from meshjobs.apimodels.jobs import CLOSED, Digest
 # --- the fleet and a member's health ------------------------------------------------------------
 
 @with_config(CLOSED)
+class ItemWalls(TypedDict):
+    user: Annotated[str, Field(description="Who items that name no user run as.")]
+    walls: Annotated[list[Literal["uid", "landlock", "undumpable"]], Field(description=(
+        "uid: items run as a user of their own; landlock: each in a Landlock domain; "
+        "undumpable: meshd's /proc files are closed to them."))]
+    signals_walled: Annotated[bool, Field(description=(
+        "Whether items cannot signal meshd or other jobs' items."))]
+    warning: Annotated[str | None, Field(description=(
+        "Set when items are not walled off from meshd: what they reach, what to do."))]
+
+
+@with_config(CLOSED)
 class FleetMember(TypedDict):
     name: str
     role: Literal["leader", "follower", "worker"]
@@ -30,6 +42,8 @@ class FleetMember(TypedDict):
     drained: Annotated[bool, Field(description="Drained by command: it gets no new leases.")]
     stopping: Annotated[bool, Field(description="Ordered to stop: it exits once its running "
                                                 "items end.")]
+    items: NotRequired[Annotated[ItemWalls, Field(description=(
+        "What walls its items off from meshd (absent: a voter not heard from yet)."))]]
 
 
 @with_config(CLOSED)

@@ -227,6 +227,10 @@ class Job(TypedDict):
     user: Annotated[str | None, Field(
         description="The user the job asked for; null: the pool's default.")]
     inherit_env: bool
+    submitted_by: NotRequired[Annotated[str, Field(description=(
+        "Who submitted it: the token's name, `local` (a member without [auth]) or "
+        "`anonymous`. Its owner: only it and admins may change it, or see its env values and "
+        "notify URL (others see \"<redacted>\")."))]]
     retries: int
     runtime_s: float | None
     max_leases: int | None

@@ -73,7 +73,8 @@ class BulkTone(TypedDict, total=False):
 class BulkResult(TypedDict):
     id: str
     answer: Literal["changed", "would_change", "already_final", "no_such_job", "refused",
-                    "found"]
+                    "found", "not_owner"]
+    status: NotRequired[Annotated[int, Field(description="403 for a job of another owner.")]]
     state: NotRequired[Annotated[str, Field(description="The job's state now, if it exists.")]]
     error: NotRequired[Annotated[str, Field(description="Why it was refused.")]]
     job: NotRequired[Job]
@@ -90,6 +91,9 @@ class BulkAnswer(TypedDict):
     next: Annotated[str | None, Field(description="The cursor of the filter's next page (pass "
                                                   "it as `after`).")]
     results: list[BulkResult]
+    skipped_not_owner: NotRequired[Annotated[int, Field(description=(
+        "Jobs the filter matched that the caller may not change (another owner's): left "
+        "alone."))]]
 
 
 # --- history (GET /history) ---------------------------------------------------------------------
