@@ -699,7 +699,8 @@ def job_status(ctx: click.Context, job_ids: tuple[str, ...], tag: str | None, st
         ("argv", _shell_words(record.get("argv"))),
         ("items", counts),
         ("pool", record.get("pool")),
-        ("user", record.get("user") or "- (the pool's default, or meshd's own)"),
+        ("submitter", record.get("submitted_by") or "-"),
+        ("user", record.get("user") or "- (the pool's user, else the member's item user)"),
         ("cwd", record.get("cwd") or "- (the member's own folder)"),
         *([("env", "meshd's whole environment (--inherit-env)")]
           if record.get("inherit_env") else []),
