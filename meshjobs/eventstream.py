@@ -19,6 +19,9 @@ Rules:
   waiters in the node.
 - A stream ends within `events_check_ms` of its client going away or the member stopping; it
   never holds up the member's stop.
+- A `job` event's row is what its stream's caller may see (meshjobs/identity.py Rule 3): env
+  values and the notify URL redacted unless the caller is an admin or the job's submitter. The
+  rows the node answers with are shared and never changed: each stream redacts a copy.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from typing import Any
 
 from aiohttp import web
 
-from meshjobs import limits
+from meshjobs import identity, limits
+from meshjobs.auth import Caller
 from meshjobs.control import Answer, ControlError, parse_changes, parse_version
 
 FILTERS = (("job", "jobs"), ("tag", "tags"), ("state", "states"), ("pool", "pools"))
@@ -53,6 +57,14 @@ def parse_query(query: Any, last_event_id: str | None) -> dict:
     return {k: sorted(v) if isinstance(v, frozenset) else v for k, v in checked.items()}
 
 
+def shown(event: dict, viewer: Caller | None) -> Any:
+    """An event's data as `viewer` may see it (None: a caller who sees everything)."""
+    data = event["data"]
+    if viewer is None or event["event"] != "job":
+        return data
+    return identity.redact(data, viewer.name, viewer.role)
+
+
 def frame(event: str, version: int, data: Any) -> bytes:
     return (f"id: {version}\nevent: {event}\ndata: "
             f"{json.dumps(data, separators=(',', ':'))}\n\n").encode()
@@ -72,7 +84,9 @@ class EventStreams:
         self.served = 0
         self.refused = 0
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: web.Request,
+                     viewer: Caller | None = None) -> web.StreamResponse:
+        """Serve one stream to `viewer` (the request's caller; None: one who sees everything)."""
         try:
             req = parse_query(request.query, request.headers.get("Last-Event-ID"))
         except ControlError as e:
@@ -99,15 +113,15 @@ class EventStreams:
             await resp.prepare(request)
             try:
                 await resp.write(KEEPALIVE)
-                task = await self._pour(request, resp, req)
+                task = await self._pour(request, resp, req, viewer)
             except ConnectionError:
                 pass  # the client went away while a write was under way
             return resp
         finally:
             self._release(task)
 
-    async def _pour(self, request: web.Request, resp: web.StreamResponse,
-                    req: dict) -> asyncio.Future[Answer] | None:
+    async def _pour(self, request: web.Request, resp: web.StreamResponse, req: dict,
+                    viewer: Caller | None) -> asyncio.Future[Answer] | None:
         """Long-poll and write until the client goes, the member stops or the node cannot
         answer; return the long-poll still under way, if any."""
         wait_ms = max(1_000, limits.events_keepalive_s * 1000 - 1_000)
@@ -125,7 +139,8 @@ class EventStreams:
             out = b""
             if body.get("reset"):
                 out = frame("reset", body["version"], {"version": body["version"]})
-            out += b"".join(frame(e["event"], e["version"], e["data"]) for e in body["events"])
+            out += b"".join(frame(e["event"], e["version"], shown(e, viewer))
+                            for e in body["events"])
             await resp.write(out or KEEPALIVE)
             req["since"] = body["version"]
 

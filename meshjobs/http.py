@@ -903,7 +903,7 @@ class HttpApi:
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         """Committed changes as server-sent events (meshjobs/eventstream.py)."""
-        return await self._event_streams.handle(request)
+        return await self._event_streams.handle(request, request[CALLER])
 
     async def _job_page(self, request: web.Request, job_id: str) -> web.Response:
         """A browser's view of one job (meshjobs/webui.py): its program, counts and times, why
@@ -923,6 +923,9 @@ class HttpApi:
                                           str(why or f"no answer for job {job_id}")),
                          status=answer.status if answer.status >= 400 else 502)
         record = await self._waiting_for(answer.body)
+        caller = request[CALLER]
+        if caller is not None:
+            record = identity.redact(record, caller.name, caller.role)
         items = [it for it in record.get("items") or [] if isinstance(it, dict)]
         record["items"] = items
         shown = [it for it in record.pop("failed_items", None) or [] if isinstance(it, dict)]

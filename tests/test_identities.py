@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from tests.helpers import Meshd, member_config, running, token_line, wait_until
+from tests.helpers import EventStream, Meshd, member_config, running, token_line, wait_until
 
 ADMIN, SUB, OTHER, READ, ALICE = "tok-admin-1", "tok-sub-2", "tok-other-3", "tok-read-4", "tok-al-5"
 POOLS = ('[pools.default]\nslots = 2\n[pools.nob]\nslots = 1\nuser = "nobody"\n'
@@ -158,6 +158,54 @@ def test_env_and_notify_redacted_for_others(member: Meshd) -> None:
     for token in (SUB, ADMIN):
         status, rec = as_(m, token, "GET", f"/jobs/{jid}")
         assert rec["env"] == {"API_KEY": "s3cret-value"} and rec["notify"].endswith("x1y2")
+
+
+def test_event_stream_redacted_for_its_caller(member: Meshd) -> None:
+    """A job event's row on /events is what the stream's caller may see: a read token sees the
+    env keys with redacted values and the notify redacted, an admin and the owner see them."""
+    m = member
+    streams = {tok: EventStream(m, headers={"Authorization": f"Bearer {tok}"})
+               for tok in (READ, OTHER, ADMIN, SUB)}
+    try:
+        assert all(s.status == 200 for s in streams.values()), [s.body for s in streams.values()]
+        job = held(m, SUB, env={"EV_KEY": "ev-secret-7"}, notify="https://hooks.example.org/ev9h")
+        rows = {}
+        for tok, stream in streams.items():
+            ev, _ = stream.until(lambda e: e.get("event") == "job"
+                                 and e["data"].get("id") == job["id"], what="the job's event")
+            rows[tok] = ev["data"]
+    finally:
+        for stream in streams.values():
+            stream.close()
+    for tok in (READ, OTHER):
+        assert rows[tok]["env"] == {"EV_KEY": "<redacted>"}, rows[tok]
+        assert rows[tok]["notify"] == "<redacted>"
+        assert "ev-secret-7" not in json.dumps(rows[tok]) and "ev9h" not in json.dumps(rows[tok])
+    for tok in (ADMIN, SUB):
+        assert rows[tok]["env"] == {"EV_KEY": "ev-secret-7"}, rows[tok]
+        assert rows[tok]["notify"] == "https://hooks.example.org/ev9h"
+
+
+@pytest.mark.parametrize("how", ["accept", "query"])
+def test_html_job_page_redacted_for_others(member: Meshd, how: str) -> None:
+    """The HTML job page shows the notify URL (and no env value) only to the owner and admins."""
+    m = member
+    job = held(m, SUB, env={"PG_KEY": "page-secret-3"}, notify="https://hooks.example.org/pg4q")
+    path = f"/jobs/{job['id']}" + ("?format=html" if how == "query" else "")
+
+    def page(tok: str) -> str:
+        status, _, body = m.raw_request("GET", path, headers={
+            "Authorization": f"Bearer {tok}", "Accept": "text/html"})
+        assert status == 200, body[:300]
+        return body.decode()
+
+    for tok in (READ, OTHER):
+        text = page(tok)
+        assert job["id"] in text
+        assert "page-secret-3" not in text and "pg4q" not in text, tok
+        assert "&lt;redacted&gt;" in text
+    for tok in (SUB, ADMIN):
+        assert "https://hooks.example.org/pg4q" in page(tok)
 
 
 def test_history_file_keeps_no_env_values(member: Meshd) -> None:
