@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import pytest
+import structlog
 
 from tests.helpers import LinksMember, Meshd
+
+# Logs of the parts a test runs in this process (an HTTP API, a driver) go to the real stderr,
+# as a member's do: never into a command's captured stdout (meshctl prints ids there).
+structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.__stderr__))
 
 
 @pytest.fixture
