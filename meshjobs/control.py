@@ -491,6 +491,8 @@ def parse_request(req: object) -> dict:
                 out["quota"] = parse_quota(req["quota"])
         elif out["op"] == "cron" and out["action"] == "add":
             out["job"]["submitted_by"] = out["by"]  # the schedule's owner, its runs' submitter
+            if "quota" in req:
+                out["quota"] = parse_quota(req["quota"])
     return out
 
 

@@ -1,6 +1,6 @@
 """Per-identity quotas with a real meshd and real tokens (issue 25, point 8): a submit that would
 take a token past its pending_items_max is 429 naming the limit, its value and what the token
-holds; another token and an admin are unaffected."""
+holds; another token and an admin are unaffected. A new schedule past schedules_max likewise."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def member(tmp_path_factory):
     top = str(tmp_path_factory.mktemp("quotas"))
     tokens = ", ".join([
         token_line("boss", "admin", ADMIN),
-        token_line("ci", "submit", SUB)[:-2] + ", pending_items_max = 10 }",
+        token_line("ci", "submit", SUB)[:-2] + ", pending_items_max = 10, schedules_max = 2 }",
         token_line("other", "submit", OTHER),
         token_line("zero", "submit", ZERO)[:-2] + ", pending_items_max = 0 }",
     ])
@@ -67,3 +67,48 @@ def test_meshctl_says_over_a_quota_with_exit_2(member: Meshd) -> None:
     r = member.ctl("job", "submit", "--hold", "--", "true", env={"MESHJOBS_TOKEN": ZERO})
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert b"pending_items_max" in r.stderr and b"Traceback" not in r.stderr
+
+
+def put_cron(m: Meshd, token: str, name: str, spec: str = "@daily", **extra: object) -> tuple[int, dict]:
+    return m.request("PUT", f"/cron/{name}", {"spec": spec, "job": {"argv": ["true"]}, **extra},
+                     headers={"Authorization": f"Bearer {token}"})
+
+
+def test_schedules_max_at_cron_put(member: Meshd) -> None:
+    m = member
+    assert put_cron(m, SUB, "ci-a")[0] == 201
+    assert put_cron(m, SUB, "ci-b")[0] == 201
+    status, body = put_cron(m, SUB, "ci-c")
+    assert status == 429, body
+    assert (body["limit"], body["value"], body["holds"]) == ("schedules_max", 2, 2)
+    assert "schedules_max" in body["error"] and "cron rm" in body["error"]
+    # replacing one of its own is not a new schedule; the same schedule again neither
+    status, body = put_cron(m, SUB, "ci-a", spec="@hourly", replace=True)
+    assert status == 200, body
+    assert put_cron(m, SUB, "ci-b")[0] == 200
+    # an admin is unlimited by default and its schedules count for nobody else
+    for i in range(3):
+        assert put_cron(m, ADMIN, f"boss-{i}")[0] == 201
+    # another submit token has its own count (no schedules_max: unlimited)
+    assert put_cron(m, OTHER, "other-a")[0] == 201
+    # a schedule it may not replace (another's) is still refused for ownership, not quota
+    status, body = put_cron(m, SUB, "boss-0", replace=True)
+    assert status == 403, body
+    # removing one frees a slot
+    status, _ = m.request("DELETE", "/cron/ci-b", headers={"Authorization": f"Bearer {SUB}"})
+    assert status == 200
+    assert put_cron(m, SUB, "ci-c")[0] == 201
+    assert put_cron(m, SUB, "ci-d")[0] == 429
+
+
+def test_hostile_quota_in_a_cron_request() -> None:
+    from meshjobs.control import ControlError, parse_request
+
+    req = {"op": "cron", "action": "add", "name": "x", "spec": "@daily",
+           "job": {"argv": ["true"]}, "rid": "r" * 16, "by": "ci", "by_role": "submit"}
+    out = parse_request({**req, "quota": {"schedules_max": 2}})
+    assert out["quota"] == {"schedules_max": 2}
+    for bad in ("2", [], {"schedules_max": -1}, {"schedules_max": "2"}, {"nope": 1},
+                {"schedules_max": 10**20}):
+        with pytest.raises(ControlError):
+            parse_request({**req, "quota": bad})
