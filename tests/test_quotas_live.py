@@ -5,10 +5,12 @@ holds; another token and an admin are unaffected. A new schedule past schedules_
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
-from tests.helpers import Meshd, member_config, running, token_line
+from tests.helpers import Meshd, member_config, running, token_line, wait_until
 
 ADMIN, SUB, OTHER, ZERO = "tok-qadmin-1", "tok-qsub-2", "tok-qother-3", "tok-qzero-4"
 
@@ -112,3 +114,70 @@ def test_hostile_quota_in_a_cron_request() -> None:
                 {"schedules_max": 10**20}):
         with pytest.raises(ControlError):
             parse_request({**req, "quota": bad})
+
+
+LIM = "tok-qlim-5"
+
+
+@pytest.fixture(scope="module")
+def four_slots(tmp_path_factory):
+    top = str(tmp_path_factory.mktemp("quotas_run"))
+    tokens = ", ".join([token_line("boss", "admin", ADMIN),
+                        token_line("lim", "submit", LIM)[:-2] + ", running_items_max = 1 }"])
+    cfg = member_config(top, "q2", f"[pools.default]\nslots = 4\n[auth]\ntokens = [ {tokens} ]\n")
+    m = Meshd(os.path.join(top, "q2"), name="q2", config=cfg, token=ADMIN)
+    yield from running(m)
+
+
+def test_running_items_max_bounds_leases(four_slots: Meshd) -> None:
+    m = four_slots
+    gate = tempfile.mkdtemp(prefix="meshjobs-quota-")
+    os.chmod(gate, 0o755)  # items run as the member's item user: it must see the file appear
+    flag = os.path.join(gate, "go")
+    wait = ["sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done"]
+
+    def submit(token: str, n: int) -> str:
+        status, body = m.request("POST", "/jobs", {"argv": wait, "items": [str(i) for i in range(n)]},
+                                 headers={"Authorization": f"Bearer {token}"})
+        assert status == 201, body
+        return body["id"]
+
+    def rec(job_id: str) -> dict:
+        status, body = m.request("GET", f"/jobs/{job_id}")
+        assert status == 200, body
+        return body
+
+    try:
+        a, b = submit(LIM, 3), submit(LIM, 1)
+        wait_until(lambda: rec(a)["items_running"] + rec(b)["items_running"] == 1,
+                   what="one item of the limited token running")
+        boss = submit(ADMIN, 2)
+        # the admin's items take the free slots the limited token may not
+        wait_until(lambda: rec(boss)["items_running"] == 2, what="the admin's items running")
+        ra, rb = rec(a), rec(b)
+        assert ra["items_running"] + rb["items_running"] == 1, (ra, rb)
+        assert ra["items_pending"] + rb["items_pending"] == 3, (ra, rb)
+        assert ra["submitted_by"] == "lim" and "running_items_max" not in ra
+        open(flag, "w").close()
+        for job_id in (a, b, boss):
+            wait_until(lambda j=job_id: rec(j)["state"] == "done", what=f"job {job_id} done")
+    finally:
+        shutil.rmtree(gate, ignore_errors=True)
+
+
+def test_clients_may_not_set_running_items_max(four_slots: Meshd) -> None:
+    m = four_slots
+    status, body = m.request("POST", "/jobs", {"argv": ["true"], "running_items_max": 100},
+                             headers={"Authorization": f"Bearer {LIM}"})
+    assert status == 400 and "running_items_max" in body["error"], body
+    from meshjobs.control import ControlError, parse_request, parse_submit
+
+    with pytest.raises(ControlError):
+        parse_submit({"argv": ["true"], "running_items_max": 5})
+    for bad in (-1, "5", True, 10**20):
+        with pytest.raises(ControlError):
+            parse_submit({"argv": ["true"], "running_items_max": bad}, committed=True)
+    # a forwarded request's spec may not carry it either: only the leader sets it, from the quota
+    out = parse_request({"op": "submit", "rid": "r" * 16, "by": "lim", "by_role": "submit",
+                         "spec": {"argv": ["true"], "running_items_max": 100}, "items": [None]})
+    assert "running_items_max" not in out["spec"]

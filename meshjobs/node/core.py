@@ -529,6 +529,9 @@ class JobNode:
                              "the token's pending_items_max",
                     "limit": "pending_items_max", "value": limit, "holds": holds})
                 return None
+        running_max = req.get("quota", {}).get("running_items_max")
+        if running_max is not None:
+            spec["running_items_max"] = running_max  # the table leases within it (quotas.py)
         digest = spec_digest(spec, items)
         job_id = spec.pop("id")
         if job_id is None:
