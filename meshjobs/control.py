@@ -64,7 +64,8 @@ SUBMIT_KEYS = frozenset(
 )
 # Keys of a committed spec that no client sets: the HTTP edge and the leader stamp them (who
 # submitted the job, and the users its items may run as; meshjobs/identity.py).
-SPEC_IDENTITY_KEYS = frozenset({"submitted_by", "run_as"})
+# The leader also stamps the submitter's running_items_max (quotas.py) from its request's quota.
+SPEC_IDENTITY_KEYS = frozenset({"submitted_by", "run_as", "running_items_max"})
 # Who asks for a change: an identity's name (a token's, "local" without [auth], "anonymous")
 # and its role, stamped by the HTTP edge on every change request (`by`, `by_role`).
 IDENTITY_RE = POOL_RE
@@ -307,6 +308,9 @@ def parse_submit(body: object, committed: bool = False) -> dict:
         spec["submitted_by"] = parse_identity(body["submitted_by"], "submitted_by")
     if committed and body.get("run_as") is not None:
         spec["run_as"] = parse_run_as(body["run_as"])
+    if committed and body.get("running_items_max") is not None:
+        spec["running_items_max"] = _int(body["running_items_max"], "running_items_max", 0,
+                                         limits.quota_items_max)
     if "items" in body and body["items"] is not None:
         items = body["items"]
         if not isinstance(items, list) or not items:
@@ -487,10 +491,14 @@ def parse_request(req: object) -> dict:
         out["by"], out["by_role"] = parse_by(req)
         if out["op"] == "submit":
             out["spec"]["submitted_by"] = out["by"]
+            # Only the leader sets it, from the quota (node/core.py), never a request's spec.
+            out["spec"].pop("running_items_max", None)
             if "quota" in req:
                 out["quota"] = parse_quota(req["quota"])
         elif out["op"] == "cron" and out["action"] == "add":
             out["job"]["submitted_by"] = out["by"]  # the schedule's owner, its runs' submitter
+            if "quota" in req:
+                out["quota"] = parse_quota(req["quota"])
     return out
 
 

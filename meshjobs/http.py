@@ -1579,8 +1579,10 @@ class HttpApi:
         job = dict(body["job"])
         await self._stamp_run_as(request, job)
         body = {**body, "job": job}
+        quota = dict(request[CALLER].quota)
         return await self._relay({"op": "cron", "action": "add", "name": name, **body,
-                                  **await self._rid(request)})
+                                  **await self._rid(request),
+                                  **({"quota": quota} if quota else {})})
 
     async def _cron_change(self, request: web.Request) -> web.Response:
         """DELETE /cron/{name}, POST /cron/{name}/pause and /resume."""

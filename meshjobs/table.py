@@ -108,7 +108,7 @@ class Job:
         "restart", "restart_delay_s", "resubmit", "stdout_path", "stderr_path",
         "run", "restarts", "resubmits", "due_ms", "due_why", "past",
         "rerun_times", "due_capped",
-        "submitted_by", "run_as",
+        "submitted_by", "run_as", "running_items_max",
     )
 
     def __init__(self, job_id: str, seq: int, spec: dict, digest: bytes, stdin: list, t: int) -> None:
@@ -151,6 +151,9 @@ class Job:
         # the users its submitter's jobs may run as (None: any, the member's own among them).
         self.submitted_by: str = spec.get("submitted_by", ANONYMOUS)
         self.run_as: list[str] | None = spec.get("run_as")
+        # Its submitter's running_items_max when it was submitted (None: no limit): an item of
+        # it is leased only while the submitter has fewer items leased (quotas.running_items).
+        self.running_items_max: int | None = spec.get("running_items_max")
         self.run = 1
         self.restarts = 0
         self.resubmits = 0
@@ -235,6 +238,8 @@ class Job:
             # Only when named, so that a spec from before identities stays as it was.
             **({} if self.submitted_by == ANONYMOUS else {"submitted_by": self.submitted_by}),
             **({} if self.run_as is None else {"run_as": self.run_as}),
+            **({} if self.running_items_max is None
+               else {"running_items_max": self.running_items_max}),
         }
 
 
@@ -582,7 +587,9 @@ class JobTable:
             i = g[1]
             if (job is None or not 0 <= i < job.n or job.st[i] != PENDING or job.hold
                     or job.waiting_on or job.not_before.get(i, 0) > t
-                    or (job.max_leases is not None and job.n_leased >= job.max_leases)):
+                    or (job.max_leases is not None and job.n_leased >= job.max_leases)
+                    or (job.running_items_max is not None and quotas.running_items(
+                        self, job.submitted_by) >= job.running_items_max)):
                 refused += 1
                 continue
             if job.selector is not None and not placement.allows(job.selector, job.pins, i, g[2]):
@@ -930,11 +937,13 @@ class JobTable:
             ready = [j for j in ready if j.pins is not None or placement.matches(j.selector, member)]
         ready.sort(key=lambda j: (-j.priority, j.seq))
         picked: list[tuple[str, int]] = []
+        running: dict[str, int] = {}
         for job in ready:
             room = count - len(picked)
             if job.max_leases is not None:
                 inflight = sum(1 for k in skip if k[0] == job.id)
                 room = min(room, job.max_leases - job.n_leased - inflight)
+            room = min(room, self._running_room(job, running, skip))
             for i in job.queue:
                 if room <= 0:
                     break
@@ -944,6 +953,8 @@ class JobTable:
                     continue
                 picked.append((job.id, i))
                 room -= 1
+                if job.submitted_by in running:
+                    running[job.submitted_by] += 1
             if len(picked) >= count:
                 break
         return picked
@@ -962,6 +973,7 @@ class JobTable:
         ready.sort(key=lambda j: (-j.priority, j.seq))
         picked: list[tuple[str, int, str]] = []
         matching: dict[str, list[str]] = {}
+        running: dict[str, int] = {}
 
         def best(names: Any) -> str | None:
             return max((n for n in names if room.get(n, 0) > 0),
@@ -974,6 +986,7 @@ class JobTable:
             if job.max_leases is not None:
                 inflight = sum(1 for k in skip if k[0] == job.id)
                 quota = min(quota, job.max_leases - job.n_leased - inflight)
+            quota = min(quota, self._running_room(job, running, skip))
             names: Any = room
             if job.selector is not None and job.pins is None:
                 names = matching.get(job.selector)
@@ -994,7 +1007,23 @@ class JobTable:
                 left -= 1
                 picked.append((job.id, i, member))
                 quota -= 1
+                if job.submitted_by in running:
+                    running[job.submitted_by] += 1
         return picked
+
+    def _running_room(self, job: Job, running: dict[str, int], skip: set[tuple[str, int]]) -> int:
+        """How many more items of `job` its submitter's running_items_max lets lease now:
+        `running` holds, per submitter looked at in this pick, its leased items plus those in
+        flight (`skip`) and picked so far; counted once per submitter and pick."""
+        limit = job.running_items_max
+        if limit is None:
+            return limits.items_max
+        who = job.submitted_by
+        n = running.get(who)
+        if n is None:
+            n = running[who] = quotas.running_items(self, who) + sum(
+                1 for k in skip if (j := self.jobs.get(k[0])) is not None and j.submitted_by == who)
+        return limit - n
 
     def next_due_ms(self, now_ms: int) -> int | None:
         """The earliest time still to come at which a backed-off item becomes leasable, if any

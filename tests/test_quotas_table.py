@@ -53,3 +53,23 @@ def test_planted_drift_is_caught_by_check() -> None:
         assert "holds" in str(e)
     else:
         raise AssertionError("drift not caught")
+
+
+def test_running_items_max_bounds_pick_place_and_lease() -> None:
+    """Rule: an item of a job that records its submitter's running_items_max is picked,
+    placed and leased only while the submitter has fewer items leased (over all its jobs,
+    counting those in flight); others' jobs are not held back; a snapshot keeps the field."""
+    log = Log()
+    log.submit("a1", n=3, submitted_by="alice", running_items_max=2)
+    log.submit("a2", n=2, dg=b"dg-2", submitted_by="alice", running_items_max=2)
+    log.submit("b1", n=2, dg=b"dg-3", submitted_by="bob")
+    t = log.table
+    assert t.pick("default", 10, 0, set()) == [("a1", 0), ("a1", 1), ("b1", 0), ("b1", 1)]
+    assert [p[:2] for p in t.place("default", {"m1": 10}, 10, 0, {("a2", 0)})] == [
+        ("a1", 0), ("b1", 0), ("b1", 1)]  # one of alice's in flight already
+    out, _ = log.lease(("a1", 0), ("a2", 0), ("a1", 1))
+    assert out["granted"] == 2 and out["refused"] == 1
+    assert quotas.running_items(t, "alice") == 2
+    assert t.pick("default", 10, 0, set()) == [("b1", 0), ("b1", 1)]
+    assert roundtrip(t).jobs["a1"].running_items_max == 2
+    assert roundtrip(t).jobs["b1"].running_items_max is None

@@ -65,6 +65,8 @@ class MJob:
     dep_failed: bool = False
     run: int = 1  # a finished job run again (`rerun`) counts up
     after: list[dict] = field(default_factory=list)  # its parents, as submitted
+    who: str = "anonymous"  # its submitter
+    running_items_max: int | None = None  # the submitter's, recorded at the submit
 
     def n(self, state: str) -> int:
         return sum(1 for it in self.items if it.state == state)
@@ -177,6 +179,8 @@ class Model:
                                        s["priority"], s["hold"], s["max_leases"],
                                        [MItem() for _ in range(n)], list(range(n)))
         job.after = list(after)
+        job.who = s.get("submitted_by", "anonymous")
+        job.running_items_max = s.get("running_items_max")
         self.count("jobs_submitted")
         self.count("items_submitted", n)
         for d in after:
@@ -195,7 +199,9 @@ class Model:
             job = self.jobs.get(jid)
             if (job is None or not 0 <= i < len(job.items) or job.items[i].state != "pending"
                     or job.hold or job.waiting_on or job.not_before.get(i, 0) > t
-                    or (job.max_leases is not None and job.n("leased") >= job.max_leases)):
+                    or (job.max_leases is not None and job.n("leased") >= job.max_leases)
+                    or (job.running_items_max is not None
+                        and self.running(job.who) >= job.running_items_max)):
                 refused += 1
                 continue
             it = job.items[i]
@@ -352,6 +358,9 @@ class Model:
             if job.max_leases is not None:
                 room = min(room, job.max_leases - job.n("leased")
                            - sum(1 for k in skip if k[0] == jid))
+            if job.running_items_max is not None:
+                room = min(room, job.running_items_max - self.running(job.who)
+                           - sum(1 for k in [*skip, *picked] if (o := self.jobs.get(k[0])) is not None and o.who == job.who))
             for i in job.queue:
                 if room <= 0:
                     break
@@ -359,6 +368,10 @@ class Model:
                     picked.append((jid, i))
                     room -= 1
         return picked[:count]
+
+    def running(self, who: str) -> int:
+        """The items of `who`'s jobs leased now (quotas.running_items)."""
+        return sum(j.n("leased") for j in self.jobs.values() if j.who == who)
 
 
 def normal(out: dict) -> dict:
@@ -451,7 +464,8 @@ class TableMachine(RuleBasedStateMachine):
         spec = {"argv": ["x", str(variant)], "pool": pool, "env": {}, "cwd": None,
                 "retries": retries, "runtime_s": None, "tags": [], "priority": priority,
                 "hold": hold, "max_leases": max_leases,
-                **({"user": "nobody", "inherit_env": True} if variant else {})}
+                **({"user": "nobody", "inherit_env": True, "submitted_by": "alice",
+                    "running_items_max": 1} if variant else {})}
         if after:
             spec["after"] = [{"id": p, "on": on} for p, on in after]
         e = {"k": "submit", "t": self.now, "id": job_id, "spec": spec,

@@ -461,6 +461,8 @@ class JobNode:
                 self._reply(token, 400, {"error": f"unknown pool {req['job']['pool']!r}: this "
                                                   f"fleet has {', '.join(sorted(pools)) or 'no pools'}"})
                 return
+            if req["action"] == "add" and not self._schedules_within_quota(token, req):
+                return
             entry = cron.entry(req, self.now_ms)
             job_id = None
         elif op == "bulk":
@@ -527,6 +529,9 @@ class JobNode:
                              "the token's pending_items_max",
                     "limit": "pending_items_max", "value": limit, "holds": holds})
                 return None
+        running_max = req.get("quota", {}).get("running_items_max")
+        if running_max is not None:
+            spec["running_items_max"] = running_max  # the table leases within it (quotas.py)
         digest = spec_digest(spec, items)
         job_id = spec.pop("id")
         if job_id is None:
@@ -1142,6 +1147,24 @@ class JobNode:
             self._reply(token, 200, cron.record(self.table.crons[req["name"]], self.now_ms))
         else:
             self._reply(token, 404, {"error": f"no schedule {req['name']} (see `meshctl cron list`)"})
+
+    def _schedules_within_quota(self, token: int, req: dict) -> bool:
+        """A new schedule (not a replacement) by an identity that owns schedules_max of them
+        already is 429 naming the limit, its value and what it holds. A scan: the fleet keeps
+        at most cron_schedules_max schedules."""
+        limit = req.get("quota", {}).get("schedules_max")
+        if limit is None or req["name"] in self.table.crons:
+            return True
+        who = req["by"]
+        holds = sum(1 for c in self.table.crons.values() if c.owner == who)
+        if holds < limit:
+            return True
+        self._reply(token, 429, {
+            "error": f"{who} may own at most {limit} schedules (schedules_max) and owns {holds}: "
+                     "remove one (meshctl cron rm NAME), replace one of its own, or ask an admin "
+                     "to raise the token's schedules_max",
+            "limit": "schedules_max", "value": limit, "holds": holds})
+        return False
 
     def _cron_answer(self, outcome: dict) -> Answer:
         if not outcome.get("ok"):

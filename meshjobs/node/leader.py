@@ -227,6 +227,8 @@ class Leadership:
                 continue  # a dependent most likely waits: the table says once it is applied
             if spec.get("member") is not None:
                 continue  # placed: leased once committed, where its selector allows
+            if spec.get("running_items_max") is not None:
+                continue  # its submitter's running items are counted once it is committed
             n = entry_item_count(e)
             if spec.get("max_leases") is not None:
                 n = min(n, spec["max_leases"])
