@@ -120,6 +120,10 @@ env.pop(b"LC_CTYPE", None)
 if rules.get("lc_ctype") is not None:
     env[b"LC_CTYPE"] = os.fsencode(rules["lc_ctype"])
 argv = [os.fsencode(a) for a in sys.argv[3:]]
+import signal
+for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):  # Python ignores them; the item must not
+    if hasattr(signal, name):
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
 try:
     if path is None:
         os.execvpe(argv[0], argv, env)
