@@ -155,6 +155,7 @@ class Member:
             self._build_parts()
         except _StartFailed as e:
             return e.code
+        self._say_walls()
         self._start_threads()
         code = self._write_addr_files()
         if code == 0:
@@ -187,10 +188,20 @@ class Member:
         self.walls = wall.status(mode, abi, may_switch, default_user, self.cfg.data,
                                  undumpable=undumpable)
         self.wall_denied = self.cfg.wall_denied if "landlock" in self.walls.walls else None
+
+    def _say_walls(self) -> None:
+        """Say what walls items get, once every step that can stop the start has passed (a
+        member that does not start says only why)."""
+        from meshjobs import wall
         if self.walls.warning is not None:
             log.warning("items_not_walled", member=self.cfg.name, why=self.walls.warning)
-        else:
-            log.info("items_walled", walls=list(self.walls.walls), landlock_abi=abi)
+            return
+        log.info("items_walled", walls=list(self.walls.walls), landlock_abi=self.walls.abi)
+        if self.wall_denied is not None:
+            try:
+                wall.rules(self.wall_denied).check()
+            except wall.WallError as e:
+                log.error("items_cannot_be_walled", member=self.cfg.name, why=str(e))
 
     def _start_failed(self, why: str, exc: BaseException) -> _StartFailed:
         """A disk that fails at start stops the member as it would later: the fail-stop

@@ -490,7 +490,7 @@ class Driver:
             return
         try:
             run.pid, run.proc = self._launch(item, env, theirs, ids)
-        except (OSError, ValueError, TypeError) as e:
+        except (OSError, ValueError, TypeError, wall.WallError) as e:
             self._close_run_fds(run)
             self._remove_stdin(run)
             self._report_unstarted(item, "failed", started_ms,
@@ -1061,6 +1061,8 @@ def _cwd_error(cwd: str, member: str, why: str) -> str:
 
 def _start_error(item: Run, argv0: str, e: Exception, member: str = "") -> str:
     """Say why the item's program could not start, and what to do about it."""
+    if isinstance(e, wall.WallError):
+        return str(e)
     if isinstance(e, OSError):
         why = e.strerror or str(e)
         if item.cwd is not None and e.filename == item.cwd and argv0 != item.cwd:

@@ -141,6 +141,12 @@ item_stdin_pipe_bytes_max = 64 * 1024  # a stdin payload up to this goes through
 item_output_memory_bytes_max = 64 * 1024  # output of one stream kept in memory; past it, in a spool file
 item_pipe_read_bytes = 256 * 1024  # one read (or splice) from an item's stdout or stderr pipe
 item_drain_reads_max = 64  # reads of each output pipe once the item's group is killed (escapees write on)
+# The wall around items (meshjobs/wall.py): its allow rules are the launcher's arguments, one
+# path each, beside the item's own argv and environment in the kernel's limit on them (2 MiB
+# under the usual 8 MiB stack). More than this and items do not start: the data folder sits in
+# a folder with too many neighbours, and must move to a folder of its own.
+wall_rules_bytes_max = 1024 * 1024
+exec_args_bytes_max = 2 * 1024 * 1024  # argv and environment of one exec (the kernel's ARG_MAX)
 
 # Blob store limits live in blobstore/limits.py: that package stands alone.
 
@@ -489,6 +495,10 @@ RELATIONS: tuple[tuple[str, str, Callable[[dict[str, Any]], bool]], ...] = (
      "restarts_per_minute_max",
      lambda v: 1 <= v["restarts_per_minute_max"]
      < v["restarts_window_ms"] / (v["restart_delay_s_min"] * 1000)),
+    ("the wall's rules, an item's argv and its environment fit one exec together",
+     "wall_rules_bytes_max",
+     lambda v: v["wall_rules_bytes_max"] + v["argv_bytes_max"] + v["env_bytes_max"]
+     + 64 * 1024 <= v["exec_args_bytes_max"]),
 )
 
 

@@ -255,7 +255,11 @@ class PyPool:
         argv = [sys.executable, "-m", "meshjobs.pyworker"]
         rules = self._wall_rules() if self._wall_rules is not None else None
         if rules is not None:
-            argv = wall.wrap(rules, sys.executable, argv, env)
+            try:
+                argv = wall.wrap(rules, sys.executable, argv, env)
+            except wall.WallError as e:
+                self._start_failed(None, str(e))
+                return
         try:
             proc = subprocess.Popen(
                 argv,

@@ -25,10 +25,14 @@ Rule 4. Symbolic links among the entries get no rule: a rule is taken on what a 
    the target is allowed by its own path.
 Rule 5. The result is a pure function of the tree as it is now; `Rules.stamp` (the spine
    folders' change times) tells when it must be computed again (an entry added or removed).
+Rule 6. The allowed paths are the launcher's arguments, so they are bounded
+   (limits.wall_rules_bytes_max): past it the rules allow nothing, `Rules.too_many` says how
+   many entries there were, and `Rules.check` refuses to start an item (fail closed, with what
+   to do: a data folder in a folder of its own has a few dozen neighbours at most).
 
 The launcher. Command items start through posix_spawn or Popen: no Python code runs in the
 child before exec, so no `landlock_restrict_self` can be called there. An item's argv is
-wrapped instead (`wrap`): `python -I -S -c LAUNCHER_CODE RULES_JSON -- argv...`. LAUNCHER_CODE
+wrapped instead (`wrap`): `python -I -S -c LAUNCHER_CODE PATH LC_CTYPE ALLOW... -- argv...`. LAUNCHER_CODE
 is self-contained and imports only the standard library (an item user who cannot read meshd's
 install can run it): it sets no_new_privs, builds a ruleset handling every filesystem right of
 the running ABI and (ABI 6+) the signal and abstract unix socket scopes, adds one rule per
@@ -48,12 +52,13 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import json
 import os
 import stat
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from . import limits
 
 EXIT_WALL = 125
 EXIT_EXEC = 127
@@ -65,21 +70,25 @@ _CREATE_RULESET_VERSION = 1
 
 # The launcher: a program of its own, run by `python -I -S -c` (isolated: no site, no user
 # site, no PYTHON* variables, no current folder on sys.path: the item's cwd cannot plant a
-# module). argv: RULES_JSON "--" argv... RULES_JSON: {"allow": [paths], "path": the program to
-# exec or null (search the item's PATH), "lc_ctype": the item's LC_CTYPE or null (python may
-# set it at start; it is put back exactly)}.
+# module). It imports nothing but ctypes, os and _signal (built in) (a Python start is most of its cost,
+# and json, struct or stat would each add to it). argv: PATH LC_CTYPE ALLOW... "--" argv...
+# PATH: the program to exec, or "" (search the item's PATH). LC_CTYPE: "=" and the item's
+# LC_CTYPE, or "" (none: python may set it at start; it is put back exactly). ALLOW: one
+# absolute path per argument (so "--" cannot be one), each allowed in full.
 LAUNCHER_CODE = r"""
-import ctypes, json, os, stat, struct, sys
+import _signal, ctypes, os, sys
 def fail(code, why):
     os.write(2, ("meshjobs wall: " + why + "\n").encode("utf-8", "replace"))
     os._exit(code)
+a = sys.argv
 try:
-    rules = json.loads(sys.argv[1])
-    allow, path = rules["allow"], rules["path"]
-    if sys.argv[2] != "--" or len(sys.argv) < 4 or not isinstance(allow, list):
-        raise ValueError("no argv after --")
-except Exception as e:
-    fail(125, "bad rules (%s): meshd passes them; report this" % e)
+    cut = a.index("--", 3)
+except ValueError:
+    cut = 0
+if cut == 0 or len(a) <= cut + 1 or (a[2] and a[2][0] != "=") or \
+        not all(p.startswith("/") for p in a[3:cut]):
+    fail(125, "bad rules (%r): meshd passes them; report this" % a[1:4])
+path, lc_ctype, allow = a[1] or None, a[2][1:] if a[2] else None, a[3:cut]
 libc = ctypes.CDLL(None, use_errno=True)
 sc = libc.syscall
 sc.restype = ctypes.c_long
@@ -92,21 +101,24 @@ files = 1 | 2 | 4
 if abi >= 2: fs |= 1 << 13
 if abi >= 3: fs |= 1 << 14; files |= 1 << 14
 if abi >= 5: fs |= 1 << 15; files |= 1 << 15
-attr = struct.pack("=QQQ", fs, 0, 3 if abi >= 6 else 0)[:8 if abi < 4 else 16 if abi < 6 else 24]
+attr = (fs.to_bytes(8, "little") + bytes(8) + (3 if abi >= 6 else 0).to_bytes(8, "little"))
+attr = attr[:8 if abi < 4 else 16 if abi < 6 else 24]
 buf = ctypes.create_string_buffer(attr, len(attr))
 rs = sc(L(444), buf, L(len(attr)), U(0))
 if rs < 0:
     fail(125, "landlock_create_ruleset: " + os.strerror(ctypes.get_errno()))
+rule = ctypes.create_string_buffer(12)
 for p in allow:
     try:
         fd = os.open(p, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         continue
-    mode = os.fstat(fd).st_mode
-    if stat.S_ISLNK(mode):
+    kind = os.fstat(fd).st_mode & 0o170000
+    if kind == 0o120000:  # a symbolic link: no rule (the module's Rule 4)
         os.close(fd)
         continue
-    rule = ctypes.create_string_buffer(struct.pack("=Qi", fs if stat.S_ISDIR(mode) else files, fd), 12)
+    rule.raw = (fs if kind == 0o040000 else files).to_bytes(8, "little") + \
+        fd.to_bytes(4, "little", signed=True)
     if sc(L(445), I(rs), I(1), rule, U(0)):
         fail(125, "landlock_add_rule %s: %s" % (p, os.strerror(ctypes.get_errno())))
     os.close(fd)
@@ -117,19 +129,18 @@ if sc(L(446), I(rs), U(0)):
 os.close(rs)
 env = os.environb
 env.pop(b"LC_CTYPE", None)
-if rules.get("lc_ctype") is not None:
-    env[b"LC_CTYPE"] = os.fsencode(rules["lc_ctype"])
-argv = [os.fsencode(a) for a in sys.argv[3:]]
-import signal
+if lc_ctype is not None:
+    env[b"LC_CTYPE"] = os.fsencode(lc_ctype)
+argv = [os.fsencode(x) for x in a[cut + 1:]]
 for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):  # Python ignores them; the item must not
-    if hasattr(signal, name):
-        signal.signal(getattr(signal, name), signal.SIG_DFL)
+    if hasattr(_signal, name):
+        _signal.signal(getattr(_signal, name), _signal.SIG_DFL)
 try:
     if path is None:
         os.execvpe(argv[0], argv, env)
     os.execve(os.fsencode(path), argv, env)
 except OSError as e:
-    fail(127, "cannot run %s: %s" % (path or sys.argv[3], e.strerror or e))
+    fail(127, "cannot run %s: %s" % (path or a[cut + 1], e.strerror or e))
 """
 
 
@@ -141,6 +152,19 @@ class Rules:
     allow: tuple[str, ...]
     denied: tuple[str, ...]
     stamp: tuple[tuple[str, int], ...]
+    too_many: int = 0  # entries around the denied paths past limits.wall_rules_bytes_max
+
+    def check(self) -> None:
+        """Raise WallError when these rules cannot wall an item (Rule 6)."""
+        if self.too_many:
+            raise WallError(
+                f"the folders around meshd's data folder hold {self.too_many} entries, too many "
+                f"for the wall around items (limit {limits.wall_rules_bytes_max} bytes of paths): "
+                f"move the data folder into a folder of its own (for example /var/lib/meshjobs)")
+
+
+class WallError(Exception):
+    """Items cannot be put behind the wall as the filesystem is now; nothing was started."""
 
 
 def _beneath(path: str, folder: str) -> bool:
@@ -187,6 +211,9 @@ def rules(denied: Iterable[str]) -> Rules:
             except OSError:
                 continue
             allow.append(path)
+    size = sum(len(os.fsencode(p)) + 1 for p in allow)
+    if size > limits.wall_rules_bytes_max:
+        return Rules((), tuple(kept), tuple(stamp), too_many=len(allow))
     return Rules(tuple(allow), tuple(kept), tuple(stamp))
 
 
@@ -200,10 +227,12 @@ def fresh(r: Rules) -> bool:
 
 def wrap(r: Rules, path: str | None, argv: list[str], env: dict[str, str]) -> list[str]:
     """The argv that runs `argv` (its program at `path`, or None: searched on the item's PATH
-    at exec) behind the rules `r`, with `env` as the item's environment."""
-    body = json.dumps({"allow": list(r.allow), "path": path, "lc_ctype": env.get("LC_CTYPE")},
-                      separators=(",", ":"))
-    return [launcher_python(), "-I", "-S", "-c", LAUNCHER_CODE, body, "--", *argv]
+    at exec) behind the rules `r`, with `env` as the item's environment. Raises WallError when
+    `r` cannot wall anything (Rule 6)."""
+    r.check()
+    lc_ctype = env.get("LC_CTYPE")
+    return [launcher_python(), "-I", "-S", "-c", LAUNCHER_CODE, path or "",
+            "" if lc_ctype is None else "=" + lc_ctype, *r.allow, "--", *argv]
 
 
 def _open_to_all(path: str) -> bool:

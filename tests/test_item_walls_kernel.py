@@ -261,3 +261,53 @@ def test_check_config_says_what_walls_items_get(tmp_path, mode: str, said: str) 
                        capture_output=True, cwd=os.getcwd())
     assert said in (p.stdout + p.stderr).decode(), p
     assert p.returncode == (0 if mode in ("off", "auto") else 2)
+
+
+def test_rules_past_their_bound_allow_nothing_and_refuse(tmp_path, monkeypatch) -> None:
+    """Rule 6: more neighbours than limits.wall_rules_bytes_max of paths gives rules that allow
+    nothing and refuse to wrap an item, saying what to do."""
+    from meshjobs import limits
+    (tmp_path / "data").mkdir()
+    for i in range(50):
+        (tmp_path / f"neighbour-{i:03}").mkdir()
+    monkeypatch.setattr(limits, "wall_rules_bytes_max", 1000)
+    r = wall.rules([str(tmp_path / "data")])
+    assert r.allow == () and r.too_many >= 50
+    with pytest.raises(wall.WallError, match="move the data folder into a folder of its own"):
+        wall.wrap(r, "/bin/true", ["true"], {"PATH": "/usr/bin:/bin"})
+
+
+def test_launcher_needs_nothing_beyond_its_rules(tmp_path) -> None:
+    """The launcher imports all it needs before the wall goes up: with rules that allow the
+    program and its libraries but not python's own library, the program runs."""
+    env = {"PATH": "/usr/bin:/bin"}
+    sh = os.path.realpath("/bin/sh")
+    libs = subprocess.run(["ldd", sh], capture_output=True, text=True).stdout.split()
+    allow = {os.path.dirname(sh)} | {os.path.dirname(os.path.realpath(w)) for w in libs
+                                     if w.startswith("/")}
+    assert not any(sys.base_prefix.startswith(a) or "python" in a for a in allow), allow
+    p = _launch(wall.Rules(tuple(sorted(allow)), (), ()), [sh, "-c", "echo ran"], env)
+    assert p.returncode == 0 and p.stdout == b"ran\n", p.stderr
+
+
+def test_a_member_among_too_many_neighbours_says_so_and_runs_nothing() -> None:
+    """A data folder whose surroundings are too many for the wall: meshd says so at start, and
+    an item fails without running, its error saying what to do."""
+    from meshjobs import limits
+    top = _folder()
+    try:
+        name = "n" * 200
+        for i in range(limits.wall_rules_bytes_max // (len(top) + len(name)) + 10):
+            open(os.path.join(top, f"{name}{i}"), "w").close()
+        m = _nobody_meshd(top, None, os.path.join(top, "data"), None)
+        try:
+            assert "items_cannot_be_walled" in m.log_tail(1 << 20)
+            job = m.submit("--", "sh", "-c", "echo ran")
+            rec = m.wait_job(job)
+            item = rec["items"][0]
+            assert item["state"] == "failed" and "folder of its own" in item["error"], item
+            assert not item.get("stdout")
+        finally:
+            m.stop()
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
