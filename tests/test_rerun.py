@@ -342,7 +342,10 @@ def test_rerun_forwarded_and_restart_across_leader_kill(tmp_path):
         start_all(members)
         lead = leader_of(members)
         follower = next(m for m in members if m is not lead)
-        log = tmp_path / "ran"
+        # Items write into a folder of their own: the folder that holds the members' data
+        # folders is walled off for creating files (meshjobs/wall.py, Rule 3).
+        (tmp_path / "out").mkdir()
+        log = tmp_path / "out" / "ran"
         status, rec = follower.request("POST", "/jobs", {"id": "fw", "argv": ["sh", "-c",
                                                          f"echo fw >> {log}"]})
         assert status == 201, rec
@@ -352,7 +355,7 @@ def test_rerun_forwarded_and_restart_across_leader_kill(tmp_path):
         assert status == 200 and rec["run"] == 2, rec
         assert follower.wait_job("fw")["state"] == "done"
         assert _lines(log) == ["fw", "fw"]
-        log2 = tmp_path / "ran2"
+        log2 = tmp_path / "out" / "ran2"
         status, rec = follower.request("POST", "/jobs", {
             "id": "rk", "argv": ["sh", "-c", f"echo rk >> {log2}"], "restart": 1,
             "restart_delay_s": 4})

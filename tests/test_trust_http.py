@@ -452,7 +452,10 @@ def test_login_cookie_and_csrf(closed):
     """A browser without a token is sent to /login; the login form sets an HttpOnly,
     SameSite=Strict session cookie; with it the page's Cancel works only with the page's CSRF
     value and from the member's own origin; a read session may not cancel; logout ends it."""
-    assert closed.request("POST", "/jobs", {"argv": ["true"], "id": "lg1", "hold": True})[0] == 201
+    # Submitted with the submit token: the browser session below (the same submitter) may
+    # change its own jobs only.
+    assert closed.request("POST", "/jobs", {"argv": ["true"], "id": "lg1", "hold": True},
+                          headers={"Authorization": f"Bearer {ROLE_TOKEN['submit']}"})[0] == 201
     status, h, _ = closed.raw_request("GET", "/jobs", None, {"Accept": "text/html"})
     assert status == 303 and h["Location"] == "/login?next=%2Fjobs"
     status, h, page = closed.raw_request("GET", "/login?next=/jobs", None, {"Accept": "text/html"})

@@ -265,11 +265,13 @@ def test_killed_at_random_points_and_restarted(meshd, folder, tmp_path) -> None:
     assert ran(folder) == expected and '"submits": 0' in r.stderr.decode()
 
 
-def test_member_restart(tmp_path, folder) -> None:
+def test_member_restart(tmp_path, tmp_path_factory, folder) -> None:
     """The member stopped and started again under a running watcher: submits and refreshes that
     fail are logged and tried again; every file's job runs once."""
     from tests.helpers import Meshd
-    m = Meshd(os.path.join(str(tmp_path), "m1"))
+    # The data folder beside tmp_path, not in it: items write ran.log into tmp_path, and the
+    # folder that holds a data folder is walled off for creating files (meshjobs/wall.py).
+    m = Meshd(os.path.join(str(tmp_path_factory.mktemp("members")), "m1"))
     try:
         m.start()
         m.http = m.url.removeprefix("http://")  # the restart keeps the port the watcher knows
