@@ -562,6 +562,24 @@ class Driver:
             self._wall_rules = wall.rules(self._wall_denied)
         return self._wall_rules
 
+    def _walled_cwd_hint(self, item: Run) -> str | None:
+        """For a failed item whose working directory holds a path walled off from items (the
+        data folder's own folder, the quick start's): it may not create files there, which is
+        most likely why it failed; say so and what to do."""
+        rules = self._wall_rules
+        if rules is None:
+            return None
+        try:
+            cwd = os.path.realpath(item.cwd if item.cwd is not None else os.getcwd())
+        except OSError:
+            return None
+        if cwd == "/" or not any(folder == cwd for folder, _ in rules.stamp):
+            return None
+        return (f"note: its working directory {cwd} holds meshd's data folder, and items may "
+                f"not create or remove files directly in it (the wall around items keeps the "
+                f"data folder out of their reach): submit with another --cwd, or keep meshd's "
+                f"data folder elsewhere (--data)")
+
     def _remove_stdin(self, run: _Run) -> None:
         if run.stdin_path is not None:
             self._remove((run.stdin_path,))
@@ -771,8 +789,10 @@ class Driver:
         sources = (run.out.source(), run.err.source())
         why = None if state == "cut" else self._write_paths(item, sources)
         dropped = [c.error for c in (run.out, run.err) if c.error is not None]
-        if dropped:
-            why = "; ".join(([why] if why else []) + dropped)[:limits.item_error_chars_max]
+        hint = self._walled_cwd_hint(item) if state == "failed" else None
+        if dropped or hint:
+            why = "; ".join(([why] if why else []) + dropped + ([hint] if hint else []))[
+                :limits.item_error_chars_max]
         if self._writers is None:
             stdout, stderr = (self._blobs.put(src) if isinstance(src, bytes)
                               else self._blobs.put_file(src) for src in sources)

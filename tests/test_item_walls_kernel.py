@@ -311,3 +311,25 @@ def test_a_member_among_too_many_neighbours_says_so_and_runs_nothing() -> None:
             m.stop()
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_an_item_that_fails_beside_the_data_folder_is_told_why() -> None:
+    """The quick start's trap: meshd's data folder in the folder items work in. An item that
+    writes there fails, and its error says why and what to do; one that writes into a folder
+    beside the data folder works."""
+    top = _folder()
+    try:
+        os.mkdir(os.path.join(top, "work"))
+        m = _nobody_meshd(top, None, os.path.join(top, "data"), None)
+        try:
+            job = m.submit("--cwd", top, "--", "sh", "-c", "echo x > out")
+            item = m.wait_job(job)["items"][0]
+            assert item["state"] == "failed", item
+            assert f"its working directory {top} holds meshd's data folder" in item["error"]
+            job = m.submit("--cwd", os.path.join(top, "work"), "--", "sh", "-c", "echo x > out")
+            item = m.wait_job(job)["items"][0]
+            assert item["state"] == "done" and not item.get("error"), item
+        finally:
+            m.stop()
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
