@@ -1438,6 +1438,20 @@ def fleet_cmd(ctx: click.Context, as_json: bool) -> None:
              _member_state(m), seen(m)]
             for m in fleet.get("members") or []]
     _table(["MEMBER", "ROLE", "ALIVE", "SLOTS", "RUNNING", "BLOBS", "STATE", "LAST SEEN"], rows)
+    for name, why in _items_warnings(fleet):
+        click.echo(f"WARNING: {name}: {why}")
+
+
+def _items_warnings(fleet: dict) -> list[tuple[str, str]]:
+    """(member, warning) for each member whose items are not walled off from it (/fleet's
+    `items.warning`, meshjobs/wall.py)."""
+    out = []
+    for m in fleet.get("members") or []:
+        items = m.get("items") if isinstance(m, dict) else None
+        why = items.get("warning") if isinstance(items, dict) else None
+        if isinstance(why, str) and why:
+            out.append((str(m.get("name")), why))
+    return out
 
 
 def _member_state(m: dict) -> str:

@@ -40,6 +40,13 @@ breaks them:
   id, as a crashed member is. With `slots` set, an operator now and then sets the pool's
   slots (0 to 3, fleet-wide or on one member) or resets them; after healing every override
   is reset.
+- Clients are three submitters, every fifth client an admin, and every change carries who
+  sends it. With `meddle` set, a submitter now and then tries to cancel, hold or forget a job
+  another submitted: it must be refused (403) wherever it lands, and, checked on every
+  committed entry whether or not `meddle` is set, no entry changes a job for anyone but its
+  submitter or an admin (nor does a bulk change answer otherwise). With `quota` set, one
+  submitter's token has that running_items_max, and at no committed index are more of its
+  items leased (recounted from the items, not from the table's counters).
 
 Rule 1: pure and replayable. No IO, clock or threads; every choice comes from one
         `random.Random(seed)`, and nothing iterates a set whose order could change between runs.
@@ -213,6 +220,19 @@ class SimConfig:
     # real bytes (up to `XFER_BLOB_BYTES_MAX`). Off by default, and then not drawn at all, so
     # that recorded seeds replay as they did.
     xfer: bool = False
+    # Per step: a client (never an admin) tries to cancel, hold or forget another submitter's
+    # acknowledged job (meshjobs/identity.py): it must be refused (403) wherever it lands, and
+    # no committed entry may change a job for anyone but its submitter or an admin. Off by
+    # default, and then not drawn at all, so that recorded seeds replay as they did.
+    meddle: float = 0.0
+    # The running_items_max of QUOTA_USER's token (0: none): every job that identity submits
+    # carries it, and at no committed index may more of its items be leased (quotas.py).
+    # Drawn nothing.
+    quota: int = 0
+
+
+# The identity whose token has a running_items_max when SimConfig.quota is set.
+QUOTA_USER = "user2"
 
 
 # After healing, the fleet has this long to settle before a due time missed is a failure.
@@ -559,6 +579,8 @@ class Sim:
         self.answered: set[tuple] = set()
         self.acked: dict[str, int] = {}  # acknowledged job id -> its client
         self.probes: set[tuple] = set()  # requests that reuse a key: each must be refused
+        self.meddles: set[tuple] = set()  # changes of another submitter's job: each refused
+        self.owners: dict[str, str] = {}  # committed job id -> its submitter
         self.gone: set[str] = set()  # members lost for good
         self.heard: dict[tuple[str, str], int] = {}  # (worker, voter) -> last F_JOB_STATE from it
         self.wiped: set[str] = set()  # blobs they held (a copy confirmed before the loss counts)
@@ -877,7 +899,16 @@ class Sim:
             t.check()
         except AssertionError as e:
             self.fail(f"oracle table broken after entry {index} {kind}: {e}")
+        if self.cfg.quota:
+            leased = sum(st == LEASED for job in t.jobs.values()
+                         if job.submitted_by == QUOTA_USER for st in job.st)
+            if leased > self.cfg.quota:
+                self.fail(f"{leased} items of {QUOTA_USER}'s jobs leased at index {index}, over "
+                          f"its running_items_max of {self.cfg.quota}")
+            if leased == self.cfg.quota:
+                self.count("quota_running_at_limit")
         for jid in sorted(set(t.jobs) - ids_before):
+            self.owners[jid] = t.jobs[jid].submitted_by
             if jid in self.ever_forgotten:
                 self.fail(f"forgotten job {jid} came back at index {index}")
             self._check_copies(index, [d.hex() for d in t.jobs[jid].stdin if d is not None])
@@ -966,6 +997,7 @@ class Sim:
             self._check_results(results, index, before,
                                 outcome if isinstance(e, dict) and e.get("k") == "result" else None)
         self._check_rerun(e, index, outcome, before)
+        self._check_owner(e, index, outcome)
         for key in sorted(before, key=repr):
             after = self._item(key)
             if after is None:
@@ -974,6 +1006,21 @@ class Sim:
             if epoch < self.max_epoch.get(key, 0):
                 self.fail(f"lease epoch of {key} went back from {self.max_epoch[key]} to {epoch}")
             self.max_epoch[key] = epoch
+
+    def _check_owner(self, e: Any, index: int, outcome: dict) -> None:
+        """A committed change of one job by an identity (its `by` and role `br`) changes it
+        only when that identity submitted it or is an admin; else it is refused, not_owner."""
+        if not isinstance(e, dict) or not isinstance(e.get("by"), str) or \
+                not isinstance(e.get("id"), str):
+            return
+        owner = self.owners.get(e["id"])
+        if owner is None or owner == e["by"] or e.get("br") == "admin":
+            return
+        if outcome.get("ok"):
+            self.fail(f"entry {index} ({e.get('k')}) by {e['by']} ({e.get('br')}) changed job "
+                      f"{e['id']} of {owner}")
+        if outcome.get("reason") == "not_owner":
+            self.count("changes_refused_not_owner")
 
     def _check_placement(self, e: Any, index: int, outcome: dict, rows: list) -> None:
         """Every item of a placed job is leased only to a member its selector matches, and a
@@ -1503,6 +1550,8 @@ class Sim:
         plan += (["poll", "forget"] if rng.random() < 0.3 else []) + ["done"]
         req = {"op": "submit", "rid": f"s{cid}", "fp": _fp("submit", cid), "spec": spec,
                "items": items, **_identity(cid)}
+        if self.cfg.quota and req["by"] == QUOTA_USER:
+            req["quota"] = {"running_items_max": self.cfg.quota}  # as its token's, at the edge
         self.clients.append(_Client(cid, req, plan, next_ms=self.now))
         self.count("jobs_made")
 
@@ -1566,6 +1615,32 @@ class Sim:
             self.count("ctl_" + req["op"])
         if self.faulty and self.acked and self.rng.random() < self.cfg.key_reuse:
             self._reuse_key()
+        if self.cfg.meddle and self.faulty and self.acked and self.rng.random() < self.cfg.meddle:
+            self._meddle()
+
+    def _meddle(self) -> None:
+        """A submitter (not an admin) asks to change a job another submitted: wherever it
+        lands, it must be refused (403), or not answered for now (503, 507), or 404 once the
+        job is forgotten; never applied (`_check_owner`)."""
+        alive = [n for n in MEMBERS if self.members[n].alive]
+        target = self.rng.choice(sorted(self.acked))
+        owner = self.owners.get(target)
+        if not alive or owner is None:
+            return
+        who = self.rng.choice(sorted({f"user{i}" for i in range(3)} - {owner}))
+        op = self.rng.choice(["cancel", "forget", "tone"])
+        m = self.members[self.rng.choice(alive)]
+        m.tokens += 1
+        key = (m.name, m.inc, m.tokens)
+        rid = f"meddle{m.tokens}.{m.name}.{m.inc}"
+        req: dict[str, Any] = {"op": op, "rid": rid, "fp": _fp(rid), "id": target, "by": who,
+                               "by_role": "submit"}
+        if op == "tone":
+            req["hold"] = True
+        self.asked[key] = req
+        self.meddles.add(key)
+        m.inbox.append(Ctl(m.tokens, req))
+        self.count("meddles")
 
     def _reuse_key(self) -> None:
         """A client sends another change under an acknowledged submit's key. Whatever member
@@ -1599,6 +1674,17 @@ class Sim:
             return
         if status == 507 and not (req["op"] == "submit" and m.disk_known):
             self.fail(f"{m.name} answered {req['op']} 507 (disk full) but its disk is not full")
+        if key in self.meddles:
+            self.meddles.discard(key)
+            if status not in (403, 404, 503, 507):
+                self.fail(f"{m.name} answered {req['by']}'s {req['op']} of {req['id']} (job of "
+                          f"{self.owners.get(req['id'])}) with {status} {body!r}: it must be "
+                          "refused (403)")
+            if status == 404 and req["id"] not in self.oracle.forgotten:
+                self.fail(f"{m.name} answered {req['by']}'s {req['op']} of committed job "
+                          f"{req['id']} 404")
+            self.count(f"meddles_{status}")
+            return
         if key in self.probes:
             self.probes.discard(key)
             if status not in (422, 503):
@@ -1666,7 +1752,15 @@ class Sim:
         rows = {r.get("id"): r.get("answer") for r in body.get("results", [])}
         if set(rows) != set(req["ids"]):
             self.fail(f"{m.name} answered bulk {req['action']} of {req['ids']} for {sorted(rows)}")
+        admin = req.get("by_role") == "admin"
         for jid, what in rows.items():
+            owner = self.owners.get(jid)
+            if what in ("changed", "not_owner") and owner is not None and (
+                    (what == "changed") != (admin or owner == req.get("by"))):
+                self.fail(f"{m.name} answered {req.get('by')}'s bulk {req['action']} of {jid} "
+                          f"(job of {owner}) {what}")
+            if what == "not_owner":
+                self.count("bulk_not_owner")
             if what == "changed":
                 self._check_changed(m, req["action"], jid)
             elif what == "no_such_job" and jid in self.oracle.jobs and jid in self.acked:

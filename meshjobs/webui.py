@@ -491,8 +491,21 @@ def fleet_page(member: str, fleet: dict, *, nonce: str = "") -> str:
         "<table><thead><tr><th>member</th><th>role</th><th>alive</th><th>pools (slots)</th>"
         "<th>slots</th><th>running</th><th>orders</th><th>blob bytes</th><th>blob pressure</th>"
         "<th>disk full</th><th>last seen (UTC)</th></tr></thead>\n<tbody>\n"
-        + "\n".join(rows) + "\n</tbody></table>\n</main>")
+        + "\n".join(rows) + "\n</tbody></table>\n" + _items_warnings(members) + "</main>")
     return page(f"fleet seen from {member}", member, body, nonce=nonce)
+
+
+def _items_warnings(members: list[dict]) -> str:
+    """A warning per member whose items are not walled off from it (`items.warning` of
+    /fleet, meshjobs/wall.py), for the fleet page."""
+    out = []
+    for m in members:
+        items = m.get("items")
+        why = items.get("warning") if isinstance(items, dict) else None
+        if isinstance(why, str) and why:
+            out.append(f'<p class="failed" role="alert" data-items-warning="{e(str(m.get("name")))}">'
+                       f"<strong>{e(str(m.get('name')))}</strong>: {e(why)}</p>\n")
+    return "".join(out)
 
 
 def error_page(member: str, status: int, message: str) -> str:

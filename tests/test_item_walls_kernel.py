@@ -140,6 +140,12 @@ def test_hostile_item_gets_through_with_the_wall_off() -> None:
             status, fleet = m.request("GET", "/fleet")
             me = next(e for e in fleet["members"] if e["name"] == m.name)
             assert "landlock" not in me["items"]["walls"] and "read the data" in me["items"]["warning"]
+            # meshctl fleet and the web fleet page say it too.
+            text = m.ctl("fleet").stdout.decode()
+            assert f"WARNING: {m.name}: " in text and "read the data" in text, text
+            status, page = m.request("GET", "/fleet", headers={"Accept": "text/html"})
+            page = page.decode() if isinstance(page, bytes) else str(page)
+            assert status == 200 and f'data-items-warning="{m.name}"' in page, page[-2000:]
         finally:
             m.stop()
     finally:

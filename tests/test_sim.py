@@ -850,3 +850,48 @@ class LeakyGateNode(JobNode):
 def test_sim_catches_a_gate_that_releases_before_the_sync() -> None:
     caught(range(3), "a gate releasing before the sync", "before the entries it logged",
            config=SimConfig(), node_cls=LeakyGateNode)
+
+
+# Identities: submitters who try to change each other's jobs, and one whose token bounds how
+# many of its items may be leased at once (meshjobs/identity.py, meshjobs/quotas.py).
+SHARED = SimConfig(meddle=0.02, quota=2, bulk=0.3)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_shared_fleet_safe_and_live(seed: int) -> None:
+    """Through every fault: no committed entry changes a job for anyone but its submitter or
+    an admin, every meddling change is refused, and the quota user never has more items leased
+    than its running_items_max; and the meddling and the limit really happen."""
+    c = run(seed, SHARED).counts
+    assert c.get("meddles_403", 0) > 0 and c.get("changes_refused_not_owner", 0) > 0, c
+    assert c.get("quota_running_at_limit", 0) > 0, c
+    assert c["jobs_acked"] > 0
+
+
+class AnyoneMayChangeTable(JobTable):
+    """Planted bug: the appliers never refuse a change by someone other than the submitter."""
+
+    def _owned(self, e: dict, owner: str, what: str) -> None:
+        return None
+
+
+class IgnoresRunningQuotaTable(JobTable):
+    """Planted bug: a submit's running_items_max is dropped as the job is made."""
+
+    def apply(self, entry, index):  # type: ignore[no-untyped-def]
+        before = set(self.jobs)
+        out = super().apply(entry, index)
+        for jid in set(self.jobs) - before:
+            self.jobs[jid].running_items_max = None
+        return out
+
+
+@pytest.mark.parametrize(("table_cls", "words"), [
+    (AnyoneMayChangeTable, "changed job"),
+    (IgnoresRunningQuotaTable, "over its running_items_max"),
+])
+def test_planted_identity_bugs_are_caught(table_cls: type[JobTable], words: str) -> None:
+    """Safety check: a table that lets anyone change a job, or leases past a submitter's
+    running_items_max, is caught, and the failure names its seed."""
+    caught(range(1, 8), table_cls.__name__, words,
+           config=replace(SHARED, liveness_ms_max=60_000), table_cls=table_cls)

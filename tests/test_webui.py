@@ -151,8 +151,11 @@ def test_fleet_page_members_roles_and_escaping() -> None:
          "running": 0, "last_seen": None},
         {"name": "w1", "role": "worker", "alive": False, "pools": {EVIL_ATTR: 4}, "slots": 4,
          "running": 0, "blob_pressure": True, "disk_full": True, "blob_bytes": 10}]}
+    fleet["members"][2]["items"] = {"user": "u", "walls": [], "signals_walled": False,
+                                    "warning": EVIL}
     page = webui.fleet_page("m1", fleet, nonce="n1")
     no_markup_from_records(page)
+    assert 'data-items-warning="w1"' in page and 'data-items-warning="m1"' not in page
     assert "Leader: <strong>m1</strong>, term 7. 3 member(s), 1 alive" in page
     assert '<td class="role leader">leader</td>' in page
     assert '<td class="role worker">worker</td>' in page
