@@ -82,7 +82,7 @@ from blobstore.errors import BlobError
 from meshjobs import identity, limits, outpaths, pidwatch, runas, spawn, wall
 from meshjobs.capture import Capture
 from meshjobs.datadir import private_opener
-from meshjobs.itemenv import DEFAULT_PASS, base_env
+from meshjobs.itemenv import DEFAULT_PASS, base_env, inherited_env
 from meshjobs.node.events import ItemEnded, Run
 from meshjobs.pypool import PyEnd, PyPool
 
@@ -202,7 +202,7 @@ class Driver:
         self._spool_dir = spool_dir
         # Taken once: meshd's environment does not change while it runs.
         self._base_env = base_env(os.environ, env_pass)
-        self._full_env = dict(os.environ)  # for jobs that ask for it (inherit_env)
+        self._full_env = inherited_env(os.environ)  # for jobs that ask for it (inherit_env)
         self._member = member
         self._may_switch = runas.can_switch_user() if may_switch_user is None else may_switch_user
         self._item_user = item_user if self._may_switch else None

@@ -772,6 +772,7 @@ class HttpApi:
         rid = await self._rid(request)
         spec = dict(parse_submit(body))
         self._check_notify(spec)
+        self._check_inherit_env(request, spec)
         await self._stamp_run_as(request, spec)
         if spec.get("user") is not None and self._user_check is not None:
             why = await self._blob_call(self._user_check, spec["user"])
@@ -792,6 +793,14 @@ class HttpApi:
         quota = dict(request[CALLER].quota)
         return await self._relay({"op": "submit", **rid, "spec": spec, "items": items,
                                   **({"quota": quota} if quota else {})})
+
+    @staticmethod
+    def _check_inherit_env(request: web.Request, spec: dict) -> None:
+        """A job asking for meshd's environment from a caller who is no admin: 403
+        (meshjobs/identity.py Rule 4)."""
+        why = identity.inherit_env_refusal(spec, request[CALLER].role)
+        if why is not None:
+            raise HttpError(403, why)
 
     def _check_notify(self, spec: dict) -> None:
         """A notify URL whose host is an address refused by [notify] allow: 400 saying how to
@@ -1576,6 +1585,7 @@ class HttpApi:
         body = await self._body_json(request)
         added = cron.parse_add(body)  # refused here with the control's words, before any round trip
         self._check_notify(added["job"])
+        self._check_inherit_env(request, added["job"])
         job = dict(body["job"])
         await self._stamp_run_as(request, job)
         body = {**body, "job": job}

@@ -20,6 +20,10 @@ Rule 2: run_as. An identity with no run_as (`local`) runs its jobs as any user, 
 Rule 3: env values and the notify URL are secrets of the job's submitter: any other identity
         but an admin sees the env keys with redacted values and the notify redacted, on every
         read (`redact`, applied at the HTTP edge to every job record it answers with).
+Rule 4: inherit_env. A job that starts from meshd's environment (the spec's `inherit_env`)
+        reads what meshd was started with: only an admin (or `local`) may submit one
+        (`inherit_env_refusal`, at the HTTP edge, for submits and schedules alike). Even then
+        the item never gets meshd's own secrets (meshjobs/itemenv.py `MESHD_SECRETS`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,15 @@ def default_run_as(role: str) -> tuple[str, ...]:
     """The users a token (or the anonymous caller) of `role` may run its jobs as when the
     config names none: any but root for admin, none for the others."""
     return (ANY,) if role == "admin" else ()
+
+
+def inherit_env_refusal(spec: dict, role: str) -> str | None:
+    """Rule 4: why a caller of `role` may not submit `spec` (None: it may)."""
+    if not spec.get("inherit_env") or role == "admin":
+        return None
+    return ("inherit_env gives the job's items meshd's whole environment, which only an admin "
+            "may ask for: pass the variables the job needs with --env K=V (or ask an admin to "
+            "add them to [items] env_pass)")
 
 
 def may_change(by: str, by_role: str, owner: str) -> bool:

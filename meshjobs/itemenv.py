@@ -19,9 +19,11 @@ The default list, and why each is there:
 - TMPDIR: where temporary files go, when the operator moved them for meshd.
 SHELL, TERM and the like are left out: items are started directly, not through a shell, and have
 no terminal. Anything else an item needs goes in the job's `env`, or in `env_pass` for the fleet.
+meshd's own secrets (`MESHD_SECRETS`) never pass, whatever env_pass or inherit_env say.
 
 Two things change this, both per job (meshjobs.driver): `inherit_env` starts the item from meshd's
-whole environment instead (docs/security.md says what that risks), and a job that runs as another
+whole environment instead (docs/security.md says what that risks; only an admin may ask for
+it, meshjobs/identity.py Rule 4), and a job that runs as another
 user (`user`) gets that user's HOME, USER and LOGNAME instead of meshd's (meshjobs.runas).
 """
 
@@ -29,6 +31,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+
+# Variables of meshd's own that no item gets, not even with `inherit_env` or `env_pass`: the token
+# meshd's own meshctl calls carry, and where it is read from.
+MESHD_SECRETS: frozenset[str] = frozenset({"MESHJOBS_TOKEN", "MESHJOBS_TOKEN_FILE"})
 
 DEFAULT_PASS: tuple[str, ...] = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_*", "TZ", "TMPDIR")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -43,6 +49,12 @@ def base_env(environ: Mapping[str, str], passed: Iterable[str] = DEFAULT_PASS) -
     names = list(passed)
     exact = {n for n in names if not n.endswith("*")}
     prefixes = tuple(n[:-1] for n in names if n.endswith("*"))
-    env = {k: v for k, v in environ.items() if k in exact or (prefixes and k.startswith(prefixes))}
+    env = {k: v for k, v in environ.items() if k not in MESHD_SECRETS
+           and (k in exact or (prefixes and k.startswith(prefixes)))}
     env.setdefault("PATH", DEFAULT_PATH)
     return env
+
+
+def inherited_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """What an item of a job with `inherit_env` gets: meshd's environment but its secrets."""
+    return {k: v for k, v in environ.items() if k not in MESHD_SECRETS}

@@ -222,3 +222,23 @@ def test_history_file_keeps_no_env_values(member: Meshd) -> None:
     assert "hist-secret-9" not in text and '"TOK"' in text
     _, hist = as_(m, READ, "GET", "/history")
     assert "hist-secret-9" not in json.dumps(hist)
+
+
+# --- inherit_env: meshd's environment is for admins (identity.py Rule 4) --------------------
+
+
+def test_only_an_admin_may_ask_for_meshds_environment(member: Meshd) -> None:
+    """A submit token's job or schedule with inherit_env is 403, saying what to do instead,
+    and nothing is made; an admin's is accepted."""
+    m = member
+    status, body = as_(m, SUB, "POST", "/jobs", {"argv": ["env"], "inherit_env": True,
+                                                 "id": "inherit-sub"})
+    assert status == 403 and "only an admin" in body["error"] and "--env" in body["error"], body
+    assert as_(m, ADMIN, "GET", "/jobs/inherit-sub")[0] == 404
+    status, body = as_(m, SUB, "PUT", "/cron/inherit-sub", {
+        "spec": "@hourly", "job": {"argv": ["env"], "inherit_env": True}})
+    assert status == 403 and "only an admin" in body["error"], body
+    assert as_(m, ADMIN, "GET", "/cron/inherit-sub")[0] == 404
+    held(m, ADMIN, inherit_env=True)
+    # inherit_env false is anyone's.
+    held(m, SUB, inherit_env=False)

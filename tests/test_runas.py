@@ -234,9 +234,10 @@ def test_pool_default_user_and_the_job_wins(tmp_path):
 
 
 def test_inherit_env_gives_meshds_whole_environment(meshd_factory):
-    """Without --inherit-env an item sees none of meshd's own variables; with it, all of them,
-    plus the job's env and MESH_*; with a user, HOME/USER/LOGNAME are still the user's."""
-    m = meshd_factory(env={"RUNAS_SECRET": "s3cret", "HOME": "/root-home"})
+    """Without --inherit-env an item sees none of meshd's own variables; with it, all of them
+    but meshd's own secrets, plus the job's env and MESH_*; with a user, HOME/USER/LOGNAME are still the user's."""
+    m = meshd_factory(env={"RUNAS_SECRET": "s3cret", "HOME": "/root-home",
+                           "MESHJOBS_TOKEN": "meshds-own-token"})
 
     def env_of(*args: str) -> dict[str, str]:
         job = m.submit("--env", "JOB_OWN=mine", *args, "--cwd", "/", "--", "env")
@@ -247,6 +248,8 @@ def test_inherit_env_gives_meshds_whole_environment(meshd_factory):
     assert "RUNAS_SECRET" not in minimal and minimal["JOB_OWN"] == "mine"
     whole = env_of("--inherit-env")
     assert whole["RUNAS_SECRET"] == "s3cret" and whole["JOB_OWN"] == "mine"
+    # ... but never meshd's own token (itemenv.MESHD_SECRETS).
+    assert "MESHJOBS_TOKEN" not in whole and "MESHJOBS_TOKEN" not in minimal
     # Run as the member's item user (root in the suite: SUITE_ITEMS_USER), so that user's HOME.
     assert whole["HOME"] == pwd.getpwuid(0).pw_dir and "MESH_JOB_ID" in whole
     as_nobody = env_of("--inherit-env", "--user", "nobody")
