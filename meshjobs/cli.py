@@ -481,8 +481,8 @@ def _lines(raw: bytes, where: str) -> list[Any]:
 @click.option("--user", metavar="NAME|UID[:GID]",
               help="Run the items as this user (the member must run as root).")
 @click.option("--inherit-env", "inherit_env", is_flag=True,
-              help="Give items meshd's whole environment, not the minimal one (see "
-                   "docs/security.md).")
+              help="Give items meshd's whole environment (less its token), not the minimal "
+                   "one; admins only (see docs/security.md).")
 @click.option("--notify", "notify", metavar="URL",
               help="POST the job's record (JSON) to this http(s) URL when it ends; retried, "
                    "with an Idempotency-Key header (job id and version) to tell repeats. "
