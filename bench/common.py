@@ -38,8 +38,9 @@ def machine() -> str:
 class Member:
     """A meshd process for a benchmark (a fleet of one)."""
 
-    def __init__(self, slots: int = 2, data: str | None = None) -> None:
+    def __init__(self, slots: int = 2, data: str | None = None, config: str | None = None) -> None:
         self.tmp = tempfile.TemporaryDirectory(prefix="meshbench-")
+        self.config = config  # meshd.toml text, when given
         self.data = data or os.path.join(self.tmp.name, "data")
         self.slots = slots
         self.raft = free_port()
@@ -49,9 +50,16 @@ class Member:
     def __enter__(self) -> Member:
         os.makedirs(self.data, exist_ok=True)
         env = dict(os.environ, PYTHONPATH=ROOT, MESHJOBS_LOG_LEVEL="warning")
+        extra: list[str] = []
+        if self.config is not None:
+            path = os.path.join(self.tmp.name, "meshd.toml")
+            with open(path, "w") as f:
+                f.write(self.config)
+            extra = ["--config", path]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "meshjobs.daemon", "--data", self.data, "--http", "127.0.0.1:0",
-             "--raft", f"127.0.0.1:{self.raft}", "--slots", str(self.slots), "--name", "bench"],
+             "--raft", f"127.0.0.1:{self.raft}", "--slots", str(self.slots), "--name", "bench",
+             *extra],
             env=env, stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.tmp.name, "log"), "wb"))
         deadline = time.monotonic() + 30
         addr = os.path.join(self.data, "http.addr")
