@@ -9,6 +9,7 @@ cut, and their leases are revoked and re-leased when the member starts again.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import random
@@ -129,6 +130,26 @@ def _check_item_user(cfg: Config) -> None:
         log.warning("items_run_as_meshd", user=user, uid=ident.uid,
                     why="[items] user names meshd's own user: items can read its data folder, "
                         "its secret and its /proc files, and signal it; name another user")
+
+
+def _inherited_ignores() -> list[int]:
+    """The signals this process was started with ignored, but those Python itself ignores
+    (SIGPIPE, SIGXFSZ: Popen's restore_signals and meshjobs.spawn reset them for items)."""
+    own = {getattr(signal, n) for n in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, n)}
+    out = []
+    for sig in range(1, signal.NSIG):
+        if sig in own or sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                out.append(sig)
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _ignore(_signum: int, _frame: object) -> None:
+    """A signal meshd was started with ignored (`_inherited_ignores`)."""
 
 
 class Member:
@@ -474,6 +495,12 @@ class Member:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        # Signals meshd was started with ignored (SIGHUP under nohup, SIGQUIT in a background
+        # job) stay ignored for meshd, as a handler that does nothing: a handled signal is back
+        # at its default in every program meshd starts, where an ignored one stays ignored.
+        for sig in _inherited_ignores():
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(sig, _ignore)
 
         def on_stop_order(why: str) -> None:
             # `meshctl member stop`: the same clean stop as SIGTERM, exit status 0.

@@ -5,10 +5,10 @@ Why not `os.posix_spawn`: Python 3.11's cannot change the working directory or c
 descriptors meshd inherited, and glibc's posix_spawn leaves its two internal signals (32 and
 33) ignored in the child unless they are named as "set to default" — which
 `os.posix_spawn(setsigdef=...)` refuses, since `sigaddset` does. An item started here gets
-exactly what `subprocess.Popen(..., cwd=cwd, start_new_session=True, close_fds=True,
-restore_signals=True)` gives it: its three descriptors and no other, a new session, every
-signal at its default action except those meshd ignored on purpose (none: Python's own
-ignored SIGPIPE and SIGXFSZ are restored), and its working directory.
+what `subprocess.Popen(..., cwd=cwd, start_new_session=True, close_fds=True,
+restore_signals=True)` gives it: its three descriptors and no other, a new session, and its
+working directory; and more: every signal at its default action, not only the SIGPIPE and
+SIGXFSZ Python ignores (a meshd started under nohup has SIGHUP ignored; its items must not).
 
 Rules:
 1. `spawn` returns the pid of a child that has exec'd, or raises OSError with the errno of
@@ -64,13 +64,13 @@ def available() -> bool:
 
 
 def _default_signals() -> ctypes.Array:
-    """Signals the child sets to their default action: what Python ignores (restore_signals)
-    and the C library's internal ones (32 up to SIGRTMIN), set in the mask's bits directly
-    because sigaddset refuses them."""
+    """Signals the child sets to their default action: every one but SIGKILL and SIGSTOP (what
+    Python ignores, what meshd inherited ignored, e.g. SIGHUP under nohup, and the C library's
+    internal ones, 32 up to SIGRTMIN), set in the mask's bits directly because sigaddset
+    refuses some of them."""
     words = (ctypes.c_ulong * _SIGSET_WORDS)()
     bits = ctypes.sizeof(ctypes.c_ulong) * 8
-    wanted = [getattr(signal, n) for n in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, n)]
-    wanted += list(range(32, int(getattr(signal, "SIGRTMIN", 32))))
+    wanted = [s for s in range(1, int(signal.NSIG)) if s not in (signal.SIGKILL, signal.SIGSTOP)]
     for sig in wanted:
         words[(sig - 1) // bits] |= 1 << ((sig - 1) % bits)
     return words

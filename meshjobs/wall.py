@@ -132,9 +132,12 @@ env.pop(b"LC_CTYPE", None)
 if lc_ctype is not None:
     env[b"LC_CTYPE"] = os.fsencode(lc_ctype)
 argv = [os.fsencode(x) for x in a[cut + 1:]]
-for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):  # Python ignores them; the item must not
-    if hasattr(_signal, name):
-        _signal.signal(getattr(_signal, name), _signal.SIG_DFL)
+for sig in range(1, _signal.NSIG):  # ignored by Python, or by whoever started meshd (nohup)
+    try:
+        if _signal.getsignal(sig) == _signal.SIG_IGN:
+            _signal.signal(sig, _signal.SIG_DFL)
+    except (OSError, ValueError):
+        pass
 try:
     if path is None:
         os.execvpe(argv[0], argv, env)

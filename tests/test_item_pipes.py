@@ -280,6 +280,20 @@ def test_items_see_only_their_three_descriptors_and_default_signals(meshd, tmp_p
         assert int(lines[5], 16) == 0, out
 
 
+@pytest.mark.parametrize("wall", ["auto", "off"])
+def test_items_of_a_meshd_under_nohup_ignore_no_signal(meshd_factory, tmp_path, wall):
+    """meshd started with SIGHUP ignored (nohup): its items still start with no signal
+    ignored, behind the wall's launcher or spawned directly."""
+    from tests.helpers import member_config
+    m = meshd_factory(start=False)
+    m.config = member_config(str(tmp_path), "m1", f'[items]\nwall = "{wall}"\n')
+    m.prefix = ["nohup"]
+    m.start()
+    item, out = _run(m, {"argv": ["/bin/sh", "-c", "grep '^SigIgn' /proc/self/status"]})
+    assert item["state"] == "done", item
+    assert int(out.split()[1], 16) == 0, out
+
+
 def test_a_bare_program_name_is_found_on_the_items_path(meshd, tmp_path):
     """argv[0] without a slash is looked up on the PATH of the item's environment (the job's
     env), not meshd's; a name found nowhere fails with the same reason as before."""
