@@ -29,6 +29,10 @@ Figures (each a real meshd process, or the leader of the voters):
   paged), with the slowest `/healthz` probe during that read.
 - 3 voters: a follower is stopped, the log compacted on the leader (the snapshot step), and the
   follower restarted: the time until its applied index reaches the leader's (a dump sent whole).
+- A new worker: a worker member with an empty data folder joins (through the leader's member
+  link port) while the leader is probed: the slowest probe from the worker's start until its
+  table reaches the leader's applied index (what serving it the whole table costs the leader's
+  jobs thread), and that time.
 """
 
 from __future__ import annotations
@@ -80,9 +84,10 @@ def write_configs(top: str, lay: dict) -> None:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             os.write(fd, secret)
             os.close(fd)
-        if lay["voters"] > 1:
-            with open(os.path.join(top, f"{n}.toml"), "w") as f:
-                f.write(f'name = "{n}"\n[fleet]\nvoters = [ {line} ]\n[pools.default]\nslots = 2\n')
+        # A config naming the voters for one voter too: its member links then listen, so that
+        # a worker can join it (the new-worker step).
+        with open(os.path.join(top, f"{n}.toml"), "w") as f:
+            f.write(f'name = "{n}"\n[fleet]\nvoters = [ {line} ]\n[pools.default]\nslots = 2\n')
 
 
 def _submit(job_id: str, n: int, t: int) -> dict:
@@ -267,12 +272,8 @@ class Proc:
 
     def start(self) -> Proc:
         m = self.m
-        args = [sys.executable, "-m", "meshjobs.daemon", "--data", m["data"], "--name", self.name]
-        if self.lay["voters"] > 1:
-            args += ["--config", os.path.join(self.top, f"{self.name}.toml")]
-        else:
-            args += ["--http", f"127.0.0.1:{m['http']}", "--raft", f"127.0.0.1:{m['raft']}",
-                     "--peer", f"127.0.0.1:{m['peer']}", "--slots", "2"]
+        args = [sys.executable, "-m", "meshjobs.daemon", "--data", m["data"], "--name", self.name,
+                "--config", os.path.join(self.top, f"{self.name}.toml")]
         env = dict(os.environ, PYTHONPATH=ROOT, MESHJOBS_LOG_LEVEL="warning")
         log = open(os.path.join(self.top, f"{self.name}.log"), "ab")
         self.started = time.monotonic()
@@ -533,6 +534,39 @@ def paging_step(p: Proc, want: dict) -> dict:
     return out
 
 
+def worker_step(lead: Proc, top: str) -> dict:
+    """A worker member with an empty folder joins through the leader's member links while the
+    leader is probed: the slowest probe until the worker's table reaches the leader's."""
+    folder = os.path.join(top, "wjoin")
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    data = os.path.join(folder, "w1")
+    os.makedirs(data, mode=0o700)
+    shutil.copy(os.path.join(lead.m["data"], "fleet.secret"), os.path.join(data, "fleet.secret"))
+    os.chmod(os.path.join(data, "fleet.secret"), 0o600)
+    http, peer = free_port(), free_port()
+    with open(os.path.join(folder, "w1.toml"), "w") as f:
+        f.write(f'name = "w1"\nhttp = "127.0.0.1:{http}"\npeer = "127.0.0.1:{peer}"\n'
+                f'[fleet]\njoin = "127.0.0.1:{lead.m["peer"]}"\n[pools.default]\nslots = 1\n')
+    lay = {"voters": 0, "members": {"w1": {"data": data, "http": http, "peer": peer}}}
+    w = Proc(folder, lay, "w1")
+    goal = lead.health()["applied_index"]  # type: ignore[index]
+    sent0 = lead.metric("meshjobs_node_state_snapshots_sent_total")
+    try:
+        with Prober(lead) as probe:
+            t0 = time.monotonic()
+            w.start()
+            wait_for(lambda: (w.health() or {}).get("applied_index", 0) >= goal, 600,
+                     "the new worker's table to reach the leader's")
+            t1 = time.monotonic()
+            time.sleep(0.2)  # sleep-ok: the probe's last samples
+    finally:
+        w.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"join_s": t1 - t0, "worst_s": probe.worst(t0, t1), "probes": len(probe.samples),
+            "tables_sent": lead.metric("meshjobs_node_state_snapshots_sent_total") - sent0}
+
+
 def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -564,6 +598,7 @@ def main(argv: list[str]) -> int:
                   "voter(s): use another --data folder for another size", file=sys.stderr)
             return 2
         print(f"reusing {top} ({want['items']:,} items, {lay['voters']} voter(s))", flush=True)
+        write_configs(top, lay)  # a folder built before every voter had a config
     else:
         lay = layout(os.path.join(top, "fleet"), a.voters)
         write_configs(top, lay)
@@ -625,6 +660,8 @@ def main(argv: list[str]) -> int:
         res["snap"] = snapshot_step(lead, top)
         print(f"  snapshot: {res['snap']}", flush=True)
         res["rss_after"] = lead.rss_anon()
+        res["worker"] = worker_step(lead, top)
+        print(f"  new worker: {res['worker']}", flush=True)
 
         if follower is not None:
             goal_index = lead.health()["applied_index"]  # type: ignore[index]
@@ -695,6 +732,11 @@ def report(a: argparse.Namespace, want: dict, res: dict) -> None:
         print(f"| jobs-thread pause during it (slowest /healthz probe) | ≤ 50 ms | "
               f"{pg['items_probe_s'] * 1000:.0f} ms | {_met(pg['items_probe_s'] <= 0.05)} |")
         print(f"| GET /jobs/ID (no items) | — | {pg['job_s'] * 1000:.0f} ms | — |")
+    wk = res["worker"]
+    print(f"| a new worker joins: start → its table at the leader's | — | {wk['join_s']:.2f} s "
+          f"({wk['tables_sent']:.0f} whole table(s) sent) | — |")
+    print(f"| leader's jobs-thread pause meanwhile (slowest /healthz probe of {wk['probes']}) "
+          f"| ≤ 50 ms | {wk['worst_s'] * 1000:.0f} ms | {_met(wk['worst_s'] <= 0.05)} |")
     if "catch_up_s" in res:
         print(f"| restarted voter catches up (log compacted: dump sent) | — | "
               f"{res['catch_up_s']:.2f} s | — |")
