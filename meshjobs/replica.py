@@ -13,7 +13,9 @@ this module makes up for it:
   (`raftwire.py`) sealed like the member links'.
 - Its dump is pickle, written without fsync: the dump pair in `dumpfile.py` writes msgpack with a
   checksum and fsyncs it; and with a serializer of ours it writes on the ticking thread: a forked
-  child writes new dumps instead (`dumpwriter.py`).
+  child writes new dumps instead (`dumpwriter.py`), and the journal starts a new segment for
+  each, so that the entries a dump covers go with the older segments' files, deleted by the
+  child (`journal.py`), instead of being written again on the ticking thread.
 - Its transport unpickles what reaches the Raft port (without a password, from anyone): ours
   unpickles nothing from outside; a connection proves the fleet secret (the links' handshake)
   before any Raft message is read, and every frame is MAC'd and replay-protected.
@@ -165,10 +167,14 @@ class Replica(SyncObj):
 
         def make_journal(path: str) -> DurableJournal:
             # A damaged dump stops the member here (pysyncobj would load it with its errors
-            # swallowed); a crash between writing a dump and trimming the journal is completed
-            # here too, before pysyncobj would clear the journal past the dump.
+            # swallowed); the journal is read from the segment the dump's entries are in (older
+            # ones are left over from a crash while they were being deleted); and a crash
+            # between writing a dump and trimming the journal is completed here too, before
+            # pysyncobj would clear the journal past the dump.
             dump = checked.check(dump_path)
-            self._journal = DurableJournal(path, failpoints, dump_path=dump_path)
+            self._journal = DurableJournal(
+                path, failpoints, dump_path=dump_path,
+                dump_prev_idx=dump.prev[1] if dump is not None else None)
             if dump is not None:
                 self._journal.complete_compaction(dump.prev, dump.last)
             return self._journal
@@ -192,7 +198,7 @@ class Replica(SyncObj):
         if hasattr(os, "fork"):
             self.dump_writer = ForkedDumps(
                 dump_path, conf.logCompactionBatchSize, table.to_state, deserializer, self.dumps,
-                failpoints)
+                failpoints, journal=self.journal)
             self._SyncObj__serializer = self.dump_writer
 
     # pysyncobj's leader tells followers the new commit index (an AppendEntries to each) in the
