@@ -718,10 +718,12 @@ def wait_until(pred: Any, timeout_s: float = UNTIL_S_MAX, what: str = "condition
 def journal_segments(data: str) -> list[str]:
     """The Raft journal's segment files in a member's data folder, oldest first (`raft.journal`
     itself, of a folder an earlier version wrote, first)."""
-    from meshjobs.journal import _segment_seq
-
-    found = [(seq, os.path.join(data, name)) for name in os.listdir(data)
-             if (seq := _segment_seq("raft.journal", name)) is not None]
+    found = []
+    for name in os.listdir(data):
+        rest = name[len("raft.journal"):]
+        if name.startswith("raft.journal") and (rest == "" or (
+                rest[:1] == "." and rest[1:].isdigit())):
+            found.append((int(rest[1:] or 0), os.path.join(data, name)))
     return [path for _seq, path in sorted(found)]
 
 
