@@ -88,6 +88,8 @@ class ForkedDumps(Serializer):
         health: DumpHealth,
         failpoints: Failpoints | None = None,
         journal: DurableJournal | None = None,
+        position: Callable[[], int] | None = None,
+        on_written: Callable[[int], None] | None = None,
     ) -> None:
         # serializer=None would make pysyncobj pickle: it is never called here, as `serialize`
         # is ours; the deserializer is ours.
@@ -101,6 +103,11 @@ class ForkedDumps(Serializer):
         self._id: int | None = None
         self._journal = journal
         self._segments: Segments | None = None  # the child's, when it retires any
+        # The table's position, as the child's copy holds it, told to `on_written` once the
+        # dump is written (a leader sends it to new workers).
+        self._position = position
+        self._on_written = on_written
+        self._writing_position: int | None = None
 
     # pysyncobj keeps the child's pid in its own (name-mangled) field: `getTransmissionData`
     # sends no dump while it is set, as with its own forked writer.
@@ -129,6 +136,7 @@ class ForkedDumps(Serializer):
         # fork (an OSError here is the journal's: it propagates and the member stops).
         segments = self._journal.start_segment(prev[1]) if self._journal is not None else None
         self._segments = segments
+        self._writing_position = self._position() if self._position is not None else None
         parent = os.getpid()
         r, w = os.pipe()
         try:
@@ -195,6 +203,8 @@ class ForkedDumps(Serializer):
             self._failed(DumpWriteFailed(why or f"the dump writer ended with {ended}"))
             return SERIALIZER_STATE.FAILED, self._id
         self._health.ok()
+        if self._on_written is not None and self._writing_position is not None:
+            self._on_written(self._writing_position)
         if self._segments is not None and self._journal is not None:
             self._journal.segments_retired(self._segments.older)
         self._segments = None

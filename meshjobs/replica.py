@@ -117,6 +117,7 @@ class Replica(SyncObj):
         self._pre_vote_won: int | None = None  # the term a won pre-vote lets us stand for
         self._delete_allowed: int | None = None  # the one index pysyncobj may cut the log from
         self.dumps = DumpHealth()
+        self.dump_path = os.path.join(data_dir, "raft.dump")
         self.fleet_secret = secret  # the Raft port's handshake key (raftlink.SealedTransport)
 
         def on_corrupt(exc: DumpCorrupt) -> None:
@@ -127,10 +128,17 @@ class Replica(SyncObj):
         # The dump checked before pysyncobj builds its journal is the one it then loads: read,
         # checked and decoded once, not twice.
         checked = CheckedDump()
+
+        def load_state(state: Any) -> None:
+            # A dump loaded (this member's at start, or one received from the leader): the
+            # table is at that dump's position, and the file holds it.
+            table.load(JobTable.from_state(state))
+            self.dump_position = table.applied_index
+
         serializer, deserializer = make_dump_pair(
-            table.to_state, lambda s: table.load(JobTable.from_state(s)), failpoints,
+            table.to_state, load_state, failpoints,
             on_corrupt=on_corrupt, health=self.dumps, checked=checked)
-        dump_path = os.path.join(data_dir, "raft.dump")
+        dump_path = self.dump_path
         conf = SyncObjConf(
             autoTick=False,
             appendEntriesUseBatch=False,
@@ -198,7 +206,8 @@ class Replica(SyncObj):
         if hasattr(os, "fork"):
             self.dump_writer = ForkedDumps(
                 dump_path, conf.logCompactionBatchSize, table.to_state, deserializer, self.dumps,
-                failpoints, journal=self.journal)
+                failpoints, journal=self.journal, position=lambda: table.applied_index,
+                on_written=self._dump_written)
             self._SyncObj__serializer = self.dump_writer
 
     # pysyncobj's leader tells followers the new commit index (an AppendEntries to each) in the
@@ -480,6 +489,20 @@ class Replica(SyncObj):
             return
         SyncObj._SyncObj__tryLogCompaction(self)  # type: ignore[attr-defined]
 
+    dump_position: int | None = None  # the table position the dump file holds (None: no dump)
+
+    def _dump_written(self, position: int) -> None:
+        self.dump_position = position
+
+    def want_dump(self) -> None:
+        """A new dump soon (a new worker needs a whole table the recent entries can follow):
+        asked of pysyncobj like a compaction by size, unless one is being written or the
+        retry after a failed one is not due yet."""
+        if self.dump_writer is not None and self.dump_writer.writing:
+            return
+        if self.dumps.due():
+            self.forceLogCompaction()
+
     def dump_stats(self) -> dict[str, int]:
         """Dumps written and failed since start, and the journal's compactions."""
         return {"dumps_written": self.dumps.written, "dump_failures": self.dumps.failures,
@@ -662,6 +685,8 @@ class WorkerReplica:
     """What the jobs thread needs of a replica, for a member that does not vote."""
 
     dump_damage = None
+    dump_position = None  # no dumps: a worker's table is re-learned from the leader
+    dump_path = None
 
     def __init__(self) -> None:
         self.journal = _Journal()
@@ -711,6 +736,9 @@ class WorkerReplica:
 
     def compact_when_large(self) -> None:
         pass  # no Raft log
+
+    def want_dump(self) -> None:
+        pass  # never leads, so never sends a dump
 
     def journal_sync(self) -> None:
         pass
