@@ -37,6 +37,7 @@ import itertools
 import os
 import queue
 import struct
+import threading
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
@@ -105,6 +106,7 @@ class DumpSender:
         self._wait_ms = wait_ms
         self._queue: queue.Queue = queue.Queue(maxsize=queued_max)
         self._seq = itertools.count(SEQ_BASE)  # taken by this thread only
+        self._stopping = threading.Event()
         self.counts = {"dumps_sent": 0, "dumps_dropped_queue": 0, "dumps_dropped_link": 0,
                        "dumps_failed": 0, "dump_bytes_sent": 0}
 
@@ -119,12 +121,16 @@ class DumpSender:
         return True
 
     def stop(self) -> None:
+        self._stopping.set()
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(_STOP)
 
     def run(self) -> None:
-        while True:
-            job = self._queue.get()
+        while not self._stopping.is_set():
+            try:
+                job = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
             if job is _STOP:
                 return
             to, body = job
