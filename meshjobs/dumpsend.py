@@ -128,7 +128,7 @@ class DumpSender:
     def run(self) -> None:
         while not self._stopping.is_set():
             try:
-                job = self._queue.get(timeout=0.5)
+                job = self._queue.get(timeout=limits.stop_poll_ms / 1000)
             except queue.Empty:
                 continue
             if job is _STOP:
