@@ -40,6 +40,8 @@ from meshjobs.failpoints import Failpoints
 
 log = structlog.get_logger(__name__)
 
+_fdatasync = getattr(os, "fdatasync", os.fsync)
+
 MAGIC = dumpbytes.MAGIC
 FORMAT_VERSION = dumpbytes.FORMAT_VERSION
 HEADER_BYTES = dumpbytes.HEADER_BYTES
@@ -90,11 +92,20 @@ def write_dump(
     cluster: list[str],
     failpoints: Failpoints | None = None,
 ) -> None:
-    """Write a dump file and fsync it (not its folder)."""
+    """Write a dump file and fsync it (not its folder). It is written and made durable
+    `dump_sync_bytes` at a time: the member's own journal fsyncs, meanwhile, wait behind at most
+    that much of it (one fsync of the whole file at the end made one of them wait for all of it:
+    up to 0.2 s at a million items)."""
     body = dumpbytes.payload(state, last, prev, cluster)
+    step = limits.dump_sync_bytes
     with open(path, "wb", opener=private_opener) as f:
         f.write(dumpbytes.header(body))
-        f.write(body)
+        view = memoryview(body)
+        for k in range(0, len(body), step):
+            f.write(view[k:k + step])
+            if k + step < len(body):
+                f.flush()
+                _fdatasync(f.fileno())
         f.flush()
         if failpoints is not None:
             failpoints.hit("dump.fsync")

@@ -160,6 +160,7 @@ snapshot_bytes_max = 16 * 1024 * 1024 * 1024  # one full dump of the table
 log_compaction_entries_min = 20_000  # compact the log past this many entries
 log_compaction_s_min = 600  # or past this age
 log_compaction_bytes_min = 4 * 1024 * 1024  # or past this many bytes of entries (all held in memory)
+dump_sync_bytes = 4 * 1024 * 1024  # a dump is written and fdatasynced this much at a time (dumpfile.py)
 log_compaction_force_s_min = 1  # compactions asked for by size come at most this often
 dump_retry_ms_min = 500  # a dump that failed is tried again after this, doubling each failure
 dump_retry_ms_max = 60_000  # and no retry of a dump waits longer than this
