@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(run_demo())
     # Before anything is created: what meshd makes is its own alone (meshjobs/datadir.py).
     datadir.private_umask()
+    # Before any thread starts (every thread takes this one's mask, and the items they start):
+    # a signal blocked by whoever started meshd is not blocked here. SIGTERM must reach meshd.
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
     # Before any item or worker starts: capabilities given to meshd stay meshd's (runas).
     from meshjobs import runas
     runas.keep_capabilities_to_self()

@@ -138,6 +138,7 @@ for sig in range(1, _signal.NSIG):  # ignored by Python, or by whoever started m
             _signal.signal(sig, _signal.SIG_DFL)
     except (OSError, ValueError):
         pass
+_signal.pthread_sigmask(_signal.SIG_SETMASK, ())  # and none blocked, whatever meshd's thread had
 try:
     if path is None:
         os.execvpe(argv[0], argv, env)
