@@ -4,11 +4,10 @@ Theory of operation. A change asked here waits (under its request id) until its 
 applied; on a member that does not lead it goes to the leader (F_CTL) and waits for its answer
 (F_CTL_REPLY), re-sent when the leader changes. An answer "not known yet" (a new leader that has
 not heard from the fleet yet, heard.py) is not passed on: the change is asked again after
-`ctl_resend_ms`, until its deadline (`ctl_commit_ms_max`), and only then is that answer given. A
-change another member forwarded here gets a
-token of its own (negative), and its answer goes back to that member with the log index of the
-entry it depends on; there, the answer is parked until the member's own table has that entry
-(read your writes). Reads that wait for a job to end or change wait here too.
+`ctl_resend_ms`, until its deadline (`ctl_commit_ms_max`), and only then is that answer given.
+A change another member forwarded here gets a token of its own (negative), and its answer goes
+back to that member with the log index of the entry it depends on; there, the answer is parked
+until the member's own table has that entry (read your writes). Reads that wait for a job to end or change wait here too.
 
 Rule: pure, like the rest of the node. It owns the changes in flight, the forwarded ones, the
 remote tokens, the waiting reads and the parked answers; it is given the config, the table, the

@@ -512,7 +512,7 @@ class JobNode:
     def _hearing(self) -> Hearing | None:
         """While this leader has not heard from the fleet yet, what it has heard (it cannot
         answer about the members: node/heard.py); None once it can."""
-        return self.roster.hearing(self.now_ms, self.table.members_named())
+        return self.roster.hearing(self.now_ms, self.table.members_named)
 
     def _not_known_yet(self, token: int, what: str) -> bool:
         """Answer "not known yet" (503, to retry: node/heard.py) when this leader cannot tell

@@ -131,14 +131,14 @@ class Members:
         while len(self.heard) > limits.member_names_max:
             del self.heard[next(iter(self.heard))]
 
-    def hearing(self, now_ms: int, named: Iterable[str]) -> Hearing | None:
+    def hearing(self, now_ms: int, named: Callable[[], Iterable[str]]) -> Hearing | None:
         """What this leader has heard of the fleet in its reign while it cannot yet give final
-        answers about the members (heard.py); None once it can. `named`: the members its
-        committed table names."""
+        answers about the members (heard.py); None once it can. `named` gives the members its
+        committed table names (asked only while it cannot)."""
         if self._settled:
             return None
         since = self.since_ms
-        expected = set(self.cfg.voters) | set(named)
+        expected = set(self.cfg.voters) | set(named())
         expected.update(n for n, t in self.heard.items() if t >= since - self.cfg.lost_ms)
         h = Hearing.of(self.cfg.member, since, self.cfg.dead_ms, expected,
                        (n for n, m in self.known.items() if m.boot))
