@@ -72,6 +72,8 @@ RULES: tuple[Rule, ...] = (
     _c("node_ctl_no_leader", "meshjobs_node_ctl_no_leader", "Changes refused because no leader was known."),
     _c("node_ctl_timeouts", "meshjobs_node_ctl_timeouts", "Changes not committed in time (answered 503)."),
     _c("node_ctl_forwarded", "meshjobs_node_ctl_forwarded", "Changes a follower or worker forwarded to the leader."),
+    _c("node_ctl_not_known_yet", "meshjobs_node_ctl_not_known_yet", "Changes a new leader answered 503 because it had not heard from every member yet (unknown pool or member, fan-out)."),
+    _c("node_ctl_not_known_yet_retried", "meshjobs_node_ctl_not_known_yet_retried", "Forwarded changes asked of the leader again because it had not heard from every member yet."),
     _c("node_item_records_built", "meshjobs_node_item_records_built", "Item records the jobs thread built to answer reads (the HTTP edge builds those of GET /jobs/ID?items itself)."),
     _c("node_ctl_", "meshjobs_ctl_requests", "Well-formed control requests taken by the job node, by op.", "op"),
     _c("node_pressure_on", "meshjobs_node_pressure_on", "Times blob write pressure began (leases are held back)."),

@@ -46,7 +46,11 @@ breaks them:
   committed entry whether or not `meddle` is set, no entry changes a job for anyone but its
   submitter or an admin (nor does a bulk change answer otherwise). With `quota` set, one
   submitter's token has that running_items_max, and at no committed index are more of its
-  items leased (recounted from the items, not from the table's counters).
+  items leased (recounted from the items, not from the table's counters). With `worker_pool`
+  set, the workers also offer pool "gpu", which no voter does; that share of new jobs goes
+  there (placed ones on workers only), and soon after every election an operator asks the new
+  leader's fleet about a worker (`member undrain`) or the gpu pool (`pool release`): what a new
+  leader says of pools and members it has not heard from yet is checked (see Rule 2).
 
 Rule 1: pure and replayable. No IO, clock or threads; every choice comes from one
         `random.Random(seed)`, and nothing iterates a set whose order could change between runs.
@@ -70,7 +74,12 @@ Rule 2: the checks are the point. A broken one raises `SimFailure`, whose messag
         Checked after every
         step: every member's table equals every other table (and the oracle) at the same index;
         a submit, cancel or forget is answered 200/201 only once committed; a change of an
-        acknowledged, committed job is never answered 404; no answer is given twice.
+        acknowledged, committed job is never answered 404; no answer is given twice. A leader
+        gives no final "unknown pool" or "no member" answer, and proposes no fan-out's member
+        list, while it has not heard from the fleet (node/heard.py, told here from what the
+        simulator delivered to it): less than dead_ms into its reign with a member it knows of
+        (a voter, one its table names, one that reported to it within lost_ms before the
+        reign) not yet reported in the reign.
 Rule 3: a safety phase of `steps` steps with faults, then a liveness phase with every fault
         healed, which must end, within a bound, with every acknowledged job ended or forgotten
         and every member's table caught up.
@@ -229,6 +238,16 @@ class SimConfig:
     # carries it, and at no committed index may more of its items be leased (quotas.py).
     # Drawn nothing.
     quota: int = 0
+    # Workers also offer pool "gpu" (no voter does): a new job goes there with this chance,
+    # and operators ask about a worker or the gpu pool right after each election. Off by
+    # default, and then not drawn at all, so that recorded seeds replay as they did.
+    worker_pool: float = 0.0
+
+
+# With SimConfig.worker_pool: the pool only workers offer, and the selectors its placed jobs
+# draw from (each matches a worker, so that every job can end).
+WORKER_POOL = "gpu"
+WORKER_SELECTORS = ("w1", "w2", "w?", "*", "*")
 
 
 # The identity whose token has a running_items_max when SimConfig.quota is set.
@@ -287,6 +306,10 @@ class _Member:
     exiting: bool = False  # its node said Exit (a stop order): it goes down after this step
     cut: set = field(default_factory=set)  # runs its node cut, whose end is still to come
     unsynced: bool = False  # it logged entries this round and has not synced them yet
+    # What the simulator gave its node: when its reign as leader began (None: not leading),
+    # and when each member's report (F_JOB_HAVE) was last stepped into it, this incarnation.
+    reign_ms: int | None = None
+    reports: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -583,6 +606,9 @@ class Sim:
         self.owners: dict[str, str] = {}  # committed job id -> its submitter
         self.gone: set[str] = set()  # members lost for good
         self.heard: dict[tuple[str, str], int] = {}  # (worker, voter) -> last F_JOB_STATE from it
+        # Request id -> the request a member forwarded under it (F_CTL), as delivered.
+        self.forwarded_reqs: dict[Any, Any] = {}
+        self.probes_sent = 0
         self.wiped: set[str] = set()  # blobs they held (a copy confirmed before the loss counts)
         # The operators' orders as the committed log says, kept here apart from the table (so
         # that a table that ignores one is caught): (pool, member or "*") held or drained, and
@@ -650,13 +676,17 @@ class Sim:
         m.inc += 1
         m.inbox, m.applied, m.running, m.links, m.view_sent = [], [], {}, {}, None
         m.cut = set()
+        m.reign_ms, m.reports = None, {}
         m.boot = f"{m.name}.{m.inc}.{self.rng.getrandbits(32):08x}"
         if m.role == "voter":
             table = self._voter_table(m)
         else:
             table = self.table_cls()
             m.inbox.append(View())  # a worker's replica has no Raft: one empty view at start
-        cfg = NodeConfig(member=m.name, boot=m.boot, pools={"default": Pool("default", slots=2)},
+        pools = {"default": Pool("default", slots=2)}
+        if self.cfg.worker_pool and m.role == "worker":
+            pools[WORKER_POOL] = Pool(WORKER_POOL, slots=1)
+        cfg = NodeConfig(member=m.name, boot=m.boot, pools=pools,
                          keep_jobs=self.keep_jobs, role=m.role, voters=VOTERS,
                          dead_ms=limits.member_dead_ms, blob_copies=2, lost_ms=self.cfg.lost_ms)
         m.table = table
@@ -696,8 +726,13 @@ class Sim:
         if m.role == "voter":
             view = self._voter_view(m)
             if view != m.view_sent:
+                led = m.view_sent is not None and m.view_sent.is_leader
                 m.view_sent = view
                 node.step(view)
+                if view.is_leader and not led:
+                    m.reign_ms = self.now  # its reign begins at this round's tick
+                elif not view.is_leader:
+                    m.reign_ms = None
         node.step(Tick(self.now))
         applied, m.applied = m.applied, []
         for a in applied:
@@ -707,6 +742,10 @@ class Sim:
             node.step(ev)
             if isinstance(ev, DiskFull):
                 m.disk_known = ev.on
+            elif isinstance(ev, FrameIn) and ev.ftype == "F_JOB_HAVE":
+                m.reports[ev.peer] = self.now
+            elif isinstance(ev, FrameIn) and ev.ftype == "F_CTL" and isinstance(ev.body, dict):
+                self.forwarded_reqs[ev.body.get("rid")] = ev.body.get("req")
         advance(node.ready(), persist=lambda entry: self._persist(m, entry),
                 sync=lambda: self._sync(m), release=lambda eff: self._effect(m, eff))
         if m.exiting:
@@ -719,6 +758,9 @@ class Sim:
             for sub in entry.get("es", ()):
                 if sub.get("k") == "lease" and any(g[2] == m.name for g in sub["g"]):
                     self.fail(f"{m.name} leased items to itself while its disk is full")
+        for sub in entry.get("es", ()):
+            if sub.get("k") == "submit" and "on" in sub:
+                self._check_heard(m, f"proposed fan-out {sub.get('id')} on {sub['on']}")
         m.unsynced = True
         self._propose(m, entry)
 
@@ -730,7 +772,50 @@ class Sim:
                 isinstance(eff, Reply) and eff.answer.status == 400):
             self.fail(f"{m.name} let {type(eff).__name__} leave before the entries it logged "
                       f"this round were synced")
+        if isinstance(eff, Reply) and m.node.view.is_leader:
+            self._check_final(m, self.asked.get((m.name, m.inc, eff.token)), eff.answer)
+        elif isinstance(eff, Send) and eff.ftype == "F_CTL_REPLY" and isinstance(eff.body, dict):
+            self._check_final(m, self.forwarded_reqs.get(eff.body.get("rid")),
+                              Answer(eff.body.get("status"), eff.body.get("body")))
         dispatch(eff, self._effects, m)
+
+    # --- a new leader's first moments (node/heard.py) -----------------------------------------
+
+    def _heard_all(self, m: _Member) -> str | None:
+        """Has leader `m` heard from the fleet, as the simulator gave it reports? None when it
+        has; else what it still waits for."""
+        since = m.reign_ms
+        if since is None or self.now - since >= limits.member_dead_ms:
+            return None
+        expected = set(VOTERS) | m.table.members_named()
+        expected.update(p for p, t in m.reports.items() if t >= since - self.cfg.lost_ms)
+        missing = sorted(p for p in expected - {m.name} if m.reports.get(p, -1) < since)
+        if not missing:
+            return None
+        return (f"{self.now - since} ms into its reign, not yet heard from {missing} "
+                "in it")
+
+    def _check_heard(self, m: _Member, what: str) -> None:
+        waits = self._heard_all(m)
+        if waits is not None:
+            self.fail(f"leader {m.name} {what}, {waits}")
+        self.count("heard_checked")
+
+    def _check_final(self, m: _Member, req: Any, answer: Answer) -> None:
+        """No final "unknown pool" or "no member" from a leader that has not heard from the
+        fleet yet (it may only not have heard yet)."""
+        if not isinstance(req, dict) or not isinstance(answer.body, dict):
+            return
+        op, status, words = req.get("op"), answer.status, str(answer.body.get("error", ""))
+        final = ((op in ("submit", "cron") and status == 400 and "unknown pool" in words)
+                 or (op in ("pool", "member") and status == 404
+                     and ("unknown pool" in words or "no member" in words))
+                 or (op == "member" and status == 409 and "has not reported" in words))
+        if final:
+            self._check_heard(m, f"answered {op} {status} {words!r}")
+            self.count("final_unknowns_checked")
+        elif status == 503 and answer.body.get("not_known_yet") is True:
+            self.count("not_known_yet_answers")
 
     def _effect_table(self) -> dict[type, Callable[[Any, _Member], None]]:
         """What the simulated edge does with each effect a member's node releases."""
@@ -829,6 +914,9 @@ class Sim:
         self.leader = leader
         self.believes.pop(leader, None)
         self.count("elections")
+        if self.cfg.worker_pool:
+            for _ in range(self.rng.randint(1, 3)):
+                self._at(self.now + self.rng.randint(0, 1_500), "probe", None)
 
     def _commit(self, raw: bytes) -> None:
         self.last_index += 1 if self.rng.random() < 0.8 else self.rng.randint(2, 4)
@@ -1140,11 +1228,14 @@ class Sim:
 
     def _check_slots(self, m: _Member, key: tuple) -> None:
         """A member starts an item only while fewer items of the pool run there than its
-        effective slots (every job of the simulation is in pool "default", 2 slots)."""
-        configured = m.node.cfg.pools["default"].slots
-        n = m.table.ctl.slots_of("default", m.name, configured)
+        effective slots (pool "default", 2 slots; with `worker_pool`, "gpu" too, 1 slot)."""
+        pool = m.table.jobs[key[0]].pool
+        configured = m.node.cfg.pools[pool].slots
+        n = m.table.ctl.slots_of(pool, m.name, configured)
         limit = n if n > 0 else configured
-        running = sum(1 for k in m.running if k not in m.cut)
+        jobs = m.table.jobs
+        running = sum(1 for k in m.running if k not in m.cut
+                      and getattr(jobs.get(k[0]), "pool", pool) == pool)
         if running >= limit:
             self.fail(f"{m.name} started {key} with {running} items running, its pool's "
                       f"effective slots being {n}")
@@ -1166,6 +1257,19 @@ class Sim:
             self.slots_lift_ms = self.now + 1_000
             self._order({"op": "pool", "action": "slots", "pool": "default", "member": None,
                          "slots": None})
+
+    def _probe(self) -> None:
+        """Right after an election, an operator asks about a worker or the pool only workers
+        offer: harmless if done (an undrain of a member not drained, a release of a pool not
+        held), and its answer from a new leader is checked (`_check_final`)."""
+        rng = self.rng
+        if rng.random() < 0.5:
+            req: dict[str, Any] = {"op": "member", "action": "undrain",
+                                   "name": rng.choice(WORKERS), "grace_s": None}
+        else:
+            req = {"op": "pool", "action": "release", "pool": WORKER_POOL, "member": None}
+        self._order(req)
+        self.count("probes_sent")
 
     def _order(self, req: dict) -> None:
         alive = [n for n in MEMBERS if self.members[n].alive]
@@ -1424,6 +1528,8 @@ class Sim:
                 self.count("fetches_done")
             elif kind == "heal":
                 self.cuts.pop(p, None)
+            elif kind == "probe":
+                self._probe()
             elif kind in ("xframe", "xpump"):
                 assert self.xfers is not None
                 self.xfers.due(kind, p)
@@ -1538,9 +1644,14 @@ class Sim:
             spec["after"] = [{"id": p, "on": rng.choice(["ok", "ok", "end", "fail"])}
                              for p in parents]
             self.count("jobs_with_deps")
+        gpu = bool(self.cfg.worker_pool) and rng.random() < self.cfg.worker_pool
+        if gpu:
+            spec["pool"] = WORKER_POOL
+            self.count("jobs_worker_pool")
         if self.cfg.place and rng.random() < self.cfg.place:
             # Each selector matches a member that offers the pool, so that every job can end.
-            spec["member"] = rng.choice(["v1", "w2", "v*", "w?", "[vw]1", "*", "*"])
+            spec["member"] = rng.choice(WORKER_SELECTORS if gpu else
+                                        ["v1", "w2", "v*", "w?", "[vw]1", "*", "*"])
             if spec["member"] == "*":
                 items = items[:1]
             self.count("jobs_placed")
@@ -1781,6 +1892,13 @@ class Sim:
                           "parents are all known")
             c.phase = "refused"
             self.count("submits_refused_after")
+            return
+        if (status == 400 and c.phase == "submit" and c.req["spec"].get("pool") == WORKER_POOL
+                and "unknown pool" in body.get("error", "")):
+            # No worker heard from for dead_ms by a leader that had heard from the fleet
+            # (checked where it was answered: `_check_final`).
+            c.phase = "refused"
+            self.count("submits_refused_unknown_pool")
             return
         if status == 400 or status == 413:
             self.fail(f"client {c.cid} {c.phase}: a well-formed request answered {status} {body}")

@@ -1032,6 +1032,13 @@ class JobTable:
                for t in j.not_before.values() if t > now_ms]
         return min(due) if due else None
 
+    def members_named(self) -> set[str]:
+        """The members this table has named since it was made or loaded: those its items ran
+        on or were leased or pinned to, or that held copies of their outputs (up to
+        `limits.member_names_max` of them), and those its orders name. A new leader waits to
+        hear from them before it answers about the members (node/heard.py)."""
+        return set(self._names) | self.ctl.members_named()
+
     def leases_of(self, member: str) -> list[tuple[str, int, int, str]]:
         """(job id, index, epoch, boot) of every item leased to `member`."""
         return [(jid, i, self.jobs[jid].epoch[i], boot)

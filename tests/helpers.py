@@ -612,9 +612,11 @@ def shift_clock(m: Meshd, seconds: float) -> None:
 
 def make_fleet(top: str, voters: int = 3, workers: int = 0, slots: int = 2,
                dead_ms: int = 1500, worker_slots: int | None = None,
-               extra: str = "", lost_ms: int | None = None) -> list[Meshd]:
+               extra: str = "", lost_ms: int | None = None,
+               worker_pools: str = "") -> list[Meshd]:
     """Configs, data folders and one shared fleet secret for `voters` voters and `workers`
-    worker members on loopback (ports as the module's docstring says). Nothing is started."""
+    worker members on loopback (ports as the module's docstring says); `worker_pools` ends
+    every worker's config (more `[pools.X]`, say). Nothing is started."""
     secret = os.urandom(32)
     voter_names = [f"v{i}" for i in range(1, voters + 1)]
     names = voter_names + [f"w{i}" for i in range(1, workers + 1)]
@@ -654,6 +656,8 @@ def make_fleet(top: str, voters: int = 3, workers: int = 0, slots: int = 2,
                 lost = f"lost_ms = {lost_ms}\n" if lost_ms is not None else ""
                 f.write(f'name = "{m.name}"\n{addrs}{extra}\n[fleet]\n{fleet}dead_ms = {dead_ms}\n{lost}'
                         f"[pools.default]\nslots = {n_slots}\n")
+                if m.name not in ports:
+                    f.write(worker_pools)
 
     new_ports()
     for m in members:

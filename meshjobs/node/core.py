@@ -66,6 +66,7 @@ from meshjobs.node.events import (
 )
 from meshjobs.node.feed import Feed
 from meshjobs.node.follow import Follower
+from meshjobs.node.heard import Hearing
 from meshjobs.node.hooks import Notices, Orders
 from meshjobs.node.leader import Leadership
 from meshjobs.node.members import Members
@@ -174,6 +175,7 @@ class JobNode:
     def _on_tick(self, ev: Tick) -> None:
         if ev.now_ms > self.now_ms:
             self.now_ms = ev.now_ms
+        self.roster.tick(self.now_ms)
 
     def _on_view(self, ev: View) -> None:
         if ev.is_leader and not self.view.is_leader:
@@ -457,9 +459,12 @@ class JobNode:
                 return
         elif op == "cron":
             if req["action"] == "add" and req["job"]["pool"] not in self._pools():
+                pool = req["job"]["pool"]
+                if self._not_known_yet(token, f"whether some member offers pool {pool!r}"):
+                    return
                 pools = self._pools()
-                self._reply(token, 400, {"error": f"unknown pool {req['job']['pool']!r}: this "
-                                                  f"fleet has {', '.join(sorted(pools)) or 'no pools'}"})
+                self._reply(token, 400, {"error": f"unknown pool {pool!r}: this fleet has "
+                                                  f"{', '.join(sorted(pools)) or 'no pools'}"})
                 return
             if req["action"] == "add" and not self._schedules_within_quota(token, req):
                 return
@@ -477,8 +482,12 @@ class JobNode:
             job_id = None
         elif op in ("pool", "member"):
             job_id = None
-            refused = self.orders.entry(req, entry, self._pools(), self.roster.known)
+            hearing = self._hearing()
+            refused = self.orders.entry(req, entry, self._pools(), self.roster.known,
+                                        hearing, self.now_ms)
             if refused is not None:
+                if hearing is not None and refused.status == 503:
+                    self._count("ctl_not_known_yet")
                 self._reply(token, refused.status, refused.body)
                 return
         else:
@@ -500,6 +509,21 @@ class JobNode:
         self.changes.pending[rid] = self._new_change([token], op, job_id, fp=req.get("fp"))
         self.proposals.change(entry)
 
+    def _hearing(self) -> Hearing | None:
+        """While this leader has not heard from the fleet yet, what it has heard (it cannot
+        answer about the members: node/heard.py); None once it can."""
+        return self.roster.hearing(self.now_ms, self.table.members_named)
+
+    def _not_known_yet(self, token: int, what: str) -> bool:
+        """Answer "not known yet" (503, to retry: node/heard.py) when this leader cannot tell
+        `what` yet; True when it answered."""
+        hearing = self._hearing()
+        if hearing is None:
+            return False
+        self._count("ctl_not_known_yet")
+        self._answer(token, hearing.answer(what, self.now_ms))
+        return True
+
     def _pools(self) -> set[str]:
         """The pools some member of the fleet offers (as far as this member knows)."""
         pools = set(self.cfg.pools)
@@ -512,6 +536,8 @@ class JobNode:
         spec = dict(req["spec"])
         pools = self._pools()
         if spec["pool"] not in pools:
+            if self._not_known_yet(token, f"whether some member offers pool {spec['pool']!r}"):
+                return None
             self._reply(token, 400, {"error": f"unknown pool {spec['pool']!r}: this fleet has "
                                               f"{', '.join(sorted(pools)) or 'no pools'}"})
             return None
@@ -563,18 +589,15 @@ class JobNode:
 
     def _fanout_members(self, token: int, pool: str, n_items: int) -> list[str] | None:
         """The members a fan-out of `pool` runs on: those alive that offer the pool now (this
-        one among them), sorted by name; None when it cannot be said (the answer is sent)."""
+        one among them), sorted by name; None when it cannot be said (the answer is sent).
+        Not before this leader has heard from the fleet (node/heard.py): the list is fixed
+        once, in the submit entry, and a member that has not reported yet would be left out
+        for good."""
         if n_items != 1:
             self._reply(token, 400, {"error": "a fan-out job (member *) has one item per member: "
                                               "give at most one item"})
             return None
-        if self.now_ms - self.roster.since_ms < self.cfg.dead_ms and any(
-                v != self.cfg.member and not (v in self.roster.known and self.roster.known[v].boot)
-                for v in self.cfg.voters):
-            self._reply(token, 503, {"error": "this member has just become leader and has not "
-                                              "heard from every member yet, so it cannot tell "
-                                              "which members a fan-out (member *) runs on: try "
-                                              "again in a few seconds"})
+        if self._not_known_yet(token, "which members a fan-out (member *) runs on"):
             return None
         names = {self.cfg.member} if pool in self.cfg.pools else set()
         names.update(name for name, m in self.roster.known.items()
@@ -764,6 +787,10 @@ class JobNode:
                     for token in ch.tokens:
                         self._reply(token, 200, self._partial_fleet() if ch.op == "fleet"
                                     else {**self.pools(), "partial": True})
+                elif ch.deadline_ms <= now and ch.not_known is not None:
+                    del pending[rid]  # the leader still could not tell (node/heard.py)
+                    for token in ch.tokens:
+                        self._answer(token, ch.not_known)
                 elif ch.deadline_ms <= now:
                     del pending[rid]
                     self._count("ctl_timeouts")
@@ -879,9 +906,15 @@ class JobNode:
         handler(peer, body)
 
     def _on_have(self, peer: str, body: Any) -> None:
-        if self._leading():
+        if self.view.is_leader:
+            # Also before its table is ready: the reports of this reign count from its start
+            # (members.py, heard.py).
             self.roster.have(peer, body, self.now_ms)
-        elif self.cfg.role == "voter" and isinstance(body, dict) and body.get("role") == "worker":
+        elif not self.roster.heard_from(peer, body, self.now_ms):
+            return
+        if self._leading():
+            return
+        if self.cfg.role == "voter" and isinstance(body, dict) and body.get("role") == "worker":
             # Tell a worker who leads, so that it reports there.
             self._out.append(Send(peer, "F_JOB_STATE", {
                 "term": self.view.term, "leader": self.view.leader, "voters": list(self.cfg.voters)}))

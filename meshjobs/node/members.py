@@ -6,7 +6,9 @@ bytes and running items. The leader keeps the latest report of each (`Member`); 
 alive while its last report is at most `dead_ms` old, and, in a new reign, one not heard from
 yet gets `dead_ms` from the reign's start to report. A member not heard from for `lost_ms` is
 lost: the copies of outputs it held are taken as gone (copies.py). What the leader knew in an
-earlier reign is dropped when it comes to lead again.
+earlier reign is dropped when it comes to lead again; only who reported, and when, is kept
+(`heard`, also while this member does not lead), so that a new leader knows whom to wait for
+before it answers about the members (heard.py).
 
 Rule: pure, like the rest of the node; it owns the reports and the reign's start, and is given
 the node's config and counter and, per call, the time.
@@ -14,12 +16,13 @@ the node's config and counter and, per call, the time.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from meshjobs import limits
 from meshjobs.node.events import NodeConfig
+from meshjobs.node.heard import Hearing
 
 WALLS = ("uid", "landlock", "undumpable")  # meshjobs.wall.Status.walls
 
@@ -94,10 +97,55 @@ class Members:
         self._count = count
         self.known: dict[str, Member] = {}
         self.since_ms = 0  # when this member last came to lead
+        self._since_tick = False  # the reign's start is the next tick's time (see `tick`)
+        self._settled = False  # this reign has heard from the fleet (heard.py)
+        # Member -> when a report of it last came here, leading or not, oldest first; at most
+        # member_names_max of them.
+        self.heard: dict[str, int] = {}
 
     def new_reign(self, now_ms: int) -> None:
         self.since_ms = now_ms
+        self._since_tick = True
+        self._settled = False
         self.known.clear()  # soft state of an earlier reign is stale
+
+    def tick(self, now_ms: int) -> None:
+        """The time moved on. The view that began a reign comes before the round's tick (and,
+        at a member's start, before any): the reign begins at the time of the tick after it."""
+        if self._since_tick:
+            self._since_tick = False
+            self.since_ms = max(self.since_ms, now_ms)
+
+    def heard_from(self, peer: str, body: Any, now_ms: int) -> bool:
+        """A member's report came here: noted as heard (Rule 2 of heard.py). False for garbage
+        (counted and dropped)."""
+        if parse_have(body) is None:
+            self._count("frames_bad_have")
+            return False
+        self._heard(peer, now_ms)
+        return True
+
+    def _heard(self, peer: str, now_ms: int) -> None:
+        self.heard.pop(peer, None)
+        self.heard[peer] = now_ms
+        while len(self.heard) > limits.member_names_max:
+            del self.heard[next(iter(self.heard))]
+
+    def hearing(self, now_ms: int, named: Callable[[], Iterable[str]]) -> Hearing | None:
+        """What this leader has heard of the fleet in its reign while it cannot yet give final
+        answers about the members (heard.py); None once it can. `named` gives the members its
+        committed table names (asked only while it cannot)."""
+        if self._settled:
+            return None
+        since = self.since_ms
+        expected = set(self.cfg.voters) | set(named())
+        expected.update(n for n, t in self.heard.items() if t >= since - self.cfg.lost_ms)
+        h = Hearing.of(self.cfg.member, since, self.cfg.dead_ms, expected,
+                       (n for n, m in self.known.items() if m.boot))
+        if h.settled(now_ms):
+            self._settled = True  # Rule 3 of heard.py: it stays so for the reign
+            return None
+        return h
 
     def have(self, peer: str, body: Any, now_ms: int) -> None:
         """A member's report (F_JOB_HAVE); garbage is counted and dropped."""
@@ -105,6 +153,7 @@ class Members:
         if have is None:
             self._count("frames_bad_have")
             return
+        self._heard(peer, now_ms)
         m = self.known.get(peer)
         if m is None:
             m = self.known[peer] = Member(peer)
