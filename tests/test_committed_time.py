@@ -1,0 +1,115 @@
+"""Committed time (meshjobs/table.py Rule 7, meshjobs/node/clock.py): a finished job's age is
+measured in the fleet's committed time, so that a leader whose wall clock is minutes off
+neither expires a job early nor keeps it late. Table, node and simulator; the multi-process
+test is tests/test_retention_skew.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+
+from meshjobs.table import JobTable
+from tests.helpers import Log, refusal, row, spec
+
+T0 = 1_700_000_000_000
+VOTERS = ("v1", "v2", "v3")
+
+
+def batch(log: Log, *entries: dict, t: int, c: int | None = None, by: str = "v1.boot") -> dict:
+    """Commit `entries` as one batch stamped with committed time `c` by the member booted `by`
+    (no stamp at all when `c` is None: a batch of an older member)."""
+    e: dict[str, Any] = {"k": "batch", "t": t, "p": log.index + 1, "es": list(entries)}
+    if c is not None:
+        e.update(c=c, cb=by)
+    return log.apply(e)
+
+
+def finished_job(log: Log, t: int, c: int | None, job_id: str = "j1") -> None:
+    """A job submitted, leased and ended in three batches, the last at wall time `t` and
+    committed time `c`."""
+    batch(log, {"k": "submit", "t": t, "id": job_id, "spec": spec(), "dg": b"dg-1",
+                "items": [None]}, t=t, c=c)
+    batch(log, {"k": "lease", "t": t, "g": [[job_id, 0, "v1", "v1.boot"]]}, t=t, c=c)
+    epoch = log.index
+    out = batch(log, {"k": "result", "t": t, "r": [row(job_id, 0, epoch)]}, t=t, c=c)
+    assert out["outcomes"][0]["accepted"] == 1
+
+
+# --- the table ----------------------------------------------------------------------------------
+
+
+def test_a_job_ends_at_the_committed_time_of_its_batch_not_its_wall_time() -> None:
+    """Rule 7: finished_ms is the proposer's wall clock (shown); finished_clock_ms, what its
+    age is measured from, is the batch's committed time."""
+    log = Log()
+    finished_job(log, t=T0 + 120_000, c=T0)
+    job = log.job()
+    assert job.finished_ms == T0 + 120_000
+    assert job.finished_clock_ms == T0 == log.table.finished["j1"]
+    assert (log.table.clock_ms, log.table.stamp_ms, log.table.stamp_by) == (T0, T0, "v1.boot")
+
+
+def test_committed_time_never_goes_back() -> None:
+    """Rule 7: clock_ms is the greatest stamp; a later, lower stamp is the last stamp only,
+    and a job that ends under it ends at clock_ms."""
+    log = Log()
+    batch(log, {"k": "tone", "t": T0, "id": "none", "priority": 1}, t=T0, c=T0 + 5_000)
+    finished_job(log, t=T0, c=T0 + 1_000)
+    assert log.table.clock_ms == T0 + 5_000
+    assert log.table.stamp_ms == T0 + 1_000
+    assert log.job().finished_clock_ms == T0 + 5_000
+    log.table.check()
+
+
+def test_an_entry_of_an_older_member_stamps_its_own_time() -> None:
+    """Rule 7: an entry without `c` (a member of an older version proposed it, or an older
+    journal holds it) counts its `t`, the proposer's wall clock, as before."""
+    log = Log()
+    finished_job(log, t=T0 + 7_000, c=None)
+    assert log.job().finished_clock_ms == T0 + 7_000
+    assert (log.table.clock_ms, log.table.stamp_by) == (T0 + 7_000, "")
+
+
+@pytest.mark.parametrize("stamp", [{"c": "1"}, {"c": -1}, {"c": True}, {"c": 1.5}, {"c": 5},
+                                   {"cb": "x"}, {"c": 5, "cb": 7}, {"c": 5, "cb": "b" * 65}])
+def test_a_malformed_stamp_is_refused_and_changes_nothing(stamp: dict) -> None:
+    """Rule 2 and 7: a batch with a malformed committed time stamp is refused (400) whole."""
+    log = Log()
+    batch(log, {"k": "tone", "t": T0, "id": "none", "priority": 1}, t=T0, c=T0)
+    out = log.apply({"k": "batch", "t": T0 + 1, "p": 9, "es": [
+        {"k": "submit", "t": T0, "id": "j9", "spec": spec(), "dg": b"d", "items": [None]}],
+        **stamp})
+    assert refusal(out) == (False, 400, "malformed")
+    assert "j9" not in log.table.jobs
+    assert (log.table.clock_ms, log.table.stamp_ms, log.table.stamp_by) == (T0, T0, "v1.boot")
+
+
+def test_snapshots_keep_committed_time() -> None:
+    """A snapshot holds the table's committed time and each job's end in it."""
+    log = Log()
+    finished_job(log, t=T0 + 120_000, c=T0, job_id="a")
+    finished_job(log, t=T0, c=T0 + 3_000, job_id="b")
+    raw = msgpack.packb(log.table.to_state(), use_bin_type=True)
+    back = JobTable.from_state(msgpack.unpackb(raw, raw=False, strict_map_key=False))
+    assert (back.clock_ms, back.stamp_ms, back.stamp_by) == (T0 + 3_000, T0 + 3_000, "v1.boot")
+    assert back.finished == {"a": T0, "b": T0 + 3_000} == log.table.finished
+    assert back.to_state() == log.table.to_state()
+
+
+def test_a_snapshot_from_before_committed_time_loads() -> None:
+    """An older data folder's dump has no committed time: its jobs ended at their wall times
+    (what its entries carried) and committed time is the latest time it holds."""
+    log = Log()
+    finished_job(log, t=T0 + 9_000, c=None, job_id="a")
+    log.submit("b", t=T0 + 11_000)
+    state = log.table.to_state()
+    del state["clock"], state["finished_clock"]
+    old = JobTable.from_state(state)
+    assert old.finished == {"a": T0 + 9_000}
+    assert (old.clock_ms, old.stamp_ms, old.stamp_by) == (T0 + 11_000, T0 + 11_000, "")
+    more = Log()  # and the loaded table goes on from there
+    more.table, more.index = old, old.applied_index
+    batch(more, {"k": "cancel", "t": T0, "id": "b"}, t=T0, c=T0 + 12_000)
+    assert more.table.finished == {"a": T0 + 9_000, "b": T0 + 12_000}
