@@ -245,7 +245,9 @@ class JobsThread:
             log.info("raft_view", term=view.term, leader=view.leader, is_leader=view.is_leader,
                      ready=view.ready)
         now = self.clock_ms()
-        events.append(Tick(now))
+        # The monotonic clock too: committed time advances by it (node/clock.py), so a wall
+        # clock set while the member runs changes no job's age.
+        events.append(Tick(now, time.monotonic_ns() // 1_000_000))
         if now >= self._next_publish_ms:
             # Every `publish_ms`: what the blob store holds, for this member's reports.
             self._next_publish_ms = now + limits.publish_ms

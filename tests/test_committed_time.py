@@ -5,11 +5,14 @@ test is tests/test_retention_skew.py."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import msgpack
 import pytest
 
+from meshjobs.node import JobNode, NodeConfig, Pool, Tick, View
+from meshjobs.node.clock import CommittedClock
 from meshjobs.table import JobTable
 from tests.helpers import Log, refusal, row, spec
 
@@ -113,3 +116,74 @@ def test_a_snapshot_from_before_committed_time_loads() -> None:
     more.table, more.index = old, old.applied_index
     batch(more, {"k": "cancel", "t": T0, "id": "b"}, t=T0, c=T0 + 12_000)
     assert more.table.finished == {"a": T0 + 9_000, "b": T0 + 12_000}
+
+
+# --- the node's reckoning -----------------------------------------------------------------------
+
+
+def test_the_reckoning_follows_other_members_stamps_and_its_own_monotonic_clock() -> None:
+    """A member's committed time is the last stamp another member made plus what its own
+    monotonic clock measured since; its own stamps do not move it; its wall clock is not
+    used once the table has a stamp; it is never behind the table's clock_ms."""
+    log = Log()
+    clock = CommittedClock("me")
+    clock.tick(50_000)
+    batch(log, {"k": "tone", "t": T0, "id": "none", "priority": 1}, t=T0, c=T0, by="other")
+    clock.observe(log.table, wall_ms=T0 + 120_000)
+    assert clock.now_ms() == T0
+    clock.tick(53_000)
+    assert clock.now_ms() == T0 + 3_000
+    batch(log, {"k": "tone", "t": T0, "id": "none", "priority": 1}, t=T0, c=T0 + 1_000, by="me")
+    clock.observe(log.table, wall_ms=T0)
+    assert clock.now_ms() == T0 + 3_000  # its own stamp, seen late: not taken again
+    batch(log, {"k": "tone", "t": T0, "id": "none", "priority": 1}, t=T0, c=T0 + 2_000,
+          by="other")
+    clock.observe(log.table, wall_ms=T0)
+    assert clock.now_ms() == T0 + 2_000  # another member's: followed, even lower
+    clock.tick(54_000)
+    batch(log, {"k": "tone", "t": T0, "id": "none", "priority": 1}, t=T0, c=T0 + 9_000,
+          by="old run of me")
+    batch(log, {"k": "tone", "t": T0, "id": "none", "priority": 1}, t=T0, c=T0 + 4_000, by="me")
+    clock.observe(log.table, wall_ms=T0)
+    assert clock.now_ms() == T0 + 9_000  # never behind the greatest stamp
+
+
+def test_an_empty_table_starts_from_the_wall_clock() -> None:
+    """A new fleet's first stamps are its first leader's wall time."""
+    clock = CommittedClock("me")
+    clock.tick(7)
+    clock.observe(JobTable(), wall_ms=T0)
+    clock.tick(1_007)
+    assert clock.now_ms() == T0 + 1_000
+
+
+def _leader(table: JobTable, keep_s: float) -> JobNode:
+    cfg = NodeConfig(member="v2", boot="v2.boot", pools={"default": Pool("default", slots=1)},
+                     keep_s=keep_s, role="voter", voters=VOTERS)
+    node = JobNode(table, cfg, random.Random(3))
+    return node
+
+
+def _round(node: JobNode, wall_ms: int, mono_ms: int) -> list[dict]:
+    """One round at these clocks: the batches it proposes (it commits none)."""
+    node.step(Tick(wall_ms, mono_ms))
+    return node.ready().entries
+
+
+def test_a_leader_two_minutes_ahead_expires_a_job_keep_s_after_it_ended() -> None:
+    """The issue's case, on one node: a job ended under a leader whose clock was right; a
+    leader 120 s ahead takes over. It expires the job once keep_s has passed on its own
+    monotonic clock since it applied the job's end, not at once (nor 120 s late for one
+    behind), and stamps its batches with committed time, not its wall clock."""
+    log = Log()
+    finished_job(log, t=T0, c=T0)
+    node = _leader(log.table, keep_s=10)
+    node.step(View(term=2, leader="v2", is_leader=True, ready=True))
+    wall, mono = T0 + 120_000, 1_000_000  # its wall clock two minutes ahead
+    for ms in range(0, 10_000, 500):
+        for b in _round(node, wall + ms, mono + ms):
+            assert all(e["k"] != "expire" for e in b["es"]), (ms, b)
+    proposed = _round(node, wall + 10_000, mono + 10_000)
+    [b] = [b for b in proposed if any(e["k"] == "expire" for e in b["es"])]
+    assert [e["ids"] for e in b["es"] if e["k"] == "expire"] == [["j1"]]
+    assert (b["c"], b["cb"], b["t"]) == (T0 + 10_000, "v2.boot", wall + 10_000)

@@ -41,6 +41,7 @@ from meshjobs.control import (
 from meshjobs.node import reads
 from meshjobs.node.catchup import CatchUpRing
 from meshjobs.node.changes import Change, Changes
+from meshjobs.node.clock import CommittedClock
 from meshjobs.node.copies import Copies, Recopies
 from meshjobs.node.events import (
     MEMBER_OWNER,
@@ -113,6 +114,7 @@ class JobNode:
         self.view = View()
         self._out: list[Any] = []
         self.proposals = Proposals(self._count, self._emit)
+        self.clock = CommittedClock(config.boot)  # committed time, as this member reckons it
         # Changes and reads in flight, forwarded, waiting or parked (changes.py).
         self.changes = Changes(config, table, self._count, self._emit)
         # The feed of committed changes (`changes` op, GET /events).
@@ -174,6 +176,7 @@ class JobNode:
     def _on_tick(self, ev: Tick) -> None:
         if ev.now_ms > self.now_ms:
             self.now_ms = ev.now_ms
+        self.clock.tick(self.now_ms if ev.mono_ms is None else ev.mono_ms)
 
     def _on_view(self, ev: View) -> None:
         if ev.is_leader and not self.view.is_leader:
@@ -194,8 +197,9 @@ class JobNode:
 
     def take(self) -> list[Any]:
         """Reconcile, then hand over every effect made since the last call."""
+        self.clock.observe(self.table, self.now_ms)
         self._reconcile()
-        self.proposals.flush(self.now_ms, self._leading())
+        self.proposals.flush(self.now_ms, self._leading(), (self.clock.now_ms(), self.cfg.boot))
         out, self._out = self._out, []
         return out
 
@@ -962,7 +966,7 @@ class JobNode:
             self.leadership.propose_revokes(self.now_ms)
             self.leadership.propose_leases(self.now_ms, self._frees_slot)
             self._propose_results()
-            self.leadership.propose_expiry(self.now_ms)
+            self.leadership.propose_expiry(self.now_ms, self.clock.now_ms())
             self.leadership.propose_reruns(self.now_ms)
             self._propose_cron()
         self._recopy()
