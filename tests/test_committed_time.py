@@ -6,6 +6,7 @@ test is tests/test_retention_skew.py."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
 import msgpack
@@ -13,6 +14,7 @@ import pytest
 
 from meshjobs.node import JobNode, NodeConfig, Pool, Tick, View
 from meshjobs.node.clock import CommittedClock
+from meshjobs.sim import SimConfig, SimFailure, run
 from meshjobs.table import JobTable
 from tests.helpers import Log, refusal, row, spec
 
@@ -187,3 +189,47 @@ def test_a_leader_two_minutes_ahead_expires_a_job_keep_s_after_it_ended() -> Non
     [b] = [b for b in proposed if any(e["k"] == "expire" for e in b["es"])]
     assert [e["ids"] for e in b["es"] if e["k"] == "expire"] == [["j1"]]
     assert (b["c"], b["cb"], b["t"]) == (T0 + 10_000, "v2.boot", wall + 10_000)
+
+
+# --- the simulator ------------------------------------------------------------------------------
+
+# v2 two minutes ahead, v3 40 s behind; jobs kept 10 s.
+CLOCKS = SimConfig(clocks=(("v2", 120_000), ("v3", -40_000)), keep_s=10.0)
+
+
+@pytest.mark.parametrize("seed", (1, 2, 6))
+def test_skewed_leaders_expire_no_job_early(seed: int) -> None:
+    """Rule 7 in a whole fleet: with leaders minutes apart, no job is expired before keep_s has
+    passed (in the simulator's time) since the batch that ended it, and jobs are expired."""
+    c = run(seed, CLOCKS).counts
+    assert c.get("expiries_checked", 0) > 0, c
+    assert c.get("elected_v2", 0) + c.get("elected_v3", 0) > 0, c  # a skewed member led
+
+
+def test_skewed_leaders_under_harsh_faults() -> None:
+    """The same with many more crashes, partitions, drops and lost proposals."""
+    harsh = replace(CLOCKS, steps=6000, crash=0.006, partition=0.008, frame_drop=0.15,
+                    frame_dup=0.1, frame_late=0.1, proposal_lost=0.1, jobs_max=60)
+    c = run(7, harsh).counts
+    assert c.get("expiries_checked", 0) > 0, c
+
+
+class ProposerClockTable(JobTable):
+    """Planted bug (the old behaviour): committed time is each entry's `t`, the wall clock of
+    whichever leader proposed it, so a job's age depends on which leader's clock stamped it."""
+
+    def stamp_of(self, e: dict, t: int) -> tuple[int, str] | None:
+        return t, ""
+
+
+def test_planted_proposer_clock_is_caught() -> None:
+    """A table that reckons ages by the proposer's clock expires jobs early once a leader
+    ahead takes over: a seed catches it, and names itself."""
+    for seed in range(1, 8):
+        try:
+            run(seed, replace(CLOCKS, liveness_ms_max=60_000), table_cls=ProposerClockTable)
+        except SimFailure as e:
+            assert str(e).startswith(f"seed={seed} "), e
+            if "before keep_s" in str(e):
+                return
+    raise AssertionError("no seed caught ProposerClockTable")
