@@ -368,6 +368,9 @@ class JobsThread:
             for reason, n in st.get("send_dropped", {}).items():
                 m[f"links_send_dropped_{reason}"] = n
             m["links_peers_up"] = st.get("peers_up", 0)
+            for peer, p in self.links.peers().items():
+                if p.get("clock_skew_ms") is not None:
+                    m[f"links_clock_skew_ms_{peer}"] = p["clock_skew_ms"]
         try:
             for k, v in self.blobs.stats().items():
                 if isinstance(v, (int, float)):

@@ -955,6 +955,7 @@ class JobNode:
             "blob_bytes": self.storage.blob_bytes,
             "running": self.runs.running_count(),
             "items": self.cfg.items,
+            "wall_ms": self.now_ms,  # the leader shows how far off its own clock this is
         }
 
     # --- leading (leader.py) ---------------------------------------------------------------------
@@ -1056,12 +1057,14 @@ class JobNode:
             "blob_bytes": self.storage.blob_bytes,
             "last_seen": self.now_ms / 1000.0,
             "items": self.cfg.items,
+            "clock_skew_ms": 0,  # the clock the others' are shown against
         }
         members = {self.cfg.member: me}
         for name in self.cfg.voters:
             if name not in members:
                 members[name] = {"name": name, "role": self._role(name), "alive": None,
-                                 "pools": {}, "slots": 0, "running": 0, "last_seen": None}
+                                 "pools": {}, "slots": 0, "running": 0, "last_seen": None,
+                                 "clock_skew_ms": None}
         for name, m in self.roster.known.items():
             if name == self.cfg.member:
                 continue
@@ -1077,6 +1080,7 @@ class JobNode:
                 "blob_bytes": m.blob_bytes,
                 "last_seen": m.last_ms / 1000.0 if m.last_ms else None,
                 "items": m.items,
+                "clock_skew_ms": m.clock_skew_ms,
             }
         self.orders.fleet_rows(members)
         return {"term": self.view.term, "leader": self.view.leader,
