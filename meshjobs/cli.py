@@ -39,7 +39,7 @@ import blake3
 import click
 
 import meshjobs
-from meshjobs import limits, placement
+from meshjobs import limits, placement, webui
 from meshjobs.control import JOB_FINAL_STATES, JOB_STATES
 
 DEFAULT_AT = "http://127.0.0.1:7700"
@@ -1435,10 +1435,11 @@ def fleet_cmd(ctx: click.Context, as_json: bool) -> None:
 
     rows = [[str(m.get("name")), str(m.get("role")), alive(m), str(m.get("slots", 0)),
              str(m.get("running", 0)), _size(m.get("blob_bytes")),
-             _member_state(m), seen(m)]
+             _member_state(m), seen(m), webui.skew(m.get("clock_skew_ms")) or "-"]
             for m in fleet.get("members") or []]
-    _table(["MEMBER", "ROLE", "ALIVE", "SLOTS", "RUNNING", "BLOBS", "STATE", "LAST SEEN"], rows)
-    for name, why in _items_warnings(fleet):
+    _table(["MEMBER", "ROLE", "ALIVE", "SLOTS", "RUNNING", "BLOBS", "STATE", "LAST SEEN",
+            "CLOCK"], rows)
+    for name, why in _items_warnings(fleet) + webui.clock_warnings(fleet):
         click.echo(f"WARNING: {name}: {why}")
 
 

@@ -176,7 +176,9 @@ frame_bytes_max = 4 * 1024 * 1024  # one frame, header and tag included (a 1 MiB
 link_handshake_bytes_max = 4096  # one handshake frame (hello, challenge, proof), MAC included
 link_protocol_max = 65535  # a protocol number in a hello (proto, proto_min; meshjobs/versions.py)
 link_version_chars_max = 64  # a hello's version string, as logged (longer is cut)
-link_clock_skew_warn_ms = 30_000  # a peer's hello this far off our wall clock is logged (never refused)
+# A peer's hello this far off our wall clock is logged, and a member this far off the leader's
+# is warned of in the fleet view (meshctl fleet, the fleet page); never a reason to refuse.
+link_clock_skew_warn_ms = 30_000
 link_queue_frames_max = 1024  # frames queued to one peer (and as many table frames waiting)
 link_queue_bytes_max = 8 * 1024 * 1024  # bytes queued to one peer (and as many waiting)
 table_frame_wait_ms = 2_000  # a table frame waits this long for room, then its batch's rest drops

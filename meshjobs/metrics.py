@@ -157,6 +157,7 @@ RULES: tuple[Rule, ...] = (
     _c("links_dropped_", "meshjobs_links_dropped", "Connections or frames from peers dropped, by reason.", "reason"),
     _c("links_send_dropped_", "meshjobs_links_send_dropped", "Frames to peers dropped before sending, by reason.", "reason"),
     _g("links_peers_up", "meshjobs_links_peers_up", "Peers this member has a working link to."),
+    _g("links_clock_skew_ms_", "meshjobs_links_clock_skew_ms", "Each peer's wall clock minus this member's, in ms, as its hello said at the last handshake (only shown: nothing depends on it).", "peer"),
     _g("blobs_blobs", "meshjobs_blobs", "Blobs in the member's blob store."),
     _g("blobs_bytes", "meshjobs_blobs_bytes", "Bytes of blobs in the member's blob store."),
     _g("blobs_pins", "meshjobs_blobs_pins", "Pins (blob, owner) in the member's blob store."),

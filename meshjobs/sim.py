@@ -51,6 +51,10 @@ breaks them:
   there (placed ones on workers only), and soon after every election an operator asks the new
   leader's fleet about a worker (`member undrain`) or the gpu pool (`pool release`): what a new
   leader says of pools and members it has not heard from yet is checked (see Rule 2).
+- With `clocks` set, those members' wall clocks are off (minutes ahead or behind); every
+  incarnation's monotonic clock has an origin of its own. With `keep_s` set, retention is by
+  age: no job may be expired before keep_s has passed, in the simulator's own time, since the
+  batch that ended it was proposed, whichever leaders' clocks stamped its end and its expiry.
 
 Rule 1: pure and replayable. No IO, clock or threads; every choice comes from one
         `random.Random(seed)`, and nothing iterates a set whose order could change between runs.
@@ -242,6 +246,15 @@ class SimConfig:
     # and operators ask about a worker or the gpu pool right after each election. Off by
     # default, and then not drawn at all, so that recorded seeds replay as they did.
     worker_pool: float = 0.0
+    # Members whose wall clocks are off, by ms: (("v2", 120_000),) is v2 two minutes ahead.
+    # Monotonic clocks have an origin of their own per incarnation whatever this says. Drawn
+    # nothing.
+    clocks: tuple[tuple[str, int], ...] = ()
+    # Retention by age (NodeConfig.keep_s; then no keep_jobs): no job may be expired before
+    # keep_s has passed, in the simulator's time, since the batch that ended it was proposed
+    # (table.py Rule 7), whichever leaders' clocks stamped its end and its expiry. Drawn
+    # nothing.
+    keep_s: float | None = None
 
 
 # With SimConfig.worker_pool: the pool only workers offer, and the selectors its placed jobs
@@ -298,6 +311,7 @@ class _Member:
     links: dict[str, bool] = field(default_factory=dict)
     pos: int = 0  # voters: committed entries applied (kept over a crash, as the journal is)
     tokens: int = 0
+    mono_ms: int = 0  # its monotonic clock's origin, in the simulator's time (per incarnation)
     running: dict[tuple, int] = field(default_factory=dict)  # run -> seq of its end event
     checked_index: int = -1
     pressure: bool = False
@@ -567,13 +581,18 @@ class Sim:
         self.xfers = _Xfers(self, receiver_cls) if self.cfg.xfer else None
         self.cuts: dict[int, frozenset] = {}  # partition id -> pairs of members cut apart
         self.keep_jobs = self.rng.choice([None, None, 20])
+        if self.cfg.keep_s is not None:
+            self.keep_jobs = None  # an expiry for room would not be one of age
+        self.ended_at: dict[str, int] = {}  # finished job -> when the batch that ended it was proposed
+        self.proposed_ms = 0  # when the entry being committed was proposed
         # Raft, modelled.
         self.term = 0
         self.leader: str | None = None
         self.ready_pos = 0
         self.election_at = self.now
         self.believes: dict[str, int] = {}  # deposed leader -> until when it believes it leads
-        self.tail: list[tuple[bytes, int]] = []  # proposed, not committed: (entry, commit at)
+        # Proposed, not committed: (entry, commit at, proposed at).
+        self.tail: list[tuple[bytes, int, int]] = []
         self.log: list[tuple[int, bytes]] = []  # committed: (index, entry)
         self.last_index = 0
         # The oracle: a table that applies the committed log as it commits.
@@ -678,6 +697,7 @@ class Sim:
         m.cut = set()
         m.reign_ms, m.reports = None, {}
         m.boot = f"{m.name}.{m.inc}.{self.rng.getrandbits(32):08x}"
+        m.mono_ms = T0_MS - int(m.boot.rsplit(".", 1)[1], 16)  # not drawn: seeds replay as they did
         if m.role == "voter":
             table = self._voter_table(m)
         else:
@@ -687,7 +707,8 @@ class Sim:
         if self.cfg.worker_pool and m.role == "worker":
             pools[WORKER_POOL] = Pool(WORKER_POOL, slots=1)
         cfg = NodeConfig(member=m.name, boot=m.boot, pools=pools,
-                         keep_jobs=self.keep_jobs, role=m.role, voters=VOTERS,
+                         keep_jobs=self.keep_jobs, keep_s=self.cfg.keep_s, role=m.role,
+                         voters=VOTERS,
                          dead_ms=limits.member_dead_ms, blob_copies=2, lost_ms=self.cfg.lost_ms)
         m.table = table
         m.node = self.node_cls(table, cfg, random.Random(self.rng.getrandbits(64)))
@@ -733,7 +754,7 @@ class Sim:
                     m.reign_ms = self.now  # its reign begins at this round's tick
                 elif not view.is_leader:
                     m.reign_ms = None
-        node.step(Tick(self.now))
+        node.step(Tick(self.now + dict(self.cfg.clocks).get(m.name, 0), self.now - m.mono_ms))
         applied, m.applied = m.applied, []
         for a in applied:
             node.step(a)
@@ -887,7 +908,7 @@ class Sim:
             self.count("proposals_lost")
             return
         at = max(self.tail[-1][1] if self.tail else 0, self.now + self.rng.randint(1, 30))
-        self.tail.append((raw, at))
+        self.tail.append((raw, at, self.now))
 
     def _depose(self) -> None:
         old = self.leader
@@ -903,10 +924,12 @@ class Sim:
             self.election_at = self.now + self._between(self.cfg.election_ms)
             return
         leader = self.rng.choice(candidates)
+        if self.cfg.clocks:
+            self.count("elected_" + leader)
         self.term += self.rng.randint(1, 2)
         keep = self.rng.randint(0, len(self.tail))
-        for raw, _at in self.tail[:keep]:
-            self._commit(raw)
+        for raw, _at, proposed in self.tail[:keep]:
+            self._commit(raw, proposed)
         self.count("proposals_lost_at_election", len(self.tail) - keep)
         self.tail = []
         self.last_index += 1  # the new leader's no-op
@@ -918,9 +941,10 @@ class Sim:
             for _ in range(self.rng.randint(1, 3)):
                 self._at(self.now + self.rng.randint(0, 1_500), "probe", None)
 
-    def _commit(self, raw: bytes) -> None:
+    def _commit(self, raw: bytes, proposed: int) -> None:
         self.last_index += 1 if self.rng.random() < 0.8 else self.rng.randint(2, 4)
         self.log.append((self.last_index, raw))
+        self.proposed_ms = proposed
         self._oracle_apply(_unpack(raw), self.last_index)
 
     def _voter_view(self, m: _Member) -> View:
@@ -942,7 +966,8 @@ class Sim:
         if self.leader is None:
             return
         while self.tail and self.tail[0][1] <= self.now:
-            self._commit(self.tail.pop(0)[0])
+            raw, _at, proposed = self.tail.pop(0)
+            self._commit(raw, proposed)
         for v in VOTERS:
             m = self.members[v]
             if not m.alive or not (v == self.leader or self._reachable(v, self.leader)):
@@ -1086,6 +1111,8 @@ class Sim:
                                 outcome if isinstance(e, dict) and e.get("k") == "result" else None)
         self._check_rerun(e, index, outcome, before)
         self._check_owner(e, index, outcome)
+        if self.cfg.keep_s is not None:
+            self._check_retention(e, index, outcome)
         for key in sorted(before, key=repr):
             after = self._item(key)
             if after is None:
@@ -1094,6 +1121,25 @@ class Sim:
             if epoch < self.max_epoch.get(key, 0):
                 self.fail(f"lease epoch of {key} went back from {self.max_epoch[key]} to {epoch}")
             self.max_epoch[key] = epoch
+
+    def _check_retention(self, e: Any, index: int, outcome: dict) -> None:
+        """A job is expired only once keep_s has passed, in the simulator's own time, since the
+        batch that ended it was proposed: whatever the wall clocks of the leaders that ended
+        it and expire it say (table.py Rule 7)."""
+        for jid, job in self.oracle.jobs.items():
+            if job.finished:
+                self.ended_at.setdefault(jid, self.proposed_ms)
+            else:
+                self.ended_at.pop(jid, None)  # run again: its next end counts
+        if not (isinstance(e, dict) and e.get("k") == "expire" and outcome.get("ok")):
+            return
+        assert self.cfg.keep_s is not None
+        for jid in outcome["expired"]:
+            age = self.proposed_ms - self.ended_at.pop(jid)
+            if age < self.cfg.keep_s * 1000:
+                self.fail(f"entry {index} expired job {jid} {age} ms after the batch that ended "
+                          f"it was proposed, before keep_s ({self.cfg.keep_s} s)")
+            self.count("expiries_checked")
 
     def _check_owner(self, e: Any, index: int, outcome: dict) -> None:
         """A committed change of one job by an identity (its `by` and role `br`) changes it

@@ -417,7 +417,7 @@ def test_fleet_table_and_json(srv: Server) -> None:
     assert r.stdout.splitlines()[0] == "term 3  leader m1"
     assert r.stdout.splitlines()[1].split()[:5] == ["MEMBER", "ROLE", "ALIVE", "SLOTS", "RUNNING"]
     # Fields the member did not give show as 0 or "-", never a traceback.
-    assert r.stdout.splitlines()[2].split() == ["m1", "leader", "yes", "0", "0", "-", "-"]
+    assert r.stdout.splitlines()[2].split() == ["m1", "leader", "yes", "0", "0", "-", "-", "-"]
     r = run(srv, "--json", "fleet")
     assert json.loads(r.stdout)["members"][0]["name"] == "m1"
 

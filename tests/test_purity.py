@@ -43,7 +43,7 @@ PURE_SIBLINGS = frozenset({"meshjobs", "meshjobs.limits", "meshjobs.table", "mes
                            "meshjobs.node.catchup", "meshjobs.node.copies", "meshjobs.node.changes",
                            "meshjobs.node.storage", "meshjobs.node.members",
                            "meshjobs.node.heard",
-                           "meshjobs.node.runs",
+                           "meshjobs.node.runs", "meshjobs.node.clock",
                            "meshjobs.reruns", "meshjobs.quotas", "meshjobs.watchplan",
                            "meshjobs.watchplan.config",
                            "meshjobs.watchplan.plan"})

@@ -41,6 +41,7 @@ from meshjobs.control import (
 from meshjobs.node import reads
 from meshjobs.node.catchup import CatchUpRing
 from meshjobs.node.changes import Change, Changes
+from meshjobs.node.clock import CommittedClock
 from meshjobs.node.copies import Copies, Recopies
 from meshjobs.node.events import (
     MEMBER_OWNER,
@@ -114,6 +115,7 @@ class JobNode:
         self.view = View()
         self._out: list[Any] = []
         self.proposals = Proposals(self._count, self._emit)
+        self.clock = CommittedClock(config.boot)  # committed time, as this member reckons it
         # Changes and reads in flight, forwarded, waiting or parked (changes.py).
         self.changes = Changes(config, table, self._count, self._emit)
         # The feed of committed changes (`changes` op, GET /events).
@@ -176,6 +178,7 @@ class JobNode:
         if ev.now_ms > self.now_ms:
             self.now_ms = ev.now_ms
         self.roster.tick(self.now_ms)
+        self.clock.tick(self.now_ms if ev.mono_ms is None else ev.mono_ms)
 
     def _on_view(self, ev: View) -> None:
         if ev.is_leader and not self.view.is_leader:
@@ -196,8 +199,9 @@ class JobNode:
 
     def take(self) -> list[Any]:
         """Reconcile, then hand over every effect made since the last call."""
+        self.clock.observe(self.table, self.now_ms)
         self._reconcile()
-        self.proposals.flush(self.now_ms, self._leading())
+        self.proposals.flush(self.now_ms, self._leading(), (self.clock.now_ms(), self.cfg.boot))
         out, self._out = self._out, []
         return out
 
@@ -984,6 +988,7 @@ class JobNode:
             "blob_bytes": self.storage.blob_bytes,
             "running": self.runs.running_count(),
             "items": self.cfg.items,
+            "wall_ms": self.now_ms,  # the leader shows how far off its own clock this is
         }
 
     # --- leading (leader.py) ---------------------------------------------------------------------
@@ -995,7 +1000,7 @@ class JobNode:
             self.leadership.propose_revokes(self.now_ms)
             self.leadership.propose_leases(self.now_ms, self._frees_slot)
             self._propose_results()
-            self.leadership.propose_expiry(self.now_ms)
+            self.leadership.propose_expiry(self.now_ms, self.clock.now_ms())
             self.leadership.propose_reruns(self.now_ms)
             self._propose_cron()
         self._recopy()
@@ -1085,12 +1090,14 @@ class JobNode:
             "blob_bytes": self.storage.blob_bytes,
             "last_seen": self.now_ms / 1000.0,
             "items": self.cfg.items,
+            "clock_skew_ms": 0,  # the clock the others' are shown against
         }
         members = {self.cfg.member: me}
         for name in self.cfg.voters:
             if name not in members:
                 members[name] = {"name": name, "role": self._role(name), "alive": None,
-                                 "pools": {}, "slots": 0, "running": 0, "last_seen": None}
+                                 "pools": {}, "slots": 0, "running": 0, "last_seen": None,
+                                 "clock_skew_ms": None}
         for name, m in self.roster.known.items():
             if name == self.cfg.member:
                 continue
@@ -1106,6 +1113,7 @@ class JobNode:
                 "blob_bytes": m.blob_bytes,
                 "last_seen": m.last_ms / 1000.0 if m.last_ms else None,
                 "items": m.items,
+                "clock_skew_ms": m.clock_skew_ms,
             }
         self.orders.fleet_rows(members)
         return {"term": self.view.term, "leader": self.view.leader,

@@ -17,7 +17,7 @@ from meshjobs.node.events import Applied, NodeConfig, Send, View
 from meshjobs.table import JobTable
 
 # Fields of a member's report that change on their own all the time (sent with the keep-alive).
-_DRIFTING = ("pos", "running", "blob_bytes")
+_DRIFTING = ("pos", "running", "blob_bytes", "wall_ms")
 
 
 class Follower:

@@ -2,7 +2,9 @@
 
 Theory of operation. Every member reports to the leader every `have_ms` (F_JOB_HAVE): its
 incarnation (boot id), role, table position, pools and slots, blob pressure, full disk, blob
-bytes and running items. The leader keeps the latest report of each (`Member`); a member is
+bytes, running items and wall clock. The leader keeps the latest report of each (`Member`),
+and how far the member's wall clock is off its own (only shown: nothing depends on the members'
+clocks agreeing, see table.py Rule 7); a member is
 alive while its last report is at most `dead_ms` old, and, in a new reign, one not heard from
 yet gets `dead_ms` from the reign's start to report. A member not heard from for `lost_ms` is
 lost: the copies of outputs it held are taken as gone (copies.py). What the leader knew in an
@@ -41,6 +43,9 @@ class Member:
     running: int = 0
     blob_bytes: int = 0
     items: dict | None = None  # the walls its items run behind (None: not said)
+    # Its wall clock minus the leader's when its last report came (None: not said); the
+    # report's time in transit makes it look a little behind.
+    clock_skew_ms: int | None = None
     last_ms: int = 0
     sent_upto: int = 0  # the table position F_JOB_STATE has been sent up to (workers)
     sent_ms: int = 0  # when F_JOB_STATE last went to it (entries or a keep-alive)
@@ -62,6 +67,7 @@ def parse_have(body: Any) -> dict | None:
         return None
     running = body.get("running", 0)
     blob_bytes = body.get("blob_bytes", 0)
+    wall = body.get("wall_ms")
     return {
         "boot": boot, "role": role, "pos": pos, "pools": dict(pools),
         "pressure": body.get("pressure") is True,
@@ -69,6 +75,7 @@ def parse_have(body: Any) -> dict | None:
         "running": running if type(running) is int else 0,
         "blob_bytes": blob_bytes if type(blob_bytes) is int else 0,
         "items": parse_items(body.get("items")),
+        "wall_ms": wall if type(wall) is int and 0 <= wall < 2**63 else None,
     }
 
 
@@ -167,6 +174,7 @@ class Members:
         m.blob_bytes = have["blob_bytes"]
         m.disk_full = have["disk_full"]
         m.items = have["items"]
+        m.clock_skew_ms = None if have["wall_ms"] is None else have["wall_ms"] - now_ms
         m.last_ms = now_ms
         if m.role == "worker" and (m.pos > m.sent_upto or (
                 m.pos < m.sent_upto and now_ms - m.pos_ms >= limits.state_resend_ms
