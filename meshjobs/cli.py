@@ -39,7 +39,7 @@ import blake3
 import click
 
 import meshjobs
-from meshjobs import limits, placement, webui
+from meshjobs import limits, placement
 from meshjobs.control import JOB_FINAL_STATES, JOB_STATES
 
 DEFAULT_AT = "http://127.0.0.1:7700"
@@ -1417,6 +1417,8 @@ def history_cmd(ctx: click.Context, since: str | None, limit: int, as_json: bool
 @click.pass_context
 def fleet_cmd(ctx: click.Context, as_json: bool) -> None:
     """The fleet: term, leader and members."""
+    from meshjobs import webui  # its skew words; only here, so that other commands start sooner
+
     fleet = _client(ctx).json("GET", "/fleet")
     if _wants_json(ctx, as_json):
         _print_json(fleet)
