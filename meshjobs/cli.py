@@ -1319,6 +1319,7 @@ def jobs_cmd(ctx: click.Context, state: str | None, tag: str | None, pool: str |
     client = _client(ctx)
     with client.open("GET", "/jobs?" + urllib.parse.urlencode(query)) as resp:
         nxt = resp.headers.get("X-Meshjobs-Next")
+        fresh = resp.headers.get("X-Meshjobs-Fresh")
         buf = io.BytesIO()
         client.copy(resp, buf)
     try:
@@ -1337,6 +1338,10 @@ def jobs_cmd(ctx: click.Context, state: str | None, tag: str | None, pool: str |
         width = shutil.get_terminal_size((0, 0)).columns or None
         _table(["ID", "STATE", "DONE", "FAILED", "POOL", "PRIORITY", "SUBMITTED", "TAGS"], rows,
                width)
+    if fresh == "false":
+        click.echo(f"meshctl: the member at {client.at} does not hear the leader now: this list "
+                   "is its own table's and may be behind; ask another member (--at), or see "
+                   "`meshctl fleet`", err=True)
     if nxt and nxt.isascii() and nxt.isdigit():
         more: list[str] = []
         if state:

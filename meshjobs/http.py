@@ -89,6 +89,9 @@ FINAL_ITEM_STATES = ("done", "failed", "timeout", "cancelled")
 # Content types a body of a change may have (a browser's form or text/plain post may not).
 JSON_TYPES = ("application/json",)
 CSRF_HEADER = "X-Meshjobs-Csrf"
+# On a job list: whether the member's table follows a leader it hears ("true"), or it may be
+# behind ("false": cut off from the leader, or entries it knows of have not reached it yet).
+FRESH_HEADER = "X-Meshjobs-Fresh"
 CALLER: web.RequestKey[Caller | None] = web.RequestKey("caller", object)  # type: ignore[arg-type]
 SESSION: web.RequestKey[str | None] = web.RequestKey("session", object)  # type: ignore[arg-type]
 
@@ -741,29 +744,34 @@ class HttpApi:
         answer = await self._ask(ask)
         if answer.status != 200:
             return web.json_response(answer.body, status=answer.status)
-        # The node answers a page {"jobs", "next"}; clients get the list, and the cursor of the
-        # next page in a header (and a Link), so that the body keeps its shape.
+        # The node answers a page {"jobs", "next", "fresh"}; clients get the list, and the
+        # cursor of the next page in a header (and a Link), so that the body keeps its shape;
+        # whether this member's table is fresh goes in X-Meshjobs-Fresh (a member cut off from
+        # the leader answers from its table all the same).
         caller = request[CALLER]
         body = answer.body if caller is None else identity.redact_body(answer.body, caller.name,
                                                                        caller.role)
         jobs, nxt = (body.get("jobs"), body.get("next")) if isinstance(body, dict) else (body, None)
         if not isinstance(jobs, list):
             return web.json_response(body, status=answer.status)
+        fresh = body.get("fresh") if isinstance(body, dict) else None
         headers: dict[str, str] = {}
+        if isinstance(fresh, bool):
+            headers[FRESH_HEADER] = "true" if fresh else "false"
         next_url = None
         if isinstance(nxt, str):
             query = {k: v for k, v in (("state", state), ("tag", tag), ("pool", pool),
                                        ("format", fmt)) if v}
             query.update({"limit": str(limit), "after": nxt})
             next_url = "/jobs?" + urllib.parse.urlencode(query)
-            headers = {"X-Meshjobs-Next": nxt, "Link": f'<{next_url}>; rel="next"'}
+            headers.update({"X-Meshjobs-Next": nxt, "Link": f'<{next_url}>; rel="next"'})
         if want_json:
             return web.json_response(jobs, headers=headers)
         csrf = auth.csrf_value(self._csrf_key, request.get(SESSION))
         nonce = secrets.token_urlsafe(16)
         resp = _html(webui.jobs_page(self._member, jobs, {"state": state, "tag": tag, "pool": pool},
                                      limit=limit, after=after, next_url=next_url, csrf=csrf,
-                                     nonce=nonce), nonce=nonce)
+                                     nonce=nonce, stale=fresh is False), nonce=nonce)
         resp.headers.update(headers)
         return resp
 

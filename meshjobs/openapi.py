@@ -87,8 +87,13 @@ _PATHS: dict[str, Any] = {
             "responses": {
                 "200": {"description": "A page of the jobs on this member's committed table, "
                                        "newest first. X-Meshjobs-Next (and a Link rel=next) "
-                                       "carry the cursor of the next page when there is one.",
-                        "headers": {"X-Meshjobs-Next": {"schema": {"type": "string"}}},
+                                       "carry the cursor of the next page when there is one; "
+                                       "X-Meshjobs-Fresh says whether that table follows a "
+                                       "leader the member hears (false: cut off from the "
+                                       "leader, or entries it knows of still on their way; "
+                                       "the list may be behind).",
+                        "headers": {"X-Meshjobs-Next": {"schema": {"type": "string"}},
+                                    "X-Meshjobs-Fresh": {"schema": {"enum": ["true", "false"]}}},
                         "content": {"application/json": {"schema": {"type": "array", "items": _JOB}},
                                     "text/html": {"schema": {"type": "string"}}}},
                 "400": _BAD,

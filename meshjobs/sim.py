@@ -40,6 +40,9 @@ breaks them:
   id, as a crashed member is. With `slots` set, an operator now and then sets the pool's
   slots (0 to 3, fleet-wide or on one member) or resets them; after healing every override
   is reset.
+- With `reads` set, readers now and then ask a member cut off from the leader for the job
+  list: once its table has caught up with the log since it started, it answers from it
+  (never 503), saying whether it is fresh.
 - Clients are three submitters, every fifth client an admin, and every change carries who
   sends it. With `meddle` set, a submitter now and then tries to cancel, hold or forget a job
   another submitted: it must be refused (403) wherever it lands, and, checked on every
@@ -76,7 +79,9 @@ Rule 2: the checks are the point. A broken one raises `SimFailure`, whose messag
         only while fewer of the pool's items run there than its effective slots (as its own
         table says; with slots set to 0, its configured ones, for what was leased before).
         Checked after every
-        step: every member's table equals every other table (and the oracle) at the same index;
+        step: a worker says it is fresh only while its leader itself sent it F_JOB_STATE within
+        dead_ms and its table holds every entry that leader's frames showed it;
+        every member's table equals every other table (and the oracle) at the same index;
         a submit, cancel or forget is answered 200/201 only once committed; a change of an
         acknowledged, committed job is never answered 404; no answer is given twice. A leader
         gives no final "unknown pool" or "no member" answer, and proposes no fan-out's member
@@ -255,6 +260,11 @@ class SimConfig:
     # (table.py Rule 7), whichever leaders' clocks stamped its end and its expiry. Drawn
     # nothing.
     keep_s: float | None = None
+    # Per step: a reader asks a member for the job list. A member whose table has caught up with
+    # the log once since it started answers it from its table (200), saying whether it is
+    # fresh, whatever it hears then: never 503. Off by default, and then not drawn at all, so
+    # that recorded seeds replay as they did.
+    reads: float = 0.0
 
 
 # With SimConfig.worker_pool: the pool only workers offer, and the selectors its placed jobs
@@ -324,6 +334,7 @@ class _Member:
     # and when each member's report (F_JOB_HAVE) was last stepped into it, this incarnation.
     reign_ms: int | None = None
     reports: dict[str, int] = field(default_factory=dict)
+    caught_up: bool = False  # its table has been at the log's last entry since it started
 
 
 @dataclass
@@ -628,6 +639,9 @@ class Sim:
         # Request id -> the request a member forwarded under it (F_CTL), as delivered.
         self.forwarded_reqs: dict[Any, Any] = {}
         self.probes_sent = 0
+        # (worker, incarnation, leader, term) -> the furthest table position that leader's own
+        # F_JOB_STATE frames of that term showed the worker (entries it has, or must get).
+        self.shown: dict[tuple[str, int, str, int], int] = {}
         self.wiped: set[str] = set()  # blobs they held (a copy confirmed before the loss counts)
         # The operators' orders as the committed log says, kept here apart from the table (so
         # that a table that ignores one is caught): (pool, member or "*") held or drained, and
@@ -696,6 +710,7 @@ class Sim:
         m.inbox, m.applied, m.running, m.links, m.view_sent = [], [], {}, {}, None
         m.cut = set()
         m.reign_ms, m.reports = None, {}
+        m.caught_up = False
         m.boot = f"{m.name}.{m.inc}.{self.rng.getrandbits(32):08x}"
         m.mono_ms = T0_MS - int(m.boot.rsplit(".", 1)[1], 16)  # not drawn: seeds replay as they did
         if m.role == "voter":
@@ -1498,6 +1513,20 @@ class Sim:
                 self.count("frames_late")
             self._at(self.now + delay, "frame", (m.name, m.inc, dst.name, dst.inc, eff.ftype, raw))
 
+    def _note_shown(self, d: _Member, src: str, body: Any) -> None:
+        """The table position an F_JOB_STATE of the leader itself (`src`) shows worker `d`: a
+        whole table's, or the last of the entries it carries (or where they would start)."""
+        if d.role != "worker" or body.get("leader") != src:
+            return  # a follower's hint of who leads shows no entries
+        if "snapshot" in body:
+            end = body["index"]
+        elif "entries" in body:
+            end = max([body["prev"]] + [e[0] for e in body["entries"]])
+        else:
+            return
+        key = (d.name, d.inc, src, body["term"])
+        self.shown[key] = max(self.shown.get(key, 0), end)
+
     def _new_blob(self, rng: random.Random) -> str:
         """A new blob's digest; with `xfer`, of real bytes the transfers carry."""
         if self.xfers is None:
@@ -1541,6 +1570,7 @@ class Sim:
                 d.inbox.append(FrameIn(src, ftype, _unpack(raw)))
                 if ftype == "F_JOB_STATE":
                     self.heard[(dst, src)] = self.now
+                    self._note_shown(d, src, _unpack(raw))
             elif kind == "end":
                 name, inc, ev = p
                 m = self.members[name]
@@ -1829,6 +1859,9 @@ class Sim:
         if req["op"] == "cron":
             self._cron_answered(m, key, req, status, body)
             return
+        if req["op"] == "list":
+            self._check_list(m, status, body)
+            return
         if status == 507 and not (req["op"] == "submit" and m.disk_known):
             self.fail(f"{m.name} answered {req['op']} 507 (disk full) but its disk is not full")
         if key in self.meddles:
@@ -1892,6 +1925,36 @@ class Sim:
                       "no_such_job": 404}[own]
         self.count(f"answers_{status}")
         self._answered(c, status, body)
+
+    def _reads(self) -> None:
+        """Now and then a reader asks a member cut off from the leader for the job list
+        (`_check_list`): one the reader reaches, as a client beside it would."""
+        if self.rng.random() >= self.cfg.reads or self.leader is None:
+            return
+        cut_off = [n for n in MEMBERS if n != self.leader and self.members[n].alive
+                   and not self._reachable(n, self.leader)]
+        if not cut_off:
+            return
+        m = self.members[self.rng.choice(cut_off)]
+        m.tokens += 1
+        self.asked[(m.name, m.inc, m.tokens)] = req = {"op": "list", "limit": 20}
+        m.inbox.append(Ctl(m.tokens, req))
+        self.count("ctl_list")
+
+    def _check_list(self, m: _Member, status: int, body: Any) -> None:
+        """A member whose table caught up with the log once since it started has a table to
+        answer from: it answers the list (200) and says whether it is fresh, cut off or not.
+        Before that, 503 (try again) is its answer: an empty table would deny jobs that exist."""
+        if status == 503 and m.caught_up:
+            self.fail(f"{m.name} refused a job list ({body.get('error')!r}), though its table "
+                      f"(at index {m.table.applied_index}) has caught up with the log since "
+                      "it started: it must answer from its table and say whether it is fresh")
+        if status == 200:
+            if not isinstance(body.get("fresh"), bool):
+                self.fail(f"{m.name} answered a job list without saying whether it is fresh")
+            self.count("reads_fresh" if body["fresh"] else "reads_not_fresh")
+        else:
+            self.count(f"reads_{status}")
 
     def _check_changed(self, m: _Member, op: str, jid: str) -> None:
         """A change is answered only once applied: the committed table must show it."""
@@ -2048,7 +2111,8 @@ class Sim:
 
     def _check_fresh(self) -> None:
         """A worker says its table is fresh only while the member it takes for the leader has
-        itself sent it F_JOB_STATE within dead_ms (a follower's hint does not count)."""
+        itself sent it F_JOB_STATE within dead_ms (a follower's hint does not count), and only
+        while its table holds every entry that leader's frames (of its term) have shown it."""
         for name in WORKERS:
             m = self.members[name]
             if not m.alive or not m.node.health()["fresh"]:
@@ -2058,10 +2122,17 @@ class Sim:
             if last is None or self.now - last > limits.member_dead_ms:
                 self.fail(f"{name} says it is fresh, but its leader {leader} last sent it "
                           f"F_JOB_STATE {None if last is None else self.now - last} ms ago")
+            shown = self.shown.get((name, m.inc, leader, m.node.view.term), 0)
+            if m.table.applied_index < shown:
+                self.fail(f"{name} says it is fresh at index {m.table.applied_index}, but its "
+                          f"leader {leader} has shown it entries up to index {shown}")
 
     def _check_tables(self) -> None:
         self._check_fresh()
+        last = self.log[-1][0] if self.log else 0
         for m in self.members.values():
+            if m.alive and last and m.table.applied_index == last:
+                m.caught_up = True
             if not m.alive or m.table.applied_index == m.checked_index:
                 continue
             index = m.table.applied_index
@@ -2106,6 +2177,8 @@ class Sim:
             self._slots()
         if self.cron_clients:
             self._cron_requests()
+        if self.cfg.reads:
+            self._reads()
         for name in MEMBERS:
             m = self.members[name]
             if m.alive:

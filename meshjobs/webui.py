@@ -163,6 +163,7 @@ STYLE = (
     ".held,.waiting{color:#6b3fa0}"
     ".queued,.pending{color:#555}"
     "button{margin:0 .3em .2em 0;cursor:pointer}.note{color:#666}"
+    ".stale{color:#8a5300;font-weight:600}"
 )
 
 
@@ -226,9 +227,11 @@ def job_row(job: dict) -> str:
 
 def jobs_page(member: str, jobs: Iterable[Any], filters: dict[str, str | None], *,
               limit: int = limits.jobs_list_default, after: str | None = None,
-              next_url: str | None = None, csrf: str = "", nonce: str = "") -> str:
+              next_url: str | None = None, csrf: str = "", nonce: str = "",
+              stale: bool = False) -> str:
     """The job list: a filter form, one page of jobs newest first, the link to older ones.
-    `filters` holds state, tag and pool (None: any)."""
+    `filters` holds state, tag and pool (None: any). `stale`: the member's table is not fresh
+    (it does not hear the leader now), which the page says above the list."""
     rows = [job_row(j) for j in jobs if isinstance(j, dict)]
     state, tag, pool = (filters.get(k) for k in ("state", "tag", "pool"))
     options = "".join(
@@ -250,10 +253,13 @@ def jobs_page(member: str, jobs: Iterable[Any], filters: dict[str, str | None], 
         f'<label>Per page <input name="limit" type="number" min="1" max="{limits.jobs_list_max}" '
         f'value="{limit}"></label>'
         '<button type="submit">Show</button> <a href="/jobs">all jobs</a></form>')
+    note = (f'<p class="stale" role="status">Member {e(member)} does not hear the leader now: '
+            "this list is its own table's and may be behind. Ask another member, or see the "
+            '<a href="/fleet">fleet</a>.</p>\n' if stale else "")
     body = (
         f'<main data-page="jobs" data-query="{e(urllib.parse.urlencode(query))}">\n'
-        "<h1>Jobs</h1>\n" + form + "\n"
-        f'<p><span id="shown">{len(rows)}</span> job(s), newest first'
+        "<h1>Jobs</h1>\n" + form + "\n" + note
+        + f'<p><span id="shown">{len(rows)}</span> job(s), newest first'
         f"{' with ' + e(shown) if shown else ''}{' (an older page)' if after else ''}. "
         '<span id="live-note" class="note">Live updates need the page\'s script.</span> '
         f'<a href="/jobs?{e(urllib.parse.urlencode({**query, "format": "json"}))}">JSON</a></p>\n'

@@ -411,6 +411,22 @@ def test_jobs_table_and_json(srv: Server) -> None:
     assert run(srv, "jobs", "--state", "nope").exit_code == 2
 
 
+def test_jobs_from_a_member_that_is_not_fresh_says_so(srv: Server) -> None:
+    """A list from a member cut off from the leader is printed as it is, with a note on stderr
+    that it may be behind and where to look instead; a fresh list has no note."""
+    srv.control.answers["list"] = Answer(200, {"jobs": [job_record("j1")], "next": None,
+                                               "fresh": False})
+    r = run(srv, "jobs")
+    assert r.exit_code == 0 and r.stdout.splitlines()[1].split()[0] == "j1", r.output
+    assert "does not hear the leader now" in r.stderr and "--at" in r.stderr
+    r = run(srv, "jobs", "--json")
+    assert [j["id"] for j in json.loads(r.stdout)] == ["j1"] and "may be behind" in r.stderr
+    srv.control.answers["list"] = Answer(200, {"jobs": [job_record("j1")], "next": None,
+                                               "fresh": True})
+    r = run(srv, "jobs")
+    assert r.exit_code == 0 and "leader" not in r.stderr
+
+
 def test_fleet_table_and_json(srv: Server) -> None:
     r = run(srv, "fleet")
     assert r.exit_code == 0, r.output

@@ -362,6 +362,59 @@ def test_planted_hint_freshness_is_caught() -> None:
     assert any("says it is fresh" in msg for msg in caught), caught
 
 
+class GapFreshNode(JobNode):
+    """Planted bug (the old behaviour): a worker is fresh on any frame of the leader, also one
+    that shows it entries it does not have (a gap)."""
+
+    def _fresh(self) -> bool:
+        if self.cfg.role != "worker" or self._leading() or self.view.leader is None:
+            return super()._fresh()
+        return (self.view.ready and self.follower.leader_seen_ms > 0
+                and self.now_ms - self.follower.leader_seen_ms <= self.cfg.dead_ms)
+
+
+def test_planted_fresh_despite_a_gap_is_caught() -> None:
+    """The freshness check fails when a worker says it is fresh though its leader's frames have
+    shown it entries it lacks."""
+    caught((1, 2, 3), "a worker fresh despite a gap", "has shown it entries up to",
+           config=SimConfig(), node_cls=GapFreshNode)
+
+
+# --- reads of a member cut off from the leader (issue 26 point 2) --------------------------------
+
+READS = SimConfig(reads=0.01)
+
+
+@pytest.mark.parametrize("seed", (1, 3, 4))
+def test_cut_off_members_answer_reads_from_their_tables(seed: int) -> None:
+    """Members cut off from the leader are asked for the job list: once their table caught up
+    since they started, each answers from it (never 503), saying whether it is fresh."""
+    report = run(seed, READS)
+    assert report.counts.get("reads_not_fresh", 0) > 0, report.counts
+    assert report.counts["jobs_acked"] > 0
+
+
+class LazyGateNode(JobNode):
+    """Planted bug (the old behaviour): whether a worker's table has caught up since it started
+    is decided at its first read, from whether it hears the leader then."""
+
+    _seen_ready = False
+
+    def _behind(self) -> bool:
+        if self.cfg.role != "worker":
+            return super()._behind()
+        if not self._seen_ready:
+            self._seen_ready = self.view.ready
+        return not self._seen_ready
+
+
+def test_planted_lazy_read_gate_is_caught() -> None:
+    """The read check fails when a worker whose first read comes while it is cut off refuses
+    it as if it had just started."""
+    caught((1, 3, 4), "a cut-off worker refusing reads", "refused a job list",
+           config=READS, node_cls=LazyGateNode)
+
+
 # --- dependencies (issue 12 point 6) --------------------------------------------------------------
 
 DEPS = SimConfig(deps=0.4)

@@ -126,7 +126,7 @@ class JobNode:
         self.copies = Copies(config, self.runs, self._others, self._count, self._emit,
                              self._reply, self._carry_on)
         self._was_ready = False
-        self._whole = False  # this member's table has caught up once since start (`_behind`)
+        self._whole = False  # a voter's table has caught up once since start (`_behind`)
         self.storage = Storage(self._count)
         self._links: dict[str, bool] = {}
         # Restoring blob_copies after a member is lost (copies.py).
@@ -318,9 +318,9 @@ class JobNode:
 
     def _list(self, token: int, req: dict) -> None:
         """The job list. Without a limit (older callers): every matching job, oldest first, as
-        a list. With one: a page newest first, {"jobs": [...], "next": cursor or None}, where
-        the cursor is the submit seq of the page's last job (the next page is what came
-        before it)."""
+        a list. With one: a page newest first, {"jobs": [...], "next": cursor or None, "fresh":
+        bool}, where the cursor is the submit seq of the page's last job (the next page is what
+        came before it)."""
         state, tag, pool = req["state"], req["tag"], req.get("pool")
 
         def wanted(j: Any) -> bool:
@@ -341,8 +341,11 @@ class JobNode:
                 more = True
                 break
             page.append(j)
+        # `fresh`: whether this member's table follows a leader it hears (health's "fresh"); a
+        # member cut off from the leader answers from its table all the same, and says so.
         self._reply(token, 200, {"jobs": [self.table.record(j) for j in page],
-                                 "next": str(page[-1].seq) if more else None})
+                                 "next": str(page[-1].seq) if more else None,
+                                 "fresh": self._fresh()})
 
     def _takes_no_work(self) -> bool:
         """Blob memory pressure or a full disk: this member takes no new leases."""
@@ -423,12 +426,17 @@ class JobNode:
     def _behind(self) -> bool:
         """Has this member's table not caught up yet since it started? Then a job it does not
         know may exist all the same (it was acknowledged before a restart, and its entry is not
-        applied again yet): a read that would say "no such job" is answered 503 instead."""
+        applied again yet): a read that would say "no such job" is answered 503 instead.
+
+        Once caught up, a member answers reads from its table whatever it hears, and says
+        whether it is fresh: a worker cut off from the leader has its table still. A worker
+        knows it has caught up from the leader's frames as they come (follow.py), not from
+        what it hears when a read is asked: a first read while it is cut off is no reason to
+        take it for a member that has just started."""
+        if self.cfg.role == "worker":
+            return not self.follower.caught_up
         if not self._whole:
-            if self.cfg.role == "worker":
-                self._whole = self.view.ready  # a state from the leader itself has come
-            else:
-                self._whole = not self.view.behind
+            self._whole = not self.view.behind  # latched by the replica as it catches up
         return not self._whole
 
     def _behind_error(self, what: str) -> str:
@@ -1148,9 +1156,11 @@ class JobNode:
             return False
         if self.cfg.role == "worker":
             # Fresh only from the leader itself: a follower's hint of who leads says nothing of
-            # whether this member's table still hears the leader's entries.
+            # whether this member's table still hears the leader's entries. Nor is a worker
+            # fresh while the leader's frames have shown it entries it does not hold yet.
             return (self.view.ready and self.follower.leader_seen_ms > 0
-                    and self.now_ms - self.follower.leader_seen_ms <= self.cfg.dead_ms)
+                    and self.now_ms - self.follower.leader_seen_ms <= self.cfg.dead_ms
+                    and self.follower.in_step())
         return True
 
     def metrics(self) -> dict:
