@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from meshjobs import leftovers, limits, wall
-from tests.helpers import Meshd, wait_until
+from meshjobs import datadir, leftovers, limits, wall
+from tests.helpers import Meshd, env_with_path, wait_until
 
 pytestmark = pytest.mark.fleet
 
@@ -327,3 +327,19 @@ def test_the_log_starts_anew_and_a_clean_stop_removes_it(tmp_path, monkeypatch):
         child.wait()
 
 
+def test_the_data_folder_lock_names_its_holder(tmp_path):
+    """datadir.lock: a second lock of the same folder (another process) is refused naming the
+    pid that holds it; the holder's death frees it."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from meshjobs import datadir; "
+         f"datadir.lock({str(tmp_path)!r}); print('held', flush=True); time.sleep(300)"],
+        stdout=subprocess.PIPE, env=env_with_path())
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        with pytest.raises(datadir.DataFolderError, match=f"another meshd \\(pid {holder.pid}\\)"):
+            datadir.lock(str(tmp_path))
+    finally:
+        holder.kill()
+        holder.wait()
+    fd = datadir.lock(str(tmp_path))
+    os.close(fd)
