@@ -23,8 +23,11 @@ from pathlib import Path
 
 import pytest
 
+from blobstore.store import LmdbBlobStore
 from meshjobs import datadir, leftovers, limits, wall
-from tests.helpers import Meshd, env_with_path, wait_until
+from meshjobs.failpoints import Failpoints
+from meshjobs.node import Run
+from tests.helpers import DriverHarness, Meshd, alive, env_with_path, free_port, wait_until
 
 pytestmark = pytest.mark.fleet
 
@@ -154,6 +157,57 @@ def _record_files(data: str) -> list[Path]:
 
 # --- Items die with meshd, or at its next start -------------------------------------------------
 
+def test_a_restarted_meshd_ends_what_its_item_left_in_its_group_before_any_lease(
+        meshd_factory, tmp_path):
+    """kill -9 of meshd while an item's first process has a child in its group writing lines
+    (no parent-death signal reaches a child): meshd started again on the same data folder ends
+    that child before it leases anything (the item's re-run finds it gone), and says so."""
+    m = meshd_factory()
+    d, argv = _item(tmp_path, "grandchild")
+    job = m.submit(*argv)
+    try:
+        wait_until(lambda: _epochs(d) and (d / f"proc.{_epochs(d)[0]}.leader").exists(),
+                   WAIT_S, what="the item's processes")
+        first = _epochs(d)[0]
+        child = _proc_file(d, f"proc.{first}.child")
+        _kill9(m)
+        assert _runs(*child)  # what the test is about: the child outlives meshd
+        m.start()
+        wait_until(lambda: len(_epochs(d)) > 1, WAIT_S, what="the item's re-run")
+        again = _epochs(d)[1]
+        seen = (d / f"seen.{again}").read_text()
+        assert f"proc.{first}.child gone" in seen, seen
+        assert f"proc.{first}.leader gone" in seen, seen
+        ended = [e for e in _log_lines(m, "leftover_ended") if e.get("job") == job]
+        assert ended and child[0] in ended[0]["pids"], m.log_tail()
+        assert ended[0]["epoch"] == first and ended[0]["index"] == 0
+    finally:
+        _end_job(job)
+
+
+def test_an_item_that_takes_its_death_signal_away_is_ended_at_the_next_start(
+        meshd_factory, tmp_path):
+    """An item whose first process clears its parent-death signal outlives meshd's kill -9; the
+    next start ends its group (its leader checked by its start time) before any lease."""
+    m = meshd_factory()
+    d, argv = _item(tmp_path, "clear")
+    job = m.submit(*argv)
+    try:
+        wait_until(lambda: _epochs(d) and (d / f"proc.{_epochs(d)[0]}.leader").exists(),
+                   WAIT_S, what="the item's first process")
+        first = _epochs(d)[0]
+        leader = _proc_file(d, f"proc.{first}.leader")
+        _kill9(m)
+        assert _runs(*leader)
+        m.start()
+        wait_until(lambda: len(_epochs(d)) > 1, WAIT_S, what="the item's re-run")
+        seen = (d / f"seen.{_epochs(d)[1]}").read_text()
+        assert f"proc.{first}.leader gone" in seen, seen
+        assert not _runs(*leader)
+    finally:
+        _end_job(job)
+
+
 def _head(data: str, meshd: tuple[int, int], boot: str | None = None,
           folder: tuple[int, int] | None = None) -> str:
     """The header meshd would write at the top of a log in `data` (meshjobs/leftovers.py)."""
@@ -203,7 +257,177 @@ def _leaderless_group() -> tuple[subprocess.Popen, int, int, int]:
     return sh, member, sh.pid, leader_start
 
 
+def test_records_that_do_not_name_the_items_processes_signal_nothing(meshd_factory, tmp_path):
+    """Beside the record of a real leftover (ended at the next start), records naming unrelated
+    processes spare them: a pid reused (another start time), a group whose leader is gone and
+    whose processes do not name the item, a record of another boot or of another data folder
+    (a copy), and one whose meshd still runs (kept for it)."""
+    m = meshd_factory()
+    d, argv = _item(tmp_path, "clear")
+    job = m.submit(*argv)
+    reused = _canary()
+    _sh, member, group, group_start = _leaderless_group()
+    others = [reused.pid, member]
+    try:
+        wait_until(lambda: _epochs(d) and (d / f"proc.{_epochs(d)[0]}.leader").exists(),
+                   WAIT_S, what="the item's first process")
+        first = _epochs(d)[0]
+        leader = _proc_file(d, f"proc.{first}.leader")
+        _kill9(m)
+        (real,) = _record_files(m.data)
+        head = real.read_text().splitlines(keepends=True)[0]
+        meshd = tuple(int(x) for x in head.split()[-2:])
+        key = (job, 0, first)
+        start = _start_of(reused.pid)
+        _write_record(m.data, "reused", head, *_item_lines(1, key, reused.pid, start + 1))
+        # A group of someone else's, even under the real item's name: its processes do not name it.
+        _write_record(m.data, "group", head, *_item_lines(1, key, group, group_start))
+        _write_record(m.data, "boot", _head(m.data, meshd, boot="0" * 36),
+                      *_item_lines(1, key, reused.pid, start))
+        _write_record(m.data, "copy", _head(m.data, meshd, folder=(1, 2)),
+                      *_item_lines(1, key, reused.pid, start))
+        kept = _write_record(m.data, "meshd-runs", _head(m.data, (member, _start_of(member))),
+                             *_item_lines(1, key, reused.pid, start))
+        m.start()
+        wait_until(lambda: len(_epochs(d)) > 1, WAIT_S, what="the item's re-run")
+        seen = (d / f"seen.{_epochs(d)[1]}").read_text()
+        assert f"proc.{first}.leader gone" in seen, seen
+        assert not _runs(*leader)
+        assert alive(reused.pid) and alive(member)
+        names = {p.name for p in _record_files(m.data)}
+        assert kept.name in names and not {"reused", "group", "boot", "copy", real.name} & names
+        dropped = {e["why"].split(":")[0] for e in _log_lines(m, "leftover_record_dropped")}
+        assert any("earlier boot" in w for w in dropped) and any("data folder" in w
+                                                                 for w in dropped), dropped
+        assert _log_lines(m, "leftover_meshd_runs")
+    finally:
+        _end_job(job)
+        for pid in others:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        reused.wait()
+
+
+def test_hostile_records_are_refused_without_a_signal(meshd_factory, tmp_path):
+    """Records meshd did not write as they are (too large, three lines, an unknown field, a pid
+    that is no integer, pid 1, garbage, a symbolic link, a FIFO, meshd's parent) are renamed
+    NAME.refused, each with an error, and the process they name runs on; a well-formed record
+    beside them is acted on (its process ended)."""
+    m = meshd_factory(start=False)
+    spared, ended = _canary(), _canary()
+    try:
+        head = _head(m.data, _dead_meshd())
+        pid, start = spared.pid, _start_of(spared.pid)
+        key = ("j1", 0, 1)
+        b, s1 = _item_lines(1, key, pid, start)
+        folder = Path(m.data) / leftovers.FOLDER
+        hostile = {
+            "huge": None,  # past leftover_file_bytes_max (a sparse file)
+            "long": head + b + " " * limits.leftover_line_bytes_max + "\n" + s1 + "\n",
+            "twice": head + b + "\n" + s1 + "\n" + s1 + "\n",
+            "unbegun": head + "s 2 " + str(pid) + " " + str(start) + "\n",
+            "order": head + "b 2 worker\n" + b + "\n" + s1 + "\n",
+            "ended-twice": head + b + "\ne 1\ne 1\n",
+            "field": head + b + " extra\n" + s1 + "\n",
+            "header": "meshjobs-running 2" + head[len("meshjobs-running 1"):] + b + "\n",
+            "pid1": head + b + "\ns 1 1 0\n",
+            "past-max": head + b + f"\ns 1 {2**31} 0\n",
+            "parent": head + b + f"\ns 1 {os.getpid()} {_start_of(os.getpid())}\n",
+            "garbage": "\x00\xff{not a log\n\n\n",
+        }
+        for name, text in hostile.items():
+            if text is not None:
+                (folder / name).write_bytes(text.encode("utf-8", "surrogateescape"))
+        with open(folder / "huge", "wb") as f:
+            f.write((head + b + "\n" + s1 + "\n").encode())
+            f.truncate(limits.leftover_file_bytes_max + 1)
+        (folder / "link").symlink_to("/dev/zero")
+        os.mkfifo(folder / "fifo")
+        _write_record(m.data, "good", head, *_item_lines(1, key, ended.pid, _start_of(ended.pid)))
+        m.start()
+        wait_until(lambda: ended.poll() is not None, WAIT_S, what="the well-formed record's end")
+        assert ended.returncode == -signal.SIGKILL
+        assert spared.poll() is None
+        names = {p.name for p in _record_files(m.data)}
+        refused = {*hostile, "link", "fifo"}
+        # What is left: the refused ones, and the log of this run of meshd.
+        assert {n for n in names if n.endswith(leftovers.REFUSED)} == {
+            n + leftovers.REFUSED for n in refused}, names
+        assert not names & {*refused, "good"}, names
+        said = {Path(e["record"]).name for e in _log_lines(m, "leftover_record_refused")}
+        assert said == refused, said
+        m.terminate()
+        m.start()  # refused records stay refused, and are not read again
+        assert spared.poll() is None
+        assert {p.name for p in _record_files(m.data) if p.name.endswith(leftovers.REFUSED)} \
+            == {n + leftovers.REFUSED for n in refused}
+    finally:
+        for p in (spared, ended):
+            p.kill()
+            p.wait()
+
+
+def test_a_second_meshd_on_the_same_data_folder_stops_at_start(meshd_factory):
+    """One meshd per data folder: a second one started on it exits 2 naming the first, and
+    ends none of its items (it would take them for leftovers of its own)."""
+    m = meshd_factory()
+    second = subprocess.Popen(
+        [sys.executable, "-m", "meshjobs.daemon", "--data", m.data, "--name", m.name,
+         "--http", "127.0.0.1:0", "--raft", f"127.0.0.1:{free_port()}"],
+        cwd=m.data, env=env_with_path(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True)
+    try:
+        _out, err = second.communicate(timeout=WAIT_S)
+    finally:
+        if second.poll() is None:
+            second.kill()
+            second.wait()
+    assert second.returncode == 2, err
+    assert f"another meshd (pid {m.pid}) runs on the data folder" in err.decode(), err
+
+
 # --- The record and the sweep in this process ------------------------------------------------------
+
+@pytest.fixture
+def blobs(tmp_path: Path):
+    store = LmdbBlobStore(str(tmp_path / "blobs"))
+    yield store
+    store.close()
+
+
+def test_the_driver_records_a_process_while_it_runs(tmp_path, blobs):
+    """Rule 1: while an item runs its log names its job, index, epoch, pid (its group) and
+    start time; once it ended, its end. A line that cannot be written before the start fails
+    the item before anything starts, saying why."""
+    # Hits of running.write: the header, then b, s and e of the first item; the next b fails.
+    record = leftovers.Record(str(tmp_path / "data"), Failpoints("running.write=5"))
+    h = DriverHarness(tmp_path, blobs, record=record)
+
+    def running() -> list[leftovers.Leftover]:
+        got = leftovers.parse("r", Path(record.path).read_bytes().splitlines(keepends=True),
+                              1 << 22, set())
+        assert got is not None
+        return got[1]
+
+    try:
+        gate = tmp_path / "gate"
+        h.driver.start(Run("j1", 3, 7, ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; "
+                                       "done"], {}, None, None, None))
+        (rec,) = wait_until(lambda: [e for e in running() if e.pgid is not None], WAIT_S,
+                            what="the item's pid in the log")
+        assert rec.key == ("j1", 3, 7) and rec.kind == "item"
+        assert rec.pgid is not None and _runs(rec.pgid, rec.start or 0)
+        gate.write_text("go")
+        assert h.end().state == "done"
+        assert running() == []
+        h.driver.start(Run("j1", 4, 7, ["true"], {}, None, None, None))
+        end = h.end()
+        assert end.state == "failed" and end.stdout is None
+        assert "could not record the item's process in the data folder" in (end.error or "")
+        assert running() == []
+    finally:
+        h.close()
+
 
 def _sweep(data: str) -> leftovers.Swept:
     return leftovers.sweep(data, wait_ms=WAIT_S * 1000)
