@@ -60,7 +60,12 @@ Rules:
 11. A meshd that dies leaves nothing running for long (meshjobs.leftovers): every process the
    driver starts (items, python workers) is recorded in the data folder before it starts and
    until it is reaped, and the next start of meshd ends what the record names, before any
-   lease.
+   lease. Where the item starts behind the wall (the launcher, meshjobs/wall.py) and for python
+   workers, its first process also dies with the thread that started it (PR_SET_PDEATHSIG,
+   SIGKILL). That signal follows the parent *thread*, not the process: it is right here only
+   because the driver thread, the one thread that starts processes (Rule 1, asserted), ends
+   after it has killed every group it started, or with the process. What the item started
+   beside itself in its group is the sweep's to end.
 """
 
 from __future__ import annotations
@@ -219,6 +224,7 @@ class Driver:
         self._wall_denied = tuple(wall_denied) if wall_denied is not None else None
         self._wall_rules: wall.Rules | None = None
         self._record = record
+        self._thread: int | None = None  # the driver thread's id, once run() runs
         self._on_end = on_end
         self._clock_ms = clock_ms
         self._log = log if log is not None else structlog.get_logger(__name__)
@@ -343,6 +349,7 @@ class Driver:
         if self._ran:
             raise RuntimeError("Driver.run() may run once")
         self._ran = True
+        self._thread = threading.get_ident()
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         # Orphans come to this process only when it is PID 1 or a subreaper: then reap them.
@@ -499,6 +506,9 @@ class Driver:
                     "check its disk and its open file limit"
             self._report_unstarted(item, "failed", started_ms, error)
             return
+        # Only the driver thread starts processes: the parent-death signal of the launcher
+        # follows the thread that started it (Rule 11).
+        assert threading.get_ident() == self._thread, "a process started off the driver thread"
         try:
             # Recorded before it starts (meshjobs.leftovers, Rule 1): a process without a
             # record is one that never started.

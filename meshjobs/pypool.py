@@ -258,7 +258,9 @@ class PyPool:
         env["PYTHONPATH"] = _ROOT + (os.pathsep + path if path else "")
         if "PYTHONHOME" in os.environ:
             env["PYTHONHOME"] = os.environ["PYTHONHOME"]
-        argv = [sys.executable, "-m", "meshjobs.pyworker"]
+        # The worker dies with the driver thread (pyworker.main: PR_SET_PDEATHSIG), which it
+        # checks against meshd's pid.
+        argv = [sys.executable, "-m", "meshjobs.pyworker", str(os.getpid())]
         rules = self._wall_rules() if self._wall_rules is not None else None
         if rules is not None:
             try:

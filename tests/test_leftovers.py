@@ -157,6 +157,24 @@ def _record_files(data: str) -> list[Path]:
 
 # --- Items die with meshd, or at its next start -------------------------------------------------
 
+@walled
+def test_an_items_first_process_dies_with_its_meshd(meshd_factory, tmp_path):
+    """kill -9 of meshd: the item's first process (started by the launcher, which set its
+    parent-death signal) dies with it, with no restart of meshd."""
+    m = meshd_factory()
+    d, argv = _item(tmp_path, "alone")
+    job = m.submit(*argv)
+    try:
+        wait_until(lambda: (d / f"proc.{_epochs(d)[0]}.leader").exists() if _epochs(d) else None,
+                   WAIT_S, what="the item's first process")
+        pid, start = _proc_file(d, f"proc.{_epochs(d)[0]}.leader")
+        assert _runs(pid, start)
+        _kill9(m)
+        wait_until(lambda: not _runs(pid, start), WAIT_S, what="the item's end with its meshd")
+    finally:
+        _end_job(job)
+
+
 def test_a_restarted_meshd_ends_what_its_item_left_in_its_group_before_any_lease(
         meshd_factory, tmp_path):
     """kill -9 of meshd while an item's first process has a child in its group writing lines
@@ -384,6 +402,40 @@ def test_a_second_meshd_on_the_same_data_folder_stops_at_start(meshd_factory):
             second.wait()
     assert second.returncode == 2, err
     assert f"another meshd (pid {m.pid}) runs on the data folder" in err.decode(), err
+
+
+@walled
+def test_a_python_worker_dies_with_its_meshd(tmp_path):
+    """kill -9 of a member with a python pool: the worker running a long function dies with it
+    (pyworker.main sets its parent-death signal)."""
+    cfg = tmp_path / "meshd.toml"
+    cfg.write_text('name = "m1"\n[pools.py]\nkind = "python"\nslots = 1\n'
+                   '[pools.default]\nslots = 1\n')
+    funcs = tmp_path / "funcs"
+    funcs.mkdir()
+    pidfile = funcs / "worker.pid"  # not beside the data folder: items may not write there
+    (funcs / "longfuncs.py").write_text(textwrap.dedent(f'''
+        import os, time
+        def forever(data):
+            with open({str(pidfile)!r} + ".tmp", "w") as f:
+                f.write(str(os.getpid()))
+            os.replace({str(pidfile)!r} + ".tmp", {str(pidfile)!r})
+            while True:
+                time.sleep(0.1)
+    '''))
+    m = Meshd(str(tmp_path / "m1"), config=str(cfg))
+    try:
+        m.start()
+        status, rec = m.request("POST", "/jobs", {"pool": "py", "argv": ["longfuncs:forever"],
+                                                  "cwd": str(funcs), "items": ["x"]})
+        assert status in (200, 201), rec
+        worker = int(wait_until(lambda: pidfile.exists() and pidfile.read_text(), WAIT_S,
+                                what="the worker's pid"))
+        start = _start_of(worker)
+        _kill9(m)
+        wait_until(lambda: not _runs(worker, start), WAIT_S, what="the worker's end")
+    finally:
+        m.stop()
 
 
 # --- The record and the sweep in this process ------------------------------------------------------
