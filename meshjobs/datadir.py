@@ -111,6 +111,9 @@ def lock(data: str) -> int:
         raise DataFolderError(
             f"another meshd (pid {holder}) runs on the data folder {data}: stop it first, or "
             f"give this one a data folder of its own (--data)") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    try:  # who holds it, for the message above; on a full disk it is left unsaid
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass
     return fd

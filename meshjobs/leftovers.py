@@ -189,7 +189,7 @@ class Record:
     ended)."""
 
     def __init__(self, data: str, failpoints: Any = None) -> None:
-        """OSError when the log cannot be made."""
+        """OSError when its folder cannot be made."""
         self.folder = os.path.join(data, FOLDER)
         os.makedirs(self.folder, mode=0o700, exist_ok=True)
         self._failpoints = failpoints
@@ -207,8 +207,8 @@ class Record:
         self._size = 0
         self._broken: OSError | None = None  # a write failed and could not be cut off again
         self._next_compaction = limits.leftover_log_bytes_max
-        self.path = ""
-        self._open(b"")
+        self.path = ""  # made with the first line: a member that starts on a full disk
+        # (read-only, it starts nothing) writes nothing here
 
     def _open(self, lines: bytes) -> None:
         self._gen += 1
@@ -227,6 +227,8 @@ class Record:
         self._fd, self.path, self._size = fd, path, len(self._head) + len(lines)
 
     def _write(self, line: bytes) -> None:
+        if self._fd < 0:
+            self._open(b"")
         if self._broken is not None:
             raise OSError(self._broken.errno, f"the log of running processes is damaged "
                                               f"({self._broken.strerror or self._broken})")
@@ -296,7 +298,7 @@ class Record:
     def close(self) -> None:
         """After the driver stopped: the log goes when nothing it names runs (a clean stop)."""
         if self._fd < 0:
-            return
+            return  # nothing was ever started
         os.close(self._fd)
         self._fd = -1
         if not self._live:
