@@ -163,13 +163,15 @@ class Member:
 
     def serve(self) -> int:
         """Run the member until SIGTERM, SIGINT or a stop order; its exit status. The steps, in
-        order: open what is on disk (TLS, secret, disk watch, voters to join, blob store), build
+        order: open what is on disk (TLS, the data folder's lock and what an earlier run left
+        running, secret, disk watch, voters to join, blob store), build
         the node and its replica, build the parts around them, start the threads, write the
         address files, wait, shut down. A step that cannot start the member says why on stderr
         and gives the exit status (`_StartFailed`)."""
         try:
             self._wall_items()
             self._open_tls()
+            self._end_leftovers()
             self._open_secret()
             self._watch_disk()
             self._find_voters()
@@ -266,6 +268,28 @@ class Member:
             print(f"meshd: {e}", file=sys.stderr)
             raise _StartFailed(2) from None
         self.failpoints = Failpoints.from_env()
+
+    def _end_leftovers(self) -> None:
+        """This member holds its data folder (exit 2 when another meshd does), and ends what an
+        earlier run of it left running (meshjobs/leftovers.py) before anything of its own
+        starts: no lease is taken, no item started, before they are gone. `self.running` is
+        this run's record of the processes it starts."""
+        from meshjobs import leftovers
+
+        cfg = self.cfg
+        try:
+            self.data_lock = datadir.lock(cfg.data)
+        except datadir.DataFolderError as e:
+            print(f"meshd: {e}", file=sys.stderr)
+            raise _StartFailed(2) from None
+        except OSError as e:
+            raise self._start_failed("the data folder's lock could not be taken", e) from None
+        try:
+            leftovers.sweep(cfg.data, log)
+            self.running = leftovers.Record(cfg.data, self.failpoints)
+        except OSError as e:
+            raise self._start_failed("the record of running items could not be read or "
+                                     "cleared", e) from None
 
     def _open_secret(self) -> None:
         """The fleet secret (made here for a fleet of one); exit 2 if it is missing or open to
@@ -434,7 +458,7 @@ class Member:
             member=cfg.name, item_user=runas.item_user(cfg.item_user),
             python_pools={p.name: (p.slots, p.user) for p in cfg.pools.values()
                           if p.kind == "python"},
-            wall_denied=self.wall_denied)
+            wall_denied=self.wall_denied, record=self.running)
         links = mover = None
         if not cfg.fleet_of_one:
             from meshjobs.blobmover import BlobMover
@@ -622,7 +646,7 @@ class Member:
 
     def _shut_down(self) -> None:
         """The clean stop, in order: HTTP (no new requests), the jobs thread, the driver
-        (running items cut), the blob writers, the other threads, then the journal synced and
+        (running items cut, the log of them removed), the blob writers, the other threads, then the journal synced and
         closed and the blob store closed."""
         log.info("meshd_stopping")
         sdnotify.notify("STOPPING=1")
@@ -635,6 +659,8 @@ class Member:
         self.t_jobs.join(join_s)
         self.driver.stop()
         self.t_driver.join(join_s)
+        if not self.t_driver.is_alive():
+            self.running.close()  # every process reaped: the log of them goes
         self.writers.close()
         if self.mover is not None:
             self.mover.stop()

@@ -28,8 +28,9 @@ ENV_VAR = "MESHJOBS_FAILPOINTS"
 # point adds its name here.
 # `disk.full` is passed by every check of free space (meshjobs/diskspace.py): when it fails, the
 # disk reads as full. `secret.fsync` is the fsync of a new fleet secret at first start.
+# `running.write` is each write of the log of running processes (meshjobs/leftovers.py).
 KNOWN_POINTS = frozenset({"journal.fsync", "dump.fsync", "blob.fsync", "blob.write", "disk.full",
-                          "secret.fsync"})
+                          "secret.fsync", "running.write"})
 
 # A point name is dotted words, as the places that call `hit` name them.
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
