@@ -416,3 +416,33 @@ def test_items_of_a_crashed_run_are_not_rerun_on_a_full_disk(meshd_factory):
     done = m.wait_job(rec["id"])  # space is back after twenty looks: it runs
     assert done["state"] == "done"
     assert m.request("GET", f"/jobs/{rec['id']}/results")[1] == b"ran\n"
+
+
+def test_worker_restarted_on_a_full_disk_stops_with_the_disk_code(small_disk, tmp_path):
+    """A worker member writes nothing at start but its HTTP address (it keeps no journal): on
+    a disk with no room left for that, it stops with ENOSPC named and the disk's exit code,
+    never a traceback."""
+    import shutil
+
+    from tests.helpers import make_fleet, start_all
+
+    voter, worker = make_fleet(str(tmp_path), voters=1, workers=1)
+    data = os.path.join(small_disk, worker.name)
+    shutil.copytree(worker.data, data)
+    worker.data = data  # its config and log stay off the small disk
+    try:
+        start_all([voter, worker])
+        _fill(small_disk)  # under the running worker: it gives its reserve back ...
+        wait_until(lambda: not os.path.exists(os.path.join(data, RESERVE_NAME)),
+                   what="the reserve freed")
+        assert worker.terminate() == 0
+        os.unlink(os.path.join(data, "http.addr"))  # (no room given back by the next start)
+        _fill(small_disk)  # ... and that room is taken too
+        worker.start(wait_ready=False)
+        assert _exited(worker) == EXIT_DISK
+        log = worker.log_tail(50000)
+        assert "no space left on device" in log and "Traceback" not in log, log
+        assert "http.addr" in log, log
+    finally:
+        voter.stop()
+        worker.stop()
