@@ -197,12 +197,19 @@ class Client:
 
     def json(self, method: str, path: str, body: Any = None,
              timeout: float = TIMEOUT_S) -> Any:
+        return self.json_status(method, path, body, timeout)[1]
+
+    def json_status(self, method: str, path: str, body: Any = None,
+                    timeout: float = TIMEOUT_S) -> tuple[int, Any]:
+        """The 2xx status and the JSON body of an answer (a submit's 201 is a new job, its 200
+        one that was there: the same Idempotency-Key, or an id already taken by this spec)."""
         buf = io.BytesIO()
         with self.open(method, path, body, timeout) as resp:
             self.copy(resp, buf)
+            status = resp.status
         raw = buf.getvalue()
         try:
-            return json.loads(raw)
+            return status, json.loads(raw)
         except ValueError:
             raise Failure(f"meshd at {self.at} answered something that is not JSON", 1) from None
 

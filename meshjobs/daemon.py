@@ -614,8 +614,21 @@ class Member:
             return self._listen_failed("http", cfg.http, error)
         addr = f"{cfg.http[0]}:{http.bound_port}"
         # http.addr is host:port for HTTP (as before), the whole URL for HTTPS.
-        _write_file(os.path.join(cfg.data, "http.addr"),
-                    (f"https://{addr}" if self.tls is not None else addr) + "\n")
+        try:
+            _write_file(os.path.join(cfg.data, "http.addr"),
+                        (f"https://{addr}" if self.tls is not None else addr) + "\n")
+        except OSError as e:
+            # The last write of a start (a worker's only one): on a disk with no room left, or
+            # one that fails, the member stops as a failed write stops it anywhere, at once
+            # (its threads run): the disk's message and exit code, no traceback.
+            from meshjobs.diskspace import EXIT_DISK
+
+            code = EXIT_DISK  # (also when saying so fails: stderr may be on that disk)
+            try:
+                code = self._start_failed("the HTTP address could not be written to http.addr",
+                                          e).code
+            finally:
+                os._exit(code)
         log.info("meshd_ready", member=cfg.name, http=f"{http.scheme}://{addr}", raft=cfg.raft_addr,
                  data=cfg.data, pools={p.name: p.slots for p in cfg.pools.values()},
                  boot=self.boot, items_run_as=self.driver.items_run_as())

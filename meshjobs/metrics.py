@@ -179,7 +179,7 @@ RULES: tuple[Rule, ...] = (
     _g("blob_mover_assemblies", "meshjobs_blob_mover_assemblies", "Blobs being assembled from received chunks."),
     _g("blob_mover_sending", "meshjobs_blob_mover_sending", "Blob copies waiting or being streamed to peers."),
     _g("blob_mover_inflight", "meshjobs_blob_mover_inflight", "Blob copies sent and not yet acknowledged."),
-    _g("blob_mover_copies_waiting", "meshjobs_blob_mover_copies_waiting", "Blob copies waiting to start."),
+    _g("blob_mover_copies_waiting", "meshjobs_blob_mover_copies_waiting", "Blob copies asked of this member and not yet acknowledged by their peer."),
     _c("blob_mover_copies_asked", "meshjobs_blob_mover_copies_asked", "Blob copies to peers asked of the mover."),
     _c("blob_mover_copies_completed", "meshjobs_blob_mover_copies_completed", "Blob copies to peers completed (acknowledged)."),
     _c("blob_mover_chunks_sent", "meshjobs_blob_mover_chunks_sent", "Blob chunks sent to peers."),

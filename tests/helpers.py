@@ -742,6 +742,15 @@ def holds_bytes(data: str, needle: bytes) -> bool:
         return f.read().find(needle) >= 0
 
 
+def copies_landed(members: list[Meshd]) -> bool:
+    """Whether no member's blob mover has a copy waiting for its acknowledgement. A result
+    commits once `blob_copies - 1` members confirmed its outputs, while the copy asked of a
+    spare at the same time may land later: call this (in wait_until) after a job is done and
+    before counting who holds its outputs. Every copy asked for a result is in its mover's
+    books by then: the asks were queued before the acknowledgement that let it commit."""
+    return all(m.metrics().get("meshjobs_blob_mover_copies_waiting", 0) == 0 for m in members)
+
+
 def iptables() -> str | None:
     """The iptables binary, when this process may use it (root); None otherwise."""
     path = shutil.which("iptables")
