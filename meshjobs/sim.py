@@ -265,6 +265,15 @@ class SimConfig:
     # fresh, whatever it hears then: never 503. Off by default, and then not drawn at all, so
     # that recorded seeds replay as they did.
     reads: float = 0.0
+    # The leader is killed this long (drawn) after the last kill, as by an operator testing
+    # failovers. Off by default, and then not drawn at all, so that recorded seeds replay as
+    # they did.
+    leader_kills_ms: tuple[int, int] = (0, 0)
+    # With this set (ms), every accepted result must commit within this of its run's end, or
+    # of the start of the reign it commits in, whichever is later: a member sends its results
+    # to each new reign at once, not when its resend timer (proposal_retry_ms) is due. Only for
+    # worlds whose frames are never lost (a lost frame is resent by that timer). Drawn nothing.
+    result_wait_ms_max: int = 0
 
 
 # With SimConfig.worker_pool: the pool only workers offer, and the selectors its placed jobs
@@ -662,6 +671,10 @@ class Sim:
         self.cron_settled: dict[tuple[str, int], str] = {}
         self.cron_last: dict[str, tuple[int, int]] = {}
         self.healed_ms: int | None = None
+        # Results: when each run's end reached its member, and when the reign began.
+        self.run_ended_ms: dict[tuple[str, int, int], int] = {}
+        self.reign_ms = self.now
+        self.next_leader_kill_ms = self.now + self.cfg.leader_kills_ms[1]
         for i in range(self.cfg.cron):
             spec = f"@every {self.rng.choice([1, 2, 3, 5])}s"
             name = f"c{i}"
@@ -942,6 +955,7 @@ class Sim:
         if self.cfg.clocks:
             self.count("elected_" + leader)
         self.term += self.rng.randint(1, 2)
+        self.reign_ms = self.now  # (what of the old tail it keeps commits in its reign)
         keep = self.rng.randint(0, len(self.tail))
         for raw, _at, proposed in self.tail[:keep]:
             self._commit(raw, proposed)
@@ -1414,6 +1428,15 @@ class Sim:
             self.accepted[k3] = self.accepted.get(k3, 0) + 1
             if self.accepted[k3] > 1:
                 self.fail(f"two accepted results for {k3}")
+            ended_ms = self.run_ended_ms.pop(k3, None)
+            if ended_ms is not None:
+                waited = self.now - max(ended_ms, self.reign_ms)
+                if waited > self.cfg.result_wait_ms_max:
+                    self.fail(f"the result of {k3} committed {waited} ms after its run ended "
+                              f"and the reign of {self.leader} began (over "
+                              f"{self.cfg.result_wait_ms_max} ms): it waited for a resend")
+                self.counts["results_waited_ms_max"] = max(
+                    waited, self.counts.get("results_waited_ms_max", 0))
             row = next(r for r in rows if (r[0], r[1], r[2]) == k3)
             if len(row) >= 10:
                 self._check_copies(index, [d.hex() for d in (row[6], row[7])
@@ -1582,6 +1605,8 @@ class Sim:
                 # The driver writes the outputs to the blob store before it reports the end.
                 self.blobs[name].update(d for d in (ev.stdout, ev.stderr) if d is not None)
                 m.inbox.append(ev)
+                if self.cfg.result_wait_ms_max and ev.state != "cut":
+                    self.run_ended_ms[key] = self.now
             elif kind == "copied":
                 src, src_inc, dst, dst_inc, digests = p
                 if (self.members[dst].inc != dst_inc or self.members[src].inc != src_inc
@@ -1638,6 +1663,11 @@ class Sim:
 
     def _faults(self) -> None:
         cfg, rng = self.cfg, self.rng
+        if cfg.leader_kills_ms[1] and self.now >= self.next_leader_kill_ms:
+            self.next_leader_kill_ms = self.now + self._between(cfg.leader_kills_ms)
+            if self.leader is not None and self.members[self.leader].alive:
+                self._crash(self.members[self.leader])
+                self.count("leader_kills")
         if rng.random() < cfg.crash:
             alive = [n for n in MEMBERS if self.members[n].alive]
             if alive:

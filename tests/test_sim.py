@@ -26,6 +26,7 @@ from meshjobs.compact import entry_item_count
 from meshjobs.control import Answer
 from meshjobs.node import Ctl, JobNode, NodeConfig, Pool, Propose, Ready, Reply, Tick, View
 from meshjobs.node.events import Exit
+from meshjobs.node.runs import Runs
 from meshjobs.sim import SimConfig, SimFailure, run
 from meshjobs.table import CANCELLED, DONE, LEASED, JobTable
 
@@ -459,6 +460,59 @@ def test_planted_early_release_is_caught() -> None:
            config=replace(DEPS, liveness_ms_max=1_000), table_cls=EarlyReleaseTable)
 
 
+# --- results across leader kills (issue 26 point 8) ----------------------------------------------
+
+# A world whose frames are never lost (so no result needs its resend timer), whose leader is
+# killed every 2 to 6 s, and whose new leaders take a while to catch up with the log (results
+# sent to one that is not ready yet). A result must commit within the time a worker takes to
+# find a new leader (leader_quiet_ms) and a second more, of its run's end or the reign's start.
+FAILOVERS = SimConfig(frame_drop=0, frame_dup=0, frame_late=0, proposal_lost=0, crash=0,
+                      partition=0, pressure=0, deps=0.4, apply_all=0.2,
+                      leader_kills_ms=(2_000, 6_000),
+                      result_wait_ms_max=limits.leader_quiet_ms + 1_000)
+
+
+@pytest.mark.parametrize("seed", (1, 2, 3))
+def test_results_go_to_each_new_reign_at_once(seed: int) -> None:
+    """Leaders killed again and again: a member sends its results to each new leader (or term)
+    as soon as it follows it, and a leader not ready yet keeps them, so that no result (nor the
+    dependents waiting for it) waits for the resend timer (proposal_retry_ms, 5 s)."""
+    c = run(seed, FAILOVERS).counts
+    assert c.get("leader_kills", 0) >= 5 and c.get("results_accepted", 0) > 0, c
+    assert c.get("jobs_with_deps", 0) > 0 and c.get("results_waited_ms_max", 0) > 0, c
+
+
+class OneReignRuns(Runs):
+    """Planted bug: results are sent again only when the resend timer is due, whoever leads
+    meanwhile (as before issue 26)."""
+
+    def due(self, rows_max: int, now_ms: int, held: Any, leader: str, term: int) -> list[list]:
+        return super().due(rows_max, now_ms, held, "", 0)
+
+
+class OneReignNode(JobNode):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.runs.__class__ = OneReignRuns
+
+
+class DropsBeforeReadyNode(JobNode):
+    """Planted bug: a leader that is not ready yet drops the results sent to it."""
+
+    def _on_result(self, peer: str, body: Any) -> None:
+        if self._leading():
+            super()._on_result(peer, body)
+
+
+@pytest.mark.parametrize("node_cls, what", [
+    (OneReignNode, "a member that sends its results to a new leader only on its timer"),
+    (DropsBeforeReadyNode, "a new leader that drops the results sent before it is ready"),
+])
+def test_planted_late_results_are_caught(node_cls: type[JobNode], what: str) -> None:
+    caught(range(1, 12), what, "it waited for a resend",
+           config=replace(FAILOVERS, liveness_ms_max=1_000), node_cls=node_cls)
+
+
 BULK = SimConfig(bulk=0.6, deps=0.2)
 
 
@@ -487,9 +541,10 @@ class HalfBulkTable(JobTable):
 
 def test_planted_half_bulk_is_caught() -> None:
     """Safety check: a table that answers a bulk change for jobs it did not change is caught,
-    and the failure names its seed."""
+    and the failure names its seed: an answer "changed" before any change committed, or for
+    another submitter's job (which no bulk change of this client may change)."""
     caught(range(1, 8), "a table that half-applies bulk changes", "before it was committed",
-           config=replace(BULK, liveness_ms_max=1_000), table_cls=HalfBulkTable)
+           ") changed", config=replace(BULK, liveness_ms_max=1_000), table_cls=HalfBulkTable)
 
 
 # --- placement (issue 12 point 1) -------------------------------------------------------------------

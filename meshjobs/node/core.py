@@ -184,6 +184,8 @@ class JobNode:
         if ev.is_leader and not self.view.is_leader:
             self.roster.new_reign(self.now_ms)
             self.recopies.new_reign()
+        if self.view.is_leader and (not ev.is_leader or ev.term != self.view.term):
+            self.runs.drop_others()  # their members send them to the next reign
         if ev.term != self.view.term or not ev.is_leader:
             self.proposals.new_reign()
         if ev.leader is not None:
@@ -936,11 +938,15 @@ class JobNode:
         if not _rows_ok(rows):
             self._count("frames_bad_result")
             return
-        if not self._leading():
+        if not self.view.is_leader:
             return  # the member sends it again to whoever leads
+        # Elected but not ready (its table may not hold every lease yet): taken all the same,
+        # for the member sends it to this reign once; proposed once this member is ready, the
+        # table refuses a stale one. Forgotten if this member stops leading first.
+        ready = self.view.ready
         for r in rows:
             key = (r[0], r[1], r[2])
-            if key not in self.runs.results and self.table.lease_current(*key):
+            if key not in self.runs.results and (not ready or self.table.lease_current(*key)):
                 self.runs.from_member(key, r, peer)
 
     def _on_ctl(self, peer: str, body: Any) -> None:
@@ -977,7 +983,7 @@ class JobNode:
         leader = self.follower.follow(self.view, now, self._have_report)
         if leader is None:
             return
-        rows = self._due_results(len(self.runs.results))
+        rows = self._due_results(len(self.runs.results), leader)
         for k in range(0, len(rows), limits.result_batch_max):
             self._out.append(Send(leader, "F_RESULT", {"r": rows[k:k + limits.result_batch_max]}))
         for rid, ch in self.changes.forwarded.items():
@@ -1030,13 +1036,13 @@ class JobNode:
     def _frees_slot(self, key: tuple[str, int, int]) -> bool:
         return self.runs.frees_slot(key, self.copies)
 
-    def _due_results(self, rows_max: int) -> list[list]:
-        """Results ready to go, marked sent now (runs.py)."""
-        return self.runs.due(rows_max, self.now_ms, self.copies)
+    def _due_results(self, rows_max: int, leader: str) -> list[list]:
+        """Results ready to go to `leader` (in this term), marked sent now (runs.py)."""
+        return self.runs.due(rows_max, self.now_ms, self.copies, leader, self.view.term)
 
     def _propose_results(self) -> None:
         now = self.now_ms
-        rows = self._due_results(limits.result_batch_max)
+        rows = self._due_results(limits.result_batch_max, self.cfg.member)
         if rows:
             self._count("results_proposed", len(rows))
             self.proposals.duty({"k": "result", "t": now, "r": rows})
