@@ -370,6 +370,9 @@ class HttpApi:
         r.add_get("/jobs/{id}/results", self._results)
         for action in ("cancel", "forget", "tone", "status"):
             r.add_post(f"/jobs/{action}", self._bulk)
+            # Every other method too (the same resource): not /jobs/{id}'s, which would read
+            # or forget a job of that name (no job may have it: control.RESERVED_JOB_IDS).
+            r.add_route("*", f"/jobs/{action}", self._only_post)
         r.add_post("/jobs/{id}/cancel", self._cancel)
         r.add_post("/jobs/{id}/tone", self._tone)
         r.add_post("/jobs/{id}/rerun", self._rerun)
@@ -1524,7 +1527,15 @@ class HttpApi:
                             headers={"Cache-Control": "no-cache",
                                      "X-Content-Type-Options": "nosniff"})
 
+    async def _only_post(self, request: web.Request) -> web.Response:
+        """Any method but POST on a route that takes only POST: 405, saying what it takes."""
+        return _error(405, f"{request.method} is not allowed on {request.path}: use POST",
+                      {"Allow": "POST"})
+
     async def _health(self, request: web.Request) -> web.Response:
+        fresh = request.query.get("fresh")
+        if fresh not in (None, "0", "1"):
+            return _error(400, f"fresh must be 0 or 1, not {fresh[:20]!r}")
         try:
             answer = await self._ask({"op": "health"})
         except HttpError:
@@ -1533,7 +1544,7 @@ class HttpApi:
             self._log.warning("http_health_failed", error=repr(e))
             return _error(503, f"member {self._member} is not healthy: {e}")
         status = answer.status
-        if (request.query.get("fresh") not in (None, "", "0") and isinstance(answer.body, dict)
+        if (fresh == "1" and isinstance(answer.body, dict)
                 and not answer.body.get("fresh")):
             # Asked for a member whose reads are fresh: one cut off from the leader is not.
             status = 503

@@ -1478,9 +1478,12 @@ def _spec_ok(spec: dict) -> bool:
     if "id" in spec or "items" in spec:
         return False
     try:
-        return parse_submit(spec, committed=True) == {**spec, "id": None}
+        norm = parse_submit(spec, committed=True)
     except ControlError:
         return False
+    # Of the same types too: a client's 3.0 is normalized to 3 before it is proposed, so a
+    # committed 3.0 (equal to 3 in Python) was not.
+    return norm == {**spec, "id": None} and all(type(norm[k]) is type(v) for k, v in spec.items())
 
 
 def _is_int(x: Any) -> bool:
