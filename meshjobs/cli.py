@@ -197,12 +197,19 @@ class Client:
 
     def json(self, method: str, path: str, body: Any = None,
              timeout: float = TIMEOUT_S) -> Any:
+        return self.json_status(method, path, body, timeout)[1]
+
+    def json_status(self, method: str, path: str, body: Any = None,
+                    timeout: float = TIMEOUT_S) -> tuple[int, Any]:
+        """The 2xx status and the JSON body of an answer (a submit's 201 is a new job, its 200
+        one that was there: the same Idempotency-Key, or an id already taken by this spec)."""
         buf = io.BytesIO()
         with self.open(method, path, body, timeout) as resp:
             self.copy(resp, buf)
+            status = resp.status
         raw = buf.getvalue()
         try:
-            return json.loads(raw)
+            return status, json.loads(raw)
         except ValueError:
             raise Failure(f"meshd at {self.at} answered something that is not JSON", 1) from None
 
@@ -1319,6 +1326,7 @@ def jobs_cmd(ctx: click.Context, state: str | None, tag: str | None, pool: str |
     client = _client(ctx)
     with client.open("GET", "/jobs?" + urllib.parse.urlencode(query)) as resp:
         nxt = resp.headers.get("X-Meshjobs-Next")
+        fresh = resp.headers.get("X-Meshjobs-Fresh")
         buf = io.BytesIO()
         client.copy(resp, buf)
     try:
@@ -1337,6 +1345,10 @@ def jobs_cmd(ctx: click.Context, state: str | None, tag: str | None, pool: str |
         width = shutil.get_terminal_size((0, 0)).columns or None
         _table(["ID", "STATE", "DONE", "FAILED", "POOL", "PRIORITY", "SUBMITTED", "TAGS"], rows,
                width)
+    if fresh == "false":
+        click.echo(f"meshctl: the member at {client.at} does not hear the leader now: this list "
+                   "is its own table's and may be behind; ask another member (--at), or see "
+                   "`meshctl fleet`", err=True)
     if nxt and nxt.isascii() and nxt.isdigit():
         more: list[str] = []
         if state:
@@ -1417,6 +1429,8 @@ def history_cmd(ctx: click.Context, since: str | None, limit: int, as_json: bool
 @click.pass_context
 def fleet_cmd(ctx: click.Context, as_json: bool) -> None:
     """The fleet: term, leader and members."""
+    from meshjobs import webui  # its skew words; only here, so that other commands start sooner
+
     fleet = _client(ctx).json("GET", "/fleet")
     if _wants_json(ctx, as_json):
         _print_json(fleet)
@@ -1435,10 +1449,11 @@ def fleet_cmd(ctx: click.Context, as_json: bool) -> None:
 
     rows = [[str(m.get("name")), str(m.get("role")), alive(m), str(m.get("slots", 0)),
              str(m.get("running", 0)), _size(m.get("blob_bytes")),
-             _member_state(m), seen(m)]
+             _member_state(m), seen(m), webui.skew(m.get("clock_skew_ms")) or "-"]
             for m in fleet.get("members") or []]
-    _table(["MEMBER", "ROLE", "ALIVE", "SLOTS", "RUNNING", "BLOBS", "STATE", "LAST SEEN"], rows)
-    for name, why in _items_warnings(fleet):
+    _table(["MEMBER", "ROLE", "ALIVE", "SLOTS", "RUNNING", "BLOBS", "STATE", "LAST SEEN",
+            "CLOCK"], rows)
+    for name, why in _items_warnings(fleet) + webui.clock_warnings(fleet):
         click.echo(f"WARNING: {name}: {why}")
 
 

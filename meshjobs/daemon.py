@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(run_demo())
     # Before anything is created: what meshd makes is its own alone (meshjobs/datadir.py).
     datadir.private_umask()
+    # Before any thread starts (every thread takes this one's mask, and the items they start):
+    # a signal blocked by whoever started meshd is not blocked here. SIGTERM must reach meshd.
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
     # Before any item or worker starts: capabilities given to meshd stay meshd's (runas).
     from meshjobs import runas
     runas.keep_capabilities_to_self()
@@ -160,13 +163,15 @@ class Member:
 
     def serve(self) -> int:
         """Run the member until SIGTERM, SIGINT or a stop order; its exit status. The steps, in
-        order: open what is on disk (TLS, secret, disk watch, voters to join, blob store), build
+        order: open what is on disk (TLS, the data folder's lock and what an earlier run left
+        running, secret, disk watch, voters to join, blob store), build
         the node and its replica, build the parts around them, start the threads, write the
         address files, wait, shut down. A step that cannot start the member says why on stderr
         and gives the exit status (`_StartFailed`)."""
         try:
             self._wall_items()
             self._open_tls()
+            self._end_leftovers()
             self._open_secret()
             self._watch_disk()
             self._find_voters()
@@ -263,6 +268,28 @@ class Member:
             print(f"meshd: {e}", file=sys.stderr)
             raise _StartFailed(2) from None
         self.failpoints = Failpoints.from_env()
+
+    def _end_leftovers(self) -> None:
+        """This member holds its data folder (exit 2 when another meshd does), and ends what an
+        earlier run of it left running (meshjobs/leftovers.py) before anything of its own
+        starts: no lease is taken, no item started, before they are gone. `self.running` is
+        this run's record of the processes it starts."""
+        from meshjobs import leftovers
+
+        cfg = self.cfg
+        try:
+            self.data_lock = datadir.lock(cfg.data)
+        except datadir.DataFolderError as e:
+            print(f"meshd: {e}", file=sys.stderr)
+            raise _StartFailed(2) from None
+        except OSError as e:
+            raise self._start_failed("the data folder's lock could not be taken", e) from None
+        try:
+            leftovers.sweep(cfg.data, log)
+            self.running = leftovers.Record(cfg.data, self.failpoints)
+        except OSError as e:
+            raise self._start_failed("the record of running items could not be read or "
+                                     "cleared", e) from None
 
     def _open_secret(self) -> None:
         """The fleet secret (made here for a fleet of one); exit 2 if it is missing or open to
@@ -431,7 +458,7 @@ class Member:
             member=cfg.name, item_user=runas.item_user(cfg.item_user),
             python_pools={p.name: (p.slots, p.user) for p in cfg.pools.values()
                           if p.kind == "python"},
-            wall_denied=self.wall_denied)
+            wall_denied=self.wall_denied, record=self.running)
         links = mover = None
         if not cfg.fleet_of_one:
             from meshjobs.blobmover import BlobMover
@@ -593,8 +620,21 @@ class Member:
             return self._listen_failed("http", cfg.http, error)
         addr = f"{cfg.http[0]}:{http.bound_port}"
         # http.addr is host:port for HTTP (as before), the whole URL for HTTPS.
-        _write_file(os.path.join(cfg.data, "http.addr"),
-                    (f"https://{addr}" if self.tls is not None else addr) + "\n")
+        try:
+            _write_file(os.path.join(cfg.data, "http.addr"),
+                        (f"https://{addr}" if self.tls is not None else addr) + "\n")
+        except OSError as e:
+            # The last write of a start (a worker's only one): on a disk with no room left, or
+            # one that fails, the member stops as a failed write stops it anywhere, at once
+            # (its threads run): the disk's message and exit code, no traceback.
+            from meshjobs.diskspace import EXIT_DISK
+
+            code = EXIT_DISK  # (also when saying so fails: stderr may be on that disk)
+            try:
+                code = self._start_failed("the HTTP address could not be written to http.addr",
+                                          e).code
+            finally:
+                os._exit(code)
         log.info("meshd_ready", member=cfg.name, http=f"{http.scheme}://{addr}", raft=cfg.raft_addr,
                  data=cfg.data, pools={p.name: p.slots for p in cfg.pools.values()},
                  boot=self.boot, items_run_as=self.driver.items_run_as())
@@ -625,7 +665,7 @@ class Member:
 
     def _shut_down(self) -> None:
         """The clean stop, in order: HTTP (no new requests), the jobs thread, the driver
-        (running items cut), the blob writers, the other threads, then the journal synced and
+        (running items cut, the log of them removed), the blob writers, the other threads, then the journal synced and
         closed and the blob store closed."""
         log.info("meshd_stopping")
         sdnotify.notify("STOPPING=1")
@@ -638,6 +678,8 @@ class Member:
         self.t_jobs.join(join_s)
         self.driver.stop()
         self.t_driver.join(join_s)
+        if not self.t_driver.is_alive():
+            self.running.close()  # every process reaped: the log of them goes
         self.writers.close()
         if self.mover is not None:
             self.mover.stop()

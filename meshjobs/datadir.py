@@ -13,10 +13,16 @@ Rules:
    when meshd may (it owns it, or holds CAP_FOWNER), or refused (DataFolderError: the path and
    the chmod to run) when it cannot be fixed. The fleet secret is left to replica.open_secret, which refuses one others
    may read: a secret already exposed must be replaced, not hidden again.
+3. One meshd per data folder: a running meshd holds a lock on LOCK_FILE (`lock`), and another
+   meshd started on the same folder stops at start naming it. Its items' record
+   (meshjobs/leftovers.py) is swept only under that lock, so a second meshd can never take the
+   first one's running items for leftovers of its own.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import stat
 from typing import Any
@@ -24,6 +30,7 @@ from typing import Any
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 UMASK = 0o077
+LOCK_FILE = "meshd.lock"
 
 
 class DataFolderError(Exception):
@@ -82,3 +89,31 @@ def secure(data: str, log: Any, skip: tuple[str, ...] = ()) -> list[str]:
         for name in dirs + files:
             check(os.path.join(folder, name))
     return fixed
+
+
+def lock(data: str) -> int:
+    """Hold the data folder for this process (Rule 3): a POSIX lock on LOCK_FILE, which the
+    kernel drops when the process ends, however it ends, and which no forked child inherits (a
+    dump writer outliving its member for a moment does not hold it). The descriptor, to keep
+    open for the member's life (closing any descriptor of that file in this process would drop
+    the lock). DataFolderError naming the meshd that holds it."""
+    path = os.path.join(data, LOCK_FILE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        try:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+        finally:
+            os.close(fd)
+        if e.errno not in (errno.EACCES, errno.EAGAIN):
+            raise
+        raise DataFolderError(
+            f"another meshd (pid {holder}) runs on the data folder {data}: stop it first, or "
+            f"give this one a data folder of its own (--data)") from None
+    try:  # who holds it, for the message above; on a full disk it is left unsaid
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass
+    return fd

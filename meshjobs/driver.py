@@ -57,6 +57,15 @@ Rules:
    this member may switch users, else meshd's own): one worker pool per user, sized by the
    slots of the python pools that run as that user. A job that names a user runs in a python
    pool only when that is the pool's user; otherwise the item fails saying so.
+11. A meshd that dies leaves nothing running for long (meshjobs.leftovers): every process the
+   driver starts (items, python workers) is recorded in the data folder before it starts and
+   until it is reaped, and the next start of meshd ends what the record names, before any
+   lease. Where the item starts behind the wall (the launcher, meshjobs/wall.py) and for python
+   workers, its first process also dies with the thread that started it (PR_SET_PDEATHSIG,
+   SIGKILL). That signal follows the parent *thread*, not the process: it is right here only
+   because the driver thread, the one thread that starts processes (Rule 1, asserted), ends
+   after it has killed every group it started, or with the process. What the item started
+   beside itself in its group is the sweep's to end.
 """
 
 from __future__ import annotations
@@ -79,7 +88,7 @@ import structlog
 
 from blobstore.digest import EMPTY_DIGEST
 from blobstore.errors import BlobError
-from meshjobs import identity, limits, outpaths, pidwatch, runas, spawn, wall
+from meshjobs import identity, leftovers, limits, outpaths, pidwatch, runas, spawn, wall
 from meshjobs.capture import Capture
 from meshjobs.datadir import private_opener
 from meshjobs.itemenv import DEFAULT_PASS, base_env, inherited_env
@@ -137,7 +146,7 @@ class _Run:
     """One running process; touched by the driver thread only."""
 
     __slots__ = ("item", "pid", "proc", "pidfd", "stdin_path", "out", "err", "pipes",
-                 "started_ms", "deadline", "kill_at", "reason")
+                 "started_ms", "deadline", "kill_at", "reason", "record")
 
     def __init__(self, item: Run, out: Capture, err: Capture, started_ms: int) -> None:
         self.item = item
@@ -152,6 +161,7 @@ class _Run:
         self.deadline: float | None = None  # time.monotonic() when the runtime limit passes
         self.kill_at: float | None = None  # time.monotonic() when a cut's grace ends
         self.reason: str | None = None  # "timeout" or "cut" once the driver ended it
+        self.record: int | None = None  # its number in the log of running processes (Rule 11)
 
 
 class Driver:
@@ -173,6 +183,7 @@ class Driver:
         item_user: str | None = None,
         python_pools: dict[str, tuple[int, str | None]] | None = None,
         wall_denied: Iterable[str] | None = None,
+        record: leftovers.Record | None = None,
     ) -> None:
         """python_workers: the python worker processes to pre-fork when run() starts (the
         slots of this member's python pools together). None starts os.cpu_count() workers when
@@ -193,7 +204,11 @@ class Driver:
 
         wall_denied: the paths items may not reach (meshjobs.wall): every command item and
         python worker then starts behind Landlock rules denying them, in a Landlock domain of
-        its own. None: no wall (the caller checked that the kernel has Landlock)."""
+        its own. None: no wall (the caller checked that the kernel has Landlock).
+
+        record: where each process this driver starts is recorded while it runs (Rule 11;
+        meshjobs.leftovers), so that a later run of meshd ends it if this one dies first.
+        None: not recorded."""
         self._blobs = blobs
         # The blob writer threads (group commit, backpressure); without them, outputs are
         # stored on the driver thread.
@@ -208,6 +223,8 @@ class Driver:
         self._item_user = item_user if self._may_switch else None
         self._wall_denied = tuple(wall_denied) if wall_denied is not None else None
         self._wall_rules: wall.Rules | None = None
+        self._record = record
+        self._thread: int | None = None  # the driver thread's id, once run() runs
         self._on_end = on_end
         self._clock_ms = clock_ms
         self._log = log if log is not None else structlog.get_logger(__name__)
@@ -332,6 +349,7 @@ class Driver:
         if self._ran:
             raise RuntimeError("Driver.run() may run once")
         self._ran = True
+        self._thread = threading.get_ident()
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         # Orphans come to this process only when it is PID 1 or a subreaper: then reap them.
@@ -488,24 +506,44 @@ class Driver:
                     "check its disk and its open file limit"
             self._report_unstarted(item, "failed", started_ms, error)
             return
+        # Only the driver thread starts processes: the parent-death signal of the launcher
+        # follows the thread that started it (Rule 11).
+        assert threading.get_ident() == self._thread, "a process started off the driver thread"
         try:
+            # Recorded before it starts (meshjobs.leftovers, Rule 1): a process without a
+            # record is one that never started.
+            run.record = (self._record.begin("item", item.key) if self._record is not None
+                          else None)
             run.pid, run.proc = self._launch(item, env, theirs, ids)
         except (OSError, ValueError, TypeError, wall.WallError) as e:
             self._close_run_fds(run)
             self._remove_stdin(run)
-            self._report_unstarted(item, "failed", started_ms,
-                                   _start_error(item, argv0, e, self._member))
+            if run.record is None and self._record is not None and isinstance(e, OSError):
+                why = (f"could not record the item's process in the data folder on member "
+                       f"{self._member} ({e.strerror or e}): check its disk")
+            else:
+                why = _start_error(item, argv0, e, self._member)
+            self._forget(run.record)
+            self._report_unstarted(item, "failed", started_ms, why)
             return
         finally:
             for fd in theirs:
                 os.close(fd)
         def reap() -> None:
-            # Out of descriptors: the member cannot supervise anything more, so it stops here
-            # rather than leave a process it cannot watch.
+            # Out of descriptors, or its record cannot be written: the member cannot supervise
+            # it, so it stops here rather than leave a process it cannot watch or find again.
             self._wait(run)
             self._close_run_fds(run)
             self._remove_stdin(run)
+            self._forget(run.record)
 
+        if self._record is not None and run.record is not None:
+            try:
+                self._record.started(run.record, run.pid)
+            except OSError:
+                _killpg(run.pid, signal.SIGKILL)
+                reap()
+                raise
         run.pidfd = pidwatch.open_pidfd(run.pid, reap)
         if item.runtime_s is not None:
             run.deadline = time.monotonic() + item.runtime_s
@@ -579,6 +617,11 @@ class Driver:
                 f"not create or remove files directly in it (the wall around items keeps the "
                 f"data folder out of their reach): submit with another --cwd, or keep meshd's "
                 f"data folder elsewhere (--data)")
+
+    def _forget(self, seq: int | None) -> None:
+        """A process was reaped, or did not start: its end in the log (meshjobs.leftovers)."""
+        if self._record is not None:
+            self._record.forget(seq)
 
     def _remove_stdin(self, run: _Run) -> None:
         if run.stdin_path is not None:
@@ -760,6 +803,7 @@ class Driver:
         # The leader is a zombie until wait(), so its pid (the group id) is still ours.
         _killpg(run.pid, signal.SIGKILL)
         returncode = self._wait(run)
+        self._forget(run.record)
         ended_ms = self._clock_ms()
         # The group is dead: what it wrote is in the pipes (or was read already).
         self._drain(run)
@@ -860,7 +904,7 @@ class Driver:
             pool = self._pools[user] = PyPool(max(1, size), self._sel, self._py_load,
                                               self._py_finish, self._clock_ms, self._log,
                                               env=self._base_env, user=ident,
-                                              wall_rules=self.wall_rules)
+                                              wall_rules=self.wall_rules, record=self._record)
             pool.start()
         return pool
 
@@ -1020,6 +1064,7 @@ class Driver:
             _killpg(run.pid, signal.SIGKILL)
         for run in self._runs.values():
             self._wait(run)
+            self._forget(run.record)
             self._sel.unregister(run.pidfd)
             os.close(run.pidfd)
             for pipe in list(run.pipes):

@@ -113,6 +113,13 @@ class FleetCtl:
             **self.slots_view(pool),
         }
 
+    def members_named(self) -> set[str]:
+        """The members the orders name (drained, stopping, or named by a pool order)."""
+        return (set(self.drained) | set(self.stops)
+                | {m for _p, m in self.held if m != ALL}
+                | {m for _p, m in self.drained_pools if m != ALL}
+                | {m for _p, m in self.slots if m != ALL})
+
     def pools_named(self) -> set[str]:
         return ({p for p, _m in self.held} | {p for p, _m in self.drained_pools}
                 | {p for p, _m in self.slots})

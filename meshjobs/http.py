@@ -89,6 +89,9 @@ FINAL_ITEM_STATES = ("done", "failed", "timeout", "cancelled")
 # Content types a body of a change may have (a browser's form or text/plain post may not).
 JSON_TYPES = ("application/json",)
 CSRF_HEADER = "X-Meshjobs-Csrf"
+# On a job list: whether the member's table follows a leader it hears ("true"), or it may be
+# behind ("false": cut off from the leader, or entries it knows of have not reached it yet).
+FRESH_HEADER = "X-Meshjobs-Fresh"
 CALLER: web.RequestKey[Caller | None] = web.RequestKey("caller", object)  # type: ignore[arg-type]
 SESSION: web.RequestKey[str | None] = web.RequestKey("session", object)  # type: ignore[arg-type]
 
@@ -367,6 +370,9 @@ class HttpApi:
         r.add_get("/jobs/{id}/results", self._results)
         for action in ("cancel", "forget", "tone", "status"):
             r.add_post(f"/jobs/{action}", self._bulk)
+            # Every other method too (the same resource): not /jobs/{id}'s, which would read
+            # or forget a job of that name (no job may have it: control.RESERVED_JOB_IDS).
+            r.add_route("*", f"/jobs/{action}", self._only_post)
         r.add_post("/jobs/{id}/cancel", self._cancel)
         r.add_post("/jobs/{id}/tone", self._tone)
         r.add_post("/jobs/{id}/rerun", self._rerun)
@@ -741,29 +747,34 @@ class HttpApi:
         answer = await self._ask(ask)
         if answer.status != 200:
             return web.json_response(answer.body, status=answer.status)
-        # The node answers a page {"jobs", "next"}; clients get the list, and the cursor of the
-        # next page in a header (and a Link), so that the body keeps its shape.
+        # The node answers a page {"jobs", "next", "fresh"}; clients get the list, and the
+        # cursor of the next page in a header (and a Link), so that the body keeps its shape;
+        # whether this member's table is fresh goes in X-Meshjobs-Fresh (a member cut off from
+        # the leader answers from its table all the same).
         caller = request[CALLER]
         body = answer.body if caller is None else identity.redact_body(answer.body, caller.name,
                                                                        caller.role)
         jobs, nxt = (body.get("jobs"), body.get("next")) if isinstance(body, dict) else (body, None)
         if not isinstance(jobs, list):
             return web.json_response(body, status=answer.status)
+        fresh = body.get("fresh") if isinstance(body, dict) else None
         headers: dict[str, str] = {}
+        if isinstance(fresh, bool):
+            headers[FRESH_HEADER] = "true" if fresh else "false"
         next_url = None
         if isinstance(nxt, str):
             query = {k: v for k, v in (("state", state), ("tag", tag), ("pool", pool),
                                        ("format", fmt)) if v}
             query.update({"limit": str(limit), "after": nxt})
             next_url = "/jobs?" + urllib.parse.urlencode(query)
-            headers = {"X-Meshjobs-Next": nxt, "Link": f'<{next_url}>; rel="next"'}
+            headers.update({"X-Meshjobs-Next": nxt, "Link": f'<{next_url}>; rel="next"'})
         if want_json:
             return web.json_response(jobs, headers=headers)
         csrf = auth.csrf_value(self._csrf_key, request.get(SESSION))
         nonce = secrets.token_urlsafe(16)
         resp = _html(webui.jobs_page(self._member, jobs, {"state": state, "tag": tag, "pool": pool},
                                      limit=limit, after=after, next_url=next_url, csrf=csrf,
-                                     nonce=nonce), nonce=nonce)
+                                     nonce=nonce, stale=fresh is False), nonce=nonce)
         resp.headers.update(headers)
         return resp
 
@@ -1516,7 +1527,15 @@ class HttpApi:
                             headers={"Cache-Control": "no-cache",
                                      "X-Content-Type-Options": "nosniff"})
 
+    async def _only_post(self, request: web.Request) -> web.Response:
+        """Any method but POST on a route that takes only POST: 405, saying what it takes."""
+        return _error(405, f"{request.method} is not allowed on {request.path}: use POST",
+                      {"Allow": "POST"})
+
     async def _health(self, request: web.Request) -> web.Response:
+        fresh = request.query.get("fresh")
+        if fresh not in (None, "0", "1"):
+            return _error(400, f"fresh must be 0 or 1, not {fresh[:20]!r}")
         try:
             answer = await self._ask({"op": "health"})
         except HttpError:
@@ -1525,7 +1544,7 @@ class HttpApi:
             self._log.warning("http_health_failed", error=repr(e))
             return _error(503, f"member {self._member} is not healthy: {e}")
         status = answer.status
-        if (request.query.get("fresh") not in (None, "", "0") and isinstance(answer.body, dict)
+        if (fresh == "1" and isinstance(answer.body, dict)
                 and not answer.body.get("fresh")):
             # Asked for a member whose reads are fresh: one cut off from the leader is not.
             status = 503

@@ -252,7 +252,9 @@ class JobsThread:
             log.info("raft_view", term=view.term, leader=view.leader, is_leader=view.is_leader,
                      ready=view.ready)
         now = self.clock_ms()
-        events.append(Tick(now))
+        # The monotonic clock too: committed time advances by it (node/clock.py), so a wall
+        # clock set while the member runs changes no job's age.
+        events.append(Tick(now, time.monotonic_ns() // 1_000_000))
         dumped = getattr(replica, "dump_position", None)
         if dumped is not None and dumped != self._dump_told:
             self._dump_told = dumped
@@ -377,6 +379,9 @@ class JobsThread:
             for reason, n in st.get("send_dropped", {}).items():
                 m[f"links_send_dropped_{reason}"] = n
             m["links_peers_up"] = st.get("peers_up", 0)
+            for peer, p in self.links.peers().items():
+                if p.get("clock_skew_ms") is not None:
+                    m[f"links_clock_skew_ms_{peer}"] = p["clock_skew_ms"]
         try:
             for k, v in self.blobs.stats().items():
                 if isinstance(v, (int, float)):

@@ -134,6 +134,16 @@ cut_grace_ms = 2_000  # SIGTERM to a cut item's group, then SIGKILL after this
 env_pass_names_max = 256  # [items] env_pass: names of meshd's variables items may see
 orphan_reap_ms = 1_000  # a member that is PID 1 or a subreaper reaps orphans' zombies this often
 item_error_chars_max = 1_024  # why an item failed without running, kept with its result (longer: cut)
+# What an earlier run of meshd left running (meshjobs/leftovers.py): a log of the processes it
+# started, ended at the next start before any lease.
+leftover_log_bytes_max = 1024 * 1024  # a log this large, twice what still runs, starts anew
+leftover_file_bytes_max = 64 * 1024 * 1024  # a log read at start; a larger one is refused
+leftover_line_bytes_max = 256  # one line of a log; a longer one is refused
+leftover_files_max = 1_000  # files in running/; more and none is read
+leftover_environ_bytes_max = 4 * 1024 * 1024  # /proc/PID/environ read to tell an item's process
+leftover_batch_max = 256  # processes signalled and waited for at once (one pidfd each)
+leftover_passes_max = 4  # looks at /proc while processes of leftovers are still found
+leftover_end_wait_ms = 5_000  # how long meshd waits for them to end before it goes on
 # Lease times of runs remembered for the lease->start histogram (one per run not yet ended)
 run_stamps_max = driver_queue_max
 # Command items' pipes (meshjobs/driver.py, meshjobs/capture.py)
@@ -177,7 +187,9 @@ frame_bytes_max = 4 * 1024 * 1024  # one frame, header and tag included (a 1 MiB
 link_handshake_bytes_max = 4096  # one handshake frame (hello, challenge, proof), MAC included
 link_protocol_max = 65535  # a protocol number in a hello (proto, proto_min; meshjobs/versions.py)
 link_version_chars_max = 64  # a hello's version string, as logged (longer is cut)
-link_clock_skew_warn_ms = 30_000  # a peer's hello this far off our wall clock is logged (never refused)
+# A peer's hello this far off our wall clock is logged, and a member this far off the leader's
+# is warned of in the fleet view (meshctl fleet, the fleet page); never a reason to refuse.
+link_clock_skew_warn_ms = 30_000
 link_queue_frames_max = 1024  # frames queued to one peer (and as many table frames waiting)
 link_queue_bytes_max = 8 * 1024 * 1024  # bytes queued to one peer (and as many waiting)
 table_frame_wait_ms = 2_000  # a table frame waits this long for room, then its batch's rest drops
@@ -498,6 +510,9 @@ RELATIONS: tuple[tuple[str, str, Callable[[dict[str, Any]], bool]], ...] = (
      "restarts_per_minute_max",
      lambda v: 1 <= v["restarts_per_minute_max"]
      < v["restarts_window_ms"] / (v["restart_delay_s_min"] * 1000)),
+    ("a log of running processes starts anew well before it is too large to be read",
+     "leftover_log_bytes_max",
+     lambda v: 4 * v["leftover_log_bytes_max"] <= v["leftover_file_bytes_max"]),
     ("the wall's rules, an item's argv and its environment fit one exec together",
      "wall_rules_bytes_max",
      lambda v: v["wall_rules_bytes_max"] + v["argv_bytes_max"] + v["env_bytes_max"]

@@ -43,7 +43,7 @@ from typing import Any
 import msgpack
 import structlog
 
-from meshjobs import limits, pidwatch, pyworker, runas, wall
+from meshjobs import leftovers, limits, pidwatch, pyworker, runas, wall
 from meshjobs.itemenv import base_env
 
 RunKey = tuple[str, int, int]  # (job_id, index, epoch)
@@ -77,10 +77,11 @@ class _Worker:
     """One worker process; touched by the driver thread only."""
 
     __slots__ = ("owner", "proc", "pidfd", "r_fd", "w_fd", "rbuf", "wbuf", "writing", "ready",
-                 "start_by", "item", "started_ms", "deadline", "reason", "dead", "closed")
+                 "start_by", "item", "started_ms", "deadline", "reason", "dead", "closed",
+                 "record")
 
     def __init__(self, owner: PyPool, proc: subprocess.Popen[bytes], pidfd: int,
-                 start_by: float) -> None:
+                 start_by: float, record: int | None = None) -> None:
         assert proc.stdin is not None and proc.stdout is not None
         self.owner = owner  # the pool that started it (a member may have one per user)
         self.proc = proc
@@ -98,6 +99,7 @@ class _Worker:
         self.reason: str | None = None  # "timeout" or "cut" once the pool killed it for that
         self.dead = False  # killed, or closed its answer pipe (its pidfd is still to fire)
         self.closed = False  # reaped: its descriptors are closed (their numbers may be reused)
+        self.record = record  # its number in the log of running processes (meshjobs.leftovers)
 
 
 class PyPool:
@@ -114,6 +116,7 @@ class PyPool:
         env: dict[str, str] | None = None,
         user: runas.Identity | None = None,
         wall_rules: Callable[[], Any] | None = None,
+        record: leftovers.Record | None = None,
     ) -> None:
         """env: the workers' environment (meshjobs.itemenv.base_env of meshd's; that of the
         default list when None), to which the pool adds what python needs to start a worker.
@@ -121,7 +124,8 @@ class PyPool:
         user: who the workers run as (None: meshd's own user, in meshd's folder).
         wall_rules: the Landlock rules (meshjobs.wall.Rules, or None) each worker starts
         behind. A worker serves the items of many jobs, so it is one Landlock domain: walled
-        off from meshd's files and from signalling meshd, not from the other items it runs."""
+        off from meshd's files and from signalling meshd, not from the other items it runs.
+        record: where each worker is recorded while it runs (meshjobs.leftovers; None: not)."""
         if size < 1:
             raise ValueError(f"a python pool needs at least one worker, not {size}")
         self._size = size
@@ -142,6 +146,7 @@ class PyPool:
                 self._env.pop(name, None)
             self._env.update(user.env())
         self._wall_rules = wall_rules
+        self._record = record
         self._workers: list[_Worker] = []
         self._queue: deque[Any] = deque()
         self._respawn_at: float | None = None
@@ -237,6 +242,7 @@ class PyPool:
             _killpg(w.proc.pid, signal.SIGKILL)
         for w in self._workers:
             w.proc.wait()
+            self._forget(w.record)
             self._close(w)
         self._workers.clear()
         self._queue.clear()
@@ -252,7 +258,9 @@ class PyPool:
         env["PYTHONPATH"] = _ROOT + (os.pathsep + path if path else "")
         if "PYTHONHOME" in os.environ:
             env["PYTHONHOME"] = os.environ["PYTHONHOME"]
-        argv = [sys.executable, "-m", "meshjobs.pyworker"]
+        # The worker dies with the driver thread (pyworker.main: PR_SET_PDEATHSIG), which it
+        # checks against meshd's pid.
+        argv = [sys.executable, "-m", "meshjobs.pyworker", str(os.getpid())]
         rules = self._wall_rules() if self._wall_rules is not None else None
         if rules is not None:
             try:
@@ -260,7 +268,11 @@ class PyPool:
             except wall.WallError as e:
                 self._start_failed(None, str(e))
                 return
+        entry = None
         try:
+            # Recorded before it starts (meshjobs.leftovers): a later meshd ends it if this one
+            # dies first.
+            entry = self._record.begin("worker", None) if self._record is not None else None
             proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
@@ -268,12 +280,30 @@ class PyPool:
         except OSError as e:
             # Out of memory or processes, for now: try again later, as for a worker that died
             # before it was ready.
-            self._start_failed(None, f"could not spawn {sys.executable}{self._as()}: "
-                                     f"{e.strerror or e}")
+            self._forget(entry)
+            what = ("could not record a python worker in the data folder" if self._record is not None
+                    and entry is None else f"could not spawn {sys.executable}{self._as()}")
+            self._start_failed(None, f"{what}: {e.strerror or e}")
             return
-        # Out of descriptors, the member cannot supervise a worker it cannot watch.
-        pidfd = pidwatch.open_pidfd(proc.pid, proc.wait)
-        w = _Worker(self, proc, pidfd, time.monotonic() + limits.py_worker_start_s_max)
+
+        def reap() -> None:
+            # Out of descriptors, or its record cannot be written: the member cannot supervise
+            # a worker it cannot watch or find again.
+            proc.wait()
+            self._forget(entry)
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+
+        if self._record is not None and entry is not None:
+            try:
+                self._record.started(entry, proc.pid)
+            except OSError:
+                _killpg(proc.pid, signal.SIGKILL)
+                reap()
+                raise
+        pidfd = pidwatch.open_pidfd(proc.pid, reap)
+        w = _Worker(self, proc, pidfd, time.monotonic() + limits.py_worker_start_s_max, entry)
         os.set_blocking(w.r_fd, False)
         os.set_blocking(w.w_fd, False)
         self._sel.register(pidfd, selectors.EVENT_READ, (w, "pid"))
@@ -281,6 +311,11 @@ class PyPool:
         self._workers.append(w)
         self._log.debug("py_worker_started", pid=proc.pid,
                         uid=os.geteuid() if self._user is None else self._user.uid)
+
+    def _forget(self, seq: int | None) -> None:
+        """A worker was reaped, or did not start: its end in the log (meshjobs.leftovers)."""
+        if self._record is not None:
+            self._record.forget(seq)
 
     def _as(self) -> str:
         """Words naming the workers' user, for errors (empty when they run as meshd's)."""
@@ -421,6 +456,7 @@ class PyPool:
             w.dead = True
             self._sel.unregister(w.r_fd)
         returncode = w.proc.wait()
+        self._forget(w.record)
         self._close(w)
         self._workers.remove(w)
         rc, sig = (None, -returncode) if returncode < 0 else (returncode, None)

@@ -27,6 +27,10 @@ Rules:
 5. An answer whose out and err together pass limits.py_result_bytes_max is replaced by a failure
    that says so. A request larger than the limits allow is a broken invariant of meshd: the
    worker exits with status 70.
+6. A worker dies with meshd: before anything else it sets its parent-death signal to SIGKILL
+   (after its uid was switched, which would clear it), then checks that meshd is still its
+   parent. The signal follows the driver thread that started it, which ends only after it
+   killed every worker (meshjobs/driver.py, Rule 11), or with meshd.
 """
 
 from __future__ import annotations
@@ -235,8 +239,28 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def die_with(parent: int) -> None:
+    """Be killed (SIGKILL) when the thread that started this process ends, and exit now if
+    `parent` (meshd's pid) is not this process's parent any more: it died before the signal was
+    set (Rule 6). Where there is no prctl (not Linux), nothing."""
+    try:
+        import ctypes
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL
+    if os.getppid() != parent:
+        os._exit(70)
+
+
 def main() -> None:
-    """Serve requests on fd 0, answers on fd 1, until the request pipe closes."""
+    """Serve requests on fd 0, answers on fd 1, until the request pipe closes. argv[1], when
+    given, is the pid of the meshd that started this worker (`die_with`)."""
+    if len(sys.argv) > 1 and sys.argv[1].isdigit():
+        die_with(int(sys.argv[1]))
     req_fd = os.dup(0)
     ans_fd = os.dup(1)
     devnull = os.open(os.devnull, os.O_RDONLY)

@@ -184,6 +184,7 @@ def apply_rerun(tbl: JobTable, e: dict, index: int, t: int) -> dict:
     job.cancelled = False
     job.started = False
     job.finished_ms = 0
+    job.finished_clock_ms = 0
     del tbl.finished[job.id]
     if waits:
         job.waiting_on = waits

@@ -44,13 +44,24 @@ breaks them:
   id, as a crashed member is. With `slots` set, an operator now and then sets the pool's
   slots (0 to 3, fleet-wide or on one member) or resets them; after healing every override
   is reset.
+- With `reads` set, readers now and then ask a member cut off from the leader for the job
+  list: once its table has caught up with the log since it started, it answers from it
+  (never 503), saying whether it is fresh.
 - Clients are three submitters, every fifth client an admin, and every change carries who
   sends it. With `meddle` set, a submitter now and then tries to cancel, hold or forget a job
   another submitted: it must be refused (403) wherever it lands, and, checked on every
   committed entry whether or not `meddle` is set, no entry changes a job for anyone but its
   submitter or an admin (nor does a bulk change answer otherwise). With `quota` set, one
   submitter's token has that running_items_max, and at no committed index are more of its
-  items leased (recounted from the items, not from the table's counters).
+  items leased (recounted from the items, not from the table's counters). With `worker_pool`
+  set, the workers also offer pool "gpu", which no voter does; that share of new jobs goes
+  there (placed ones on workers only), and soon after every election an operator asks the new
+  leader's fleet about a worker (`member undrain`) or the gpu pool (`pool release`): what a new
+  leader says of pools and members it has not heard from yet is checked (see Rule 2).
+- With `clocks` set, those members' wall clocks are off (minutes ahead or behind); every
+  incarnation's monotonic clock has an origin of its own. With `keep_s` set, retention is by
+  age: no job may be expired before keep_s has passed, in the simulator's own time, since the
+  batch that ended it was proposed, whichever leaders' clocks stamped its end and its expiry.
 
 Rule 1: pure and replayable. No IO, clock or threads; every choice comes from one
         `random.Random(seed)`, and nothing iterates a set whose order could change between runs.
@@ -72,9 +83,16 @@ Rule 2: the checks are the point. A broken one raises `SimFailure`, whose messag
         only while fewer of the pool's items run there than its effective slots (as its own
         table says; with slots set to 0, its configured ones, for what was leased before).
         Checked after every
-        step: every member's table equals every other table (and the oracle) at the same index;
+        step: a worker says it is fresh only while its leader itself sent it F_JOB_STATE within
+        dead_ms and its table holds every entry that leader's frames showed it;
+        every member's table equals every other table (and the oracle) at the same index;
         a submit, cancel or forget is answered 200/201 only once committed; a change of an
-        acknowledged, committed job is never answered 404; no answer is given twice.
+        acknowledged, committed job is never answered 404; no answer is given twice. A leader
+        gives no final "unknown pool" or "no member" answer, and proposes no fan-out's member
+        list, while it has not heard from the fleet (node/heard.py, told here from what the
+        simulator delivered to it): less than dead_ms into its reign with a member it knows of
+        (a voter, one its table names, one that reported to it within lost_ms before the
+        reign) not yet reported in the reign.
 Rule 3: a safety phase of `steps` steps with faults, then a liveness phase with every fault
         healed, which must end, within a bound, with every acknowledged job ended or forgotten
         and every member's table caught up.
@@ -240,6 +258,39 @@ class SimConfig:
     # and the leaders send new workers dumps. Off by default, and then not drawn at all, so that
     # recorded seeds replay as they did.
     dumps: float = 0.0
+    # Workers also offer pool "gpu" (no voter does): a new job goes there with this chance,
+    # and operators ask about a worker or the gpu pool right after each election. Off by
+    # default, and then not drawn at all, so that recorded seeds replay as they did.
+    worker_pool: float = 0.0
+    # Members whose wall clocks are off, by ms: (("v2", 120_000),) is v2 two minutes ahead.
+    # Monotonic clocks have an origin of their own per incarnation whatever this says. Drawn
+    # nothing.
+    clocks: tuple[tuple[str, int], ...] = ()
+    # Retention by age (NodeConfig.keep_s; then no keep_jobs): no job may be expired before
+    # keep_s has passed, in the simulator's time, since the batch that ended it was proposed
+    # (table.py Rule 7), whichever leaders' clocks stamped its end and its expiry. Drawn
+    # nothing.
+    keep_s: float | None = None
+    # Per step: a reader asks a member for the job list. A member whose table has caught up with
+    # the log once since it started answers it from its table (200), saying whether it is
+    # fresh, whatever it hears then: never 503. Off by default, and then not drawn at all, so
+    # that recorded seeds replay as they did.
+    reads: float = 0.0
+    # The leader is killed this long (drawn) after the last kill, as by an operator testing
+    # failovers. Off by default, and then not drawn at all, so that recorded seeds replay as
+    # they did.
+    leader_kills_ms: tuple[int, int] = (0, 0)
+    # With this set (ms), every accepted result must commit within this of its run's end, or
+    # of the start of the reign it commits in, whichever is later: a member sends its results
+    # to each new reign at once, not when its resend timer (proposal_retry_ms) is due. Only for
+    # worlds whose frames are never lost (a lost frame is resent by that timer). Drawn nothing.
+    result_wait_ms_max: int = 0
+
+
+# With SimConfig.worker_pool: the pool only workers offer, and the selectors its placed jobs
+# draw from (each matches a worker, so that every job can end).
+WORKER_POOL = "gpu"
+WORKER_SELECTORS = ("w1", "w2", "w?", "*", "*")
 
 
 # The identity whose token has a running_items_max when SimConfig.quota is set.
@@ -290,6 +341,7 @@ class _Member:
     links: dict[str, bool] = field(default_factory=dict)
     pos: int = 0  # voters: committed entries applied (kept over a crash, as the journal is)
     tokens: int = 0
+    mono_ms: int = 0  # its monotonic clock's origin, in the simulator's time (per incarnation)
     running: dict[tuple, int] = field(default_factory=dict)  # run -> seq of its end event
     checked_index: int = -1
     pressure: bool = False
@@ -300,6 +352,11 @@ class _Member:
     unsynced: bool = False  # it logged entries this round and has not synced them yet
     dump: tuple[int, bytes] | None = None  # voters: the latest dump (position, bytes), kept over a crash
     dumping: bool = False  # a dump of this incarnation is being written
+    # What the simulator gave its node: when its reign as leader began (None: not leading),
+    # and when each member's report (F_JOB_HAVE) was last stepped into it, this incarnation.
+    reign_ms: int | None = None
+    reports: dict[str, int] = field(default_factory=dict)
+    caught_up: bool = False  # its table has been at the log's last entry since it started
 
 
 @dataclass
@@ -557,13 +614,18 @@ class Sim:
         self.xfers = _Xfers(self, receiver_cls) if self.cfg.xfer else None
         self.cuts: dict[int, frozenset] = {}  # partition id -> pairs of members cut apart
         self.keep_jobs = self.rng.choice([None, None, 20])
+        if self.cfg.keep_s is not None:
+            self.keep_jobs = None  # an expiry for room would not be one of age
+        self.ended_at: dict[str, int] = {}  # finished job -> when the batch that ended it was proposed
+        self.proposed_ms = 0  # when the entry being committed was proposed
         # Raft, modelled.
         self.term = 0
         self.leader: str | None = None
         self.ready_pos = 0
         self.election_at = self.now
         self.believes: dict[str, int] = {}  # deposed leader -> until when it believes it leads
-        self.tail: list[tuple[bytes, int]] = []  # proposed, not committed: (entry, commit at)
+        # Proposed, not committed: (entry, commit at, proposed at).
+        self.tail: list[tuple[bytes, int, int]] = []
         self.log: list[tuple[int, bytes]] = []  # committed: (index, entry)
         self.last_index = 0
         # The oracle: a table that applies the committed log as it commits.
@@ -596,6 +658,12 @@ class Sim:
         self.owners: dict[str, str] = {}  # committed job id -> its submitter
         self.gone: set[str] = set()  # members lost for good
         self.heard: dict[tuple[str, str], int] = {}  # (worker, voter) -> last F_JOB_STATE from it
+        # Request id -> the request a member forwarded under it (F_CTL), as delivered.
+        self.forwarded_reqs: dict[Any, Any] = {}
+        self.probes_sent = 0
+        # (worker, incarnation, leader, term) -> the furthest table position that leader's own
+        # F_JOB_STATE frames of that term showed the worker (entries it has, or must get).
+        self.shown: dict[tuple[str, int, str, int], int] = {}
         self.wiped: set[str] = set()  # blobs they held (a copy confirmed before the loss counts)
         # The operators' orders as the committed log says, kept here apart from the table (so
         # that a table that ignores one is caught): (pool, member or "*") held or drained, and
@@ -616,6 +684,10 @@ class Sim:
         self.cron_settled: dict[tuple[str, int], str] = {}
         self.cron_last: dict[str, tuple[int, int]] = {}
         self.healed_ms: int | None = None
+        # Results: when each run's end reached its member, and when the reign began.
+        self.run_ended_ms: dict[tuple[str, int, int], int] = {}
+        self.reign_ms = self.now
+        self.next_leader_kill_ms = self.now + self.cfg.leader_kills_ms[1]
         for i in range(self.cfg.cron):
             spec = f"@every {self.rng.choice([1, 2, 3, 5])}s"
             name = f"c{i}"
@@ -663,7 +735,10 @@ class Sim:
         m.inc += 1
         m.inbox, m.applied, m.running, m.links, m.view_sent = [], [], {}, {}, None
         m.cut = set()
+        m.reign_ms, m.reports = None, {}
+        m.caught_up = False
         m.boot = f"{m.name}.{m.inc}.{self.rng.getrandbits(32):08x}"
+        m.mono_ms = T0_MS - int(m.boot.rsplit(".", 1)[1], 16)  # not drawn: seeds replay as they did
         m.dumping = False
         if m.role == "voter":
             table = self._voter_table(m)
@@ -672,8 +747,12 @@ class Sim:
         else:
             table = self.table_cls()
             m.inbox.append(View())  # a worker's replica has no Raft: one empty view at start
-        cfg = NodeConfig(member=m.name, boot=m.boot, pools={"default": Pool("default", slots=2)},
-                         keep_jobs=self.keep_jobs, role=m.role, voters=VOTERS,
+        pools = {"default": Pool("default", slots=2)}
+        if self.cfg.worker_pool and m.role == "worker":
+            pools[WORKER_POOL] = Pool(WORKER_POOL, slots=1)
+        cfg = NodeConfig(member=m.name, boot=m.boot, pools=pools,
+                         keep_jobs=self.keep_jobs, keep_s=self.cfg.keep_s, role=m.role,
+                         voters=VOTERS,
                          dead_ms=limits.member_dead_ms, blob_copies=2, lost_ms=self.cfg.lost_ms)
         m.table = table
         m.node = self.node_cls(table, cfg, random.Random(self.rng.getrandbits(64)))
@@ -712,9 +791,14 @@ class Sim:
         if m.role == "voter":
             view = self._voter_view(m)
             if view != m.view_sent:
+                led = m.view_sent is not None and m.view_sent.is_leader
                 m.view_sent = view
                 node.step(view)
-        node.step(Tick(self.now))
+                if view.is_leader and not led:
+                    m.reign_ms = self.now  # its reign begins at this round's tick
+                elif not view.is_leader:
+                    m.reign_ms = None
+        node.step(Tick(self.now + dict(self.cfg.clocks).get(m.name, 0), self.now - m.mono_ms))
         applied, m.applied = m.applied, []
         for a in applied:
             node.step(a)
@@ -723,6 +807,10 @@ class Sim:
             node.step(ev)
             if isinstance(ev, DiskFull):
                 m.disk_known = ev.on
+            elif isinstance(ev, FrameIn) and ev.ftype == "F_JOB_HAVE":
+                m.reports[ev.peer] = self.now
+            elif isinstance(ev, FrameIn) and ev.ftype == "F_CTL" and isinstance(ev.body, dict):
+                self.forwarded_reqs[ev.body.get("rid")] = ev.body.get("req")
         advance(node.ready(), persist=lambda entry: self._persist(m, entry),
                 sync=lambda: self._sync(m), release=lambda eff: self._effect(m, eff))
         if m.exiting:
@@ -735,6 +823,9 @@ class Sim:
             for sub in entry.get("es", ()):
                 if sub.get("k") == "lease" and any(g[2] == m.name for g in sub["g"]):
                     self.fail(f"{m.name} leased items to itself while its disk is full")
+        for sub in entry.get("es", ()):
+            if sub.get("k") == "submit" and "on" in sub:
+                self._check_heard(m, f"proposed fan-out {sub.get('id')} on {sub['on']}")
         m.unsynced = True
         self._propose(m, entry)
 
@@ -746,7 +837,50 @@ class Sim:
                 isinstance(eff, Reply) and eff.answer.status == 400):
             self.fail(f"{m.name} let {type(eff).__name__} leave before the entries it logged "
                       f"this round were synced")
+        if isinstance(eff, Reply) and m.node.view.is_leader:
+            self._check_final(m, self.asked.get((m.name, m.inc, eff.token)), eff.answer)
+        elif isinstance(eff, Send) and eff.ftype == "F_CTL_REPLY" and isinstance(eff.body, dict):
+            self._check_final(m, self.forwarded_reqs.get(eff.body.get("rid")),
+                              Answer(eff.body.get("status"), eff.body.get("body")))
         dispatch(eff, self._effects, m)
+
+    # --- a new leader's first moments (node/heard.py) -----------------------------------------
+
+    def _heard_all(self, m: _Member) -> str | None:
+        """Has leader `m` heard from the fleet, as the simulator gave it reports? None when it
+        has; else what it still waits for."""
+        since = m.reign_ms
+        if since is None or self.now - since >= limits.member_dead_ms:
+            return None
+        expected = set(VOTERS) | m.table.members_named()
+        expected.update(p for p, t in m.reports.items() if t >= since - self.cfg.lost_ms)
+        missing = sorted(p for p in expected - {m.name} if m.reports.get(p, -1) < since)
+        if not missing:
+            return None
+        return (f"{self.now - since} ms into its reign, not yet heard from {missing} "
+                "in it")
+
+    def _check_heard(self, m: _Member, what: str) -> None:
+        waits = self._heard_all(m)
+        if waits is not None:
+            self.fail(f"leader {m.name} {what}, {waits}")
+        self.count("heard_checked")
+
+    def _check_final(self, m: _Member, req: Any, answer: Answer) -> None:
+        """No final "unknown pool" or "no member" from a leader that has not heard from the
+        fleet yet (it may only not have heard yet)."""
+        if not isinstance(req, dict) or not isinstance(answer.body, dict):
+            return
+        op, status, words = req.get("op"), answer.status, str(answer.body.get("error", ""))
+        final = ((op in ("submit", "cron") and status == 400 and "unknown pool" in words)
+                 or (op in ("pool", "member") and status == 404
+                     and ("unknown pool" in words or "no member" in words))
+                 or (op == "member" and status == 409 and "has not reported" in words))
+        if final:
+            self._check_heard(m, f"answered {op} {status} {words!r}")
+            self.count("final_unknowns_checked")
+        elif status == 503 and answer.body.get("not_known_yet") is True:
+            self.count("not_known_yet_answers")
 
     def _effect_table(self) -> dict[type, Callable[[Any, _Member], None]]:
         """What the simulated edge does with each effect a member's node releases."""
@@ -842,7 +976,7 @@ class Sim:
             self.count("proposals_lost")
             return
         at = max(self.tail[-1][1] if self.tail else 0, self.now + self.rng.randint(1, 30))
-        self.tail.append((raw, at))
+        self.tail.append((raw, at, self.now))
 
     def _depose(self) -> None:
         old = self.leader
@@ -858,10 +992,13 @@ class Sim:
             self.election_at = self.now + self._between(self.cfg.election_ms)
             return
         leader = self.rng.choice(candidates)
+        if self.cfg.clocks:
+            self.count("elected_" + leader)
         self.term += self.rng.randint(1, 2)
+        self.reign_ms = self.now  # (what of the old tail it keeps commits in its reign)
         keep = self.rng.randint(0, len(self.tail))
-        for raw, _at in self.tail[:keep]:
-            self._commit(raw)
+        for raw, _at, proposed in self.tail[:keep]:
+            self._commit(raw, proposed)
         self.count("proposals_lost_at_election", len(self.tail) - keep)
         self.tail = []
         self.last_index += 1  # the new leader's no-op
@@ -869,10 +1006,14 @@ class Sim:
         self.leader = leader
         self.believes.pop(leader, None)
         self.count("elections")
+        if self.cfg.worker_pool:
+            for _ in range(self.rng.randint(1, 3)):
+                self._at(self.now + self.rng.randint(0, 1_500), "probe", None)
 
-    def _commit(self, raw: bytes) -> None:
+    def _commit(self, raw: bytes, proposed: int) -> None:
         self.last_index += 1 if self.rng.random() < 0.8 else self.rng.randint(2, 4)
         self.log.append((self.last_index, raw))
+        self.proposed_ms = proposed
         self._oracle_apply(_unpack(raw), self.last_index)
 
     def _voter_view(self, m: _Member) -> View:
@@ -894,7 +1035,8 @@ class Sim:
         if self.leader is None:
             return
         while self.tail and self.tail[0][1] <= self.now:
-            self._commit(self.tail.pop(0)[0])
+            raw, _at, proposed = self.tail.pop(0)
+            self._commit(raw, proposed)
         for v in VOTERS:
             m = self.members[v]
             if not m.alive or not (v == self.leader or self._reachable(v, self.leader)):
@@ -1038,6 +1180,8 @@ class Sim:
                                 outcome if isinstance(e, dict) and e.get("k") == "result" else None)
         self._check_rerun(e, index, outcome, before)
         self._check_owner(e, index, outcome)
+        if self.cfg.keep_s is not None:
+            self._check_retention(e, index, outcome)
         for key in sorted(before, key=repr):
             after = self._item(key)
             if after is None:
@@ -1046,6 +1190,25 @@ class Sim:
             if epoch < self.max_epoch.get(key, 0):
                 self.fail(f"lease epoch of {key} went back from {self.max_epoch[key]} to {epoch}")
             self.max_epoch[key] = epoch
+
+    def _check_retention(self, e: Any, index: int, outcome: dict) -> None:
+        """A job is expired only once keep_s has passed, in the simulator's own time, since the
+        batch that ended it was proposed: whatever the wall clocks of the leaders that ended
+        it and expire it say (table.py Rule 7)."""
+        for jid, job in self.oracle.jobs.items():
+            if job.finished:
+                self.ended_at.setdefault(jid, self.proposed_ms)
+            else:
+                self.ended_at.pop(jid, None)  # run again: its next end counts
+        if not (isinstance(e, dict) and e.get("k") == "expire" and outcome.get("ok")):
+            return
+        assert self.cfg.keep_s is not None
+        for jid in outcome["expired"]:
+            age = self.proposed_ms - self.ended_at.pop(jid)
+            if age < self.cfg.keep_s * 1000:
+                self.fail(f"entry {index} expired job {jid} {age} ms after the batch that ended "
+                          f"it was proposed, before keep_s ({self.cfg.keep_s} s)")
+            self.count("expiries_checked")
 
     def _check_owner(self, e: Any, index: int, outcome: dict) -> None:
         """A committed change of one job by an identity (its `by` and role `br`) changes it
@@ -1180,11 +1343,14 @@ class Sim:
 
     def _check_slots(self, m: _Member, key: tuple) -> None:
         """A member starts an item only while fewer items of the pool run there than its
-        effective slots (every job of the simulation is in pool "default", 2 slots)."""
-        configured = m.node.cfg.pools["default"].slots
-        n = m.table.ctl.slots_of("default", m.name, configured)
+        effective slots (pool "default", 2 slots; with `worker_pool`, "gpu" too, 1 slot)."""
+        pool = m.table.jobs[key[0]].pool
+        configured = m.node.cfg.pools[pool].slots
+        n = m.table.ctl.slots_of(pool, m.name, configured)
         limit = n if n > 0 else configured
-        running = sum(1 for k in m.running if k not in m.cut)
+        jobs = m.table.jobs
+        running = sum(1 for k in m.running if k not in m.cut
+                      and getattr(jobs.get(k[0]), "pool", pool) == pool)
         if running >= limit:
             self.fail(f"{m.name} started {key} with {running} items running, its pool's "
                       f"effective slots being {n}")
@@ -1206,6 +1372,19 @@ class Sim:
             self.slots_lift_ms = self.now + 1_000
             self._order({"op": "pool", "action": "slots", "pool": "default", "member": None,
                          "slots": None})
+
+    def _probe(self) -> None:
+        """Right after an election, an operator asks about a worker or the pool only workers
+        offer: harmless if done (an undrain of a member not drained, a release of a pool not
+        held), and its answer from a new leader is checked (`_check_final`)."""
+        rng = self.rng
+        if rng.random() < 0.5:
+            req: dict[str, Any] = {"op": "member", "action": "undrain",
+                                   "name": rng.choice(WORKERS), "grace_s": None}
+        else:
+            req = {"op": "pool", "action": "release", "pool": WORKER_POOL, "member": None}
+        self._order(req)
+        self.count("probes_sent")
 
     def _order(self, req: dict) -> None:
         alive = [n for n in MEMBERS if self.members[n].alive]
@@ -1289,6 +1468,15 @@ class Sim:
             self.accepted[k3] = self.accepted.get(k3, 0) + 1
             if self.accepted[k3] > 1:
                 self.fail(f"two accepted results for {k3}")
+            ended_ms = self.run_ended_ms.pop(k3, None)
+            if ended_ms is not None:
+                waited = self.now - max(ended_ms, self.reign_ms)
+                if waited > self.cfg.result_wait_ms_max:
+                    self.fail(f"the result of {k3} committed {waited} ms after its run ended "
+                              f"and the reign of {self.leader} began (over "
+                              f"{self.cfg.result_wait_ms_max} ms): it waited for a resend")
+                self.counts["results_waited_ms_max"] = max(
+                    waited, self.counts.get("results_waited_ms_max", 0))
             row = next(r for r in rows if (r[0], r[1], r[2]) == k3)
             if len(row) >= 10:
                 self._check_copies(index, [d.hex() for d in (row[6], row[7])
@@ -1388,6 +1576,20 @@ class Sim:
                 self.count("frames_late")
             self._at(self.now + delay, "frame", (m.name, m.inc, dst.name, dst.inc, eff.ftype, raw))
 
+    def _note_shown(self, d: _Member, src: str, body: Any) -> None:
+        """The table position an F_JOB_STATE of the leader itself (`src`) shows worker `d`: a
+        whole table's, or the last of the entries it carries (or where they would start)."""
+        if d.role != "worker" or body.get("leader") != src:
+            return  # a follower's hint of who leads shows no entries
+        if "snapshot" in body:
+            end = body["index"]
+        elif "entries" in body:
+            end = max([body["prev"]] + [e[0] for e in body["entries"]])
+        else:
+            return
+        key = (d.name, d.inc, src, body["term"])
+        self.shown[key] = max(self.shown.get(key, 0), end)
+
     def _new_blob(self, rng: random.Random) -> str:
         """A new blob's digest; with `xfer`, of real bytes the transfers carry."""
         if self.xfers is None:
@@ -1431,6 +1633,7 @@ class Sim:
                 d.inbox.append(FrameIn(src, ftype, _unpack(raw)))
                 if ftype == "F_JOB_STATE":
                     self.heard[(dst, src)] = self.now
+                    self._note_shown(d, src, _unpack(raw))
             elif kind == "end":
                 name, inc, ev = p
                 m = self.members[name]
@@ -1442,6 +1645,8 @@ class Sim:
                 # The driver writes the outputs to the blob store before it reports the end.
                 self.blobs[name].update(d for d in (ev.stdout, ev.stderr) if d is not None)
                 m.inbox.append(ev)
+                if self.cfg.result_wait_ms_max and ev.state != "cut":
+                    self.run_ended_ms[key] = self.now
             elif kind == "copied":
                 src, src_inc, dst, dst_inc, digests = p
                 if (self.members[dst].inc != dst_inc or self.members[src].inc != src_inc
@@ -1472,6 +1677,8 @@ class Sim:
                     m.dump = (pos, data)
                     m.inbox.append(DumpReady(pos))
                     self.count("dumps_written")
+            elif kind == "probe":
+                self._probe()
             elif kind in ("xframe", "xpump"):
                 assert self.xfers is not None
                 self.xfers.due(kind, p)
@@ -1504,6 +1711,11 @@ class Sim:
 
     def _faults(self) -> None:
         cfg, rng = self.cfg, self.rng
+        if cfg.leader_kills_ms[1] and self.now >= self.next_leader_kill_ms:
+            self.next_leader_kill_ms = self.now + self._between(cfg.leader_kills_ms)
+            if self.leader is not None and self.members[self.leader].alive:
+                self._crash(self.members[self.leader])
+                self.count("leader_kills")
         if rng.random() < cfg.crash:
             alive = [n for n in MEMBERS if self.members[n].alive]
             if alive:
@@ -1588,9 +1800,14 @@ class Sim:
             spec["after"] = [{"id": p, "on": rng.choice(["ok", "ok", "end", "fail"])}
                              for p in parents]
             self.count("jobs_with_deps")
+        gpu = bool(self.cfg.worker_pool) and rng.random() < self.cfg.worker_pool
+        if gpu:
+            spec["pool"] = WORKER_POOL
+            self.count("jobs_worker_pool")
         if self.cfg.place and rng.random() < self.cfg.place:
             # Each selector matches a member that offers the pool, so that every job can end.
-            spec["member"] = rng.choice(["v1", "w2", "v*", "w?", "[vw]1", "*", "*"])
+            spec["member"] = rng.choice(WORKER_SELECTORS if gpu else
+                                        ["v1", "w2", "v*", "w?", "[vw]1", "*", "*"])
             if spec["member"] == "*":
                 items = items[:1]
             self.count("jobs_placed")
@@ -1722,6 +1939,9 @@ class Sim:
         if req["op"] == "cron":
             self._cron_answered(m, key, req, status, body)
             return
+        if req["op"] == "list":
+            self._check_list(m, status, body)
+            return
         if status == 507 and not (req["op"] == "submit" and m.disk_known):
             self.fail(f"{m.name} answered {req['op']} 507 (disk full) but its disk is not full")
         if key in self.meddles:
@@ -1786,6 +2006,36 @@ class Sim:
         self.count(f"answers_{status}")
         self._answered(c, status, body)
 
+    def _reads(self) -> None:
+        """Now and then a reader asks a member cut off from the leader for the job list
+        (`_check_list`): one the reader reaches, as a client beside it would."""
+        if self.rng.random() >= self.cfg.reads or self.leader is None:
+            return
+        cut_off = [n for n in MEMBERS if n != self.leader and self.members[n].alive
+                   and not self._reachable(n, self.leader)]
+        if not cut_off:
+            return
+        m = self.members[self.rng.choice(cut_off)]
+        m.tokens += 1
+        self.asked[(m.name, m.inc, m.tokens)] = req = {"op": "list", "limit": 20}
+        m.inbox.append(Ctl(m.tokens, req))
+        self.count("ctl_list")
+
+    def _check_list(self, m: _Member, status: int, body: Any) -> None:
+        """A member whose table caught up with the log once since it started has a table to
+        answer from: it answers the list (200) and says whether it is fresh, cut off or not.
+        Before that, 503 (try again) is its answer: an empty table would deny jobs that exist."""
+        if status == 503 and m.caught_up:
+            self.fail(f"{m.name} refused a job list ({body.get('error')!r}), though its table "
+                      f"(at index {m.table.applied_index}) has caught up with the log since "
+                      "it started: it must answer from its table and say whether it is fresh")
+        if status == 200:
+            if not isinstance(body.get("fresh"), bool):
+                self.fail(f"{m.name} answered a job list without saying whether it is fresh")
+            self.count("reads_fresh" if body["fresh"] else "reads_not_fresh")
+        else:
+            self.count(f"reads_{status}")
+
     def _check_changed(self, m: _Member, op: str, jid: str) -> None:
         """A change is answered only once applied: the committed table must show it."""
         t = self.oracle
@@ -1831,6 +2081,13 @@ class Sim:
                           "parents are all known")
             c.phase = "refused"
             self.count("submits_refused_after")
+            return
+        if (status == 400 and c.phase == "submit" and c.req["spec"].get("pool") == WORKER_POOL
+                and "unknown pool" in body.get("error", "")):
+            # No worker heard from for dead_ms by a leader that had heard from the fleet
+            # (checked where it was answered: `_check_final`).
+            c.phase = "refused"
+            self.count("submits_refused_unknown_pool")
             return
         if status == 400 or status == 413:
             self.fail(f"client {c.cid} {c.phase}: a well-formed request answered {status} {body}")
@@ -1934,7 +2191,8 @@ class Sim:
 
     def _check_fresh(self) -> None:
         """A worker says its table is fresh only while the member it takes for the leader has
-        itself sent it F_JOB_STATE within dead_ms (a follower's hint does not count)."""
+        itself sent it F_JOB_STATE within dead_ms (a follower's hint does not count), and only
+        while its table holds every entry that leader's frames (of its term) have shown it."""
         for name in WORKERS:
             m = self.members[name]
             if not m.alive or not m.node.health()["fresh"]:
@@ -1944,10 +2202,17 @@ class Sim:
             if last is None or self.now - last > limits.member_dead_ms:
                 self.fail(f"{name} says it is fresh, but its leader {leader} last sent it "
                           f"F_JOB_STATE {None if last is None else self.now - last} ms ago")
+            shown = self.shown.get((name, m.inc, leader, m.node.view.term), 0)
+            if m.table.applied_index < shown:
+                self.fail(f"{name} says it is fresh at index {m.table.applied_index}, but its "
+                          f"leader {leader} has shown it entries up to index {shown}")
 
     def _check_tables(self) -> None:
         self._check_fresh()
+        last = self.log[-1][0] if self.log else 0
         for m in self.members.values():
+            if m.alive and last and m.table.applied_index == last:
+                m.caught_up = True
             if not m.alive or m.table.applied_index == m.checked_index:
                 continue
             index = m.table.applied_index
@@ -1992,6 +2257,8 @@ class Sim:
             self._slots()
         if self.cron_clients:
             self._cron_requests()
+        if self.cfg.reads:
+            self._reads()
         for name in MEMBERS:
             m = self.members[name]
             if m.alive:

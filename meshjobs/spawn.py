@@ -8,7 +8,8 @@ descriptors meshd inherited, and glibc's posix_spawn leaves its two internal sig
 what `subprocess.Popen(..., cwd=cwd, start_new_session=True, close_fds=True,
 restore_signals=True)` gives it: its three descriptors and no other, a new session, and its
 working directory; and more: every signal at its default action, not only the SIGPIPE and
-SIGXFSZ Python ignores (a meshd started under nohup has SIGHUP ignored; its items must not).
+SIGXFSZ Python ignores (a meshd started under nohup has SIGHUP ignored; its items must not),
+and no signal blocked, whatever the spawning thread blocks.
 
 Rules:
 1. `spawn` returns the pid of a child that has exec'd, or raises OSError with the errno of
@@ -28,6 +29,7 @@ import signal
 
 # posix_spawnattr_setflags(3)
 _POSIX_SPAWN_SETSIGDEF = 0x04
+_POSIX_SPAWN_SETSIGMASK = 0x08
 _POSIX_SPAWN_SETSID = 0x80  # glibc 2.26
 
 # Generous: glibc's posix_spawn_file_actions_t is 80 bytes and posix_spawnattr_t 336.
@@ -38,6 +40,7 @@ _SIGSET_WORDS = 16  # glibc's sigset_t: 1024 bits
 _libc: ctypes.CDLL | None = None
 _ok: bool | None = None
 _sigdef: ctypes.Array | None = None
+_nomask = (ctypes.c_ulong * _SIGSET_WORDS)()  # the empty set: an item starts with no signal blocked
 
 
 def available() -> bool:
@@ -51,7 +54,7 @@ def available() -> bool:
                          "posix_spawn_file_actions_addchdir_np",
                          "posix_spawn_file_actions_addclosefrom_np", "posix_spawnattr_init",
                          "posix_spawnattr_destroy", "posix_spawnattr_setflags",
-                         "posix_spawnattr_setsigdefault"):
+                         "posix_spawnattr_setsigdefault", "posix_spawnattr_setsigmask"):
                 getattr(libc, name)
         except (OSError, AttributeError):
             _ok = False
@@ -104,8 +107,9 @@ def spawn(path: str, argv: list[str], env: dict[str, str], fds: tuple[int, int, 
                 _check(libc.posix_spawn_file_actions_addchdir_np(actions, cwd_b))
             _check(libc.posix_spawn_file_actions_addclosefrom_np(actions, 3))
             _check(libc.posix_spawnattr_setsigdefault(attr, _sigdef))
+            _check(libc.posix_spawnattr_setsigmask(attr, _nomask))
             _check(libc.posix_spawnattr_setflags(
-                attr, _POSIX_SPAWN_SETSID | _POSIX_SPAWN_SETSIGDEF))
+                attr, _POSIX_SPAWN_SETSID | _POSIX_SPAWN_SETSIGDEF | _POSIX_SPAWN_SETSIGMASK))
             c_argv = (ctypes.c_char_p * (len(args) + 1))(*args, None)
             c_env = (ctypes.c_char_p * (len(pairs) + 1))(*pairs, None)
             pid = ctypes.c_int(0)

@@ -30,6 +30,18 @@ Rule 6: dependencies are decided when a parent ends, never later. A job submitte
         forgetting it changes nothing for them; parents exist at the submit and are older
         than the job, so the edges cannot form a cycle.
 
+Rule 7: ages are measured in committed time, never against one member's wall clock. Each
+        batch carries `c`, its proposer's reckoning of committed time, and `cb`, the proposer's
+        boot id (an entry from an older member has neither: its `t` stands for `c`). The table
+        keeps `clock_ms`, the greatest `c` applied, so committed time never goes backwards,
+        and `stamp_ms`/`stamp_by`, the last batch's. A job's `finished_clock_ms` is `clock_ms`
+        when it ended; retention compares that with the leader's committed time. The leader
+        reckons committed time as the node's `CommittedClock` does (meshjobs/node/clock.py):
+        from the last stamp another member made, plus the time its own monotonic clock has
+        measured since it applied it, so a leader whose wall clock is minutes off changes no
+        job's age. `finished_ms` (and every other `t`) stays the proposer's wall clock: what
+        people are shown, and what schedules and backoffs are reckoned in.
+
 Items live in per-job parallel arrays (compact: a finished item costs a few dozen bytes) and a
 per-job queue of pending indexes: an item whose lease is revoked goes back to the head of that
 queue, as in goq; new and retried items keep their order.
@@ -97,7 +109,8 @@ class Job:
 
     __slots__ = (
         "id", "seq", "argv", "pool", "env", "cwd", "retries", "runtime_s", "tags", "priority",
-        "hold", "max_leases", "digest", "submitted_ms", "finished_ms", "cancelled", "n",
+        "hold", "max_leases", "digest", "submitted_ms", "finished_ms", "finished_clock_ms",
+        "cancelled", "n",
         "st", "attempts", "fails", "epoch", "member", "rc", "sig", "stdin", "out", "err",
         "started_ms", "ended_ms", "not_before", "queue", "n_pending", "n_leased", "n_done",
         "n_failed", "n_cancelled", "started", "errors", "held", "names", "version",
@@ -167,6 +180,8 @@ class Job:
         self.digest = digest
         self.submitted_ms = t
         self.finished_ms = 0
+        # Committed time (Rule 7) when it ended: what its age is measured from.
+        self.finished_clock_ms = 0
         self.cancelled = False
         self.n = n
         self.st = bytearray(n)  # PENDING
@@ -257,9 +272,15 @@ class JobTable:
         # Request id -> outcome of the change it named, so a retried change is not applied twice.
         self.rids: dict[str, dict] = {}
         self.counts: dict[str, int] = {}
-        # Finished jobs in the order they finished: what retention forgets first. Derived from
-        # the jobs (rebuilt on load), so it is not part of a snapshot.
+        # Finished jobs in the order they finished, each with its finished_clock_ms: what
+        # retention forgets first. Derived from the jobs (rebuilt on load), so it is not part
+        # of a snapshot.
         self.finished: dict[str, int] = {}
+        # Committed time (Rule 7): the greatest stamp applied, and the last stamp and its
+        # proposer's boot id ("" for an entry from an older member).
+        self.clock_ms = 0
+        self.stamp_ms = 0
+        self.stamp_by = ""
         # Jobs with items waiting for a lease and not held: what `pick` looks at, so that the
         # leader's every round does not walk all the jobs. Derived too (rebuilt on load).
         self.ready: dict[str, Job] = {}
@@ -307,6 +328,23 @@ class JobTable:
         t = entry.get("t")
         if isinstance(t, bool) or not isinstance(t, int) or t < 0:
             return self._refuse(Refused(400, "entry without a time stamp", "malformed"))
+        if not nested:
+            stamp = self.stamp_of(entry, t)
+            if stamp is None:
+                return self._refuse(Refused(400, "malformed committed time stamp", "malformed"))
+            before = (self.clock_ms, self.stamp_ms, self.stamp_by)
+            # Before the entry is applied: a job it ends ends at this committed time.
+            self.stamp_ms, self.stamp_by = stamp
+            self.clock_ms = max(self.clock_ms, stamp[0])
+            outcome = self._apply_checked(entry, index, t, kind, nested)
+            if not outcome.get("ok"):
+                # Rule 2: a refused entry changes nothing, its stamp included.
+                self.clock_ms, self.stamp_ms, self.stamp_by = before
+            return outcome
+        return self._apply_checked(entry, index, t, kind, nested)
+
+    def _apply_checked(self, entry: dict, index: int, t: int, kind: str, nested: bool) -> dict:
+        """`_apply_one` of an entry whose kind and time stamp are known good."""
         rid = entry.get("rid")
         fp = entry.get("fp")
         if rid is not None:
@@ -335,6 +373,16 @@ class JobTable:
             while len(self.rids) > limits.rids_remembered_max:
                 del self.rids[next(iter(self.rids))]
         return outcome
+
+    def stamp_of(self, e: dict, t: int) -> tuple[int, str] | None:
+        """The committed time an entry brings and who stamped it (Rule 7): its `c` and `cb`,
+        or, from a member of an older version, its own `t` and ""; None when malformed."""
+        c, by = e.get("c"), e.get("cb")
+        if c is None and by is None:
+            return t, ""
+        if not _is_int(c) or c < 0 or not isinstance(by, str) or len(by) > limits.boot_chars_max:
+            return None
+        return c, by
 
     def _refuse(self, r: Refused) -> dict:
         self._count("refused_" + r.reason)
@@ -424,11 +472,17 @@ class JobTable:
 
     def _finish_if_done(self, job: Job, t: int) -> bool:
         if not job.finished_ms and job.n_done + job.n_failed + job.n_cancelled == job.n:
-            job.finished_ms = max(t, 1)
-            self.finished[job.id] = job.finished_ms
+            self._mark_finished(job, t)
             reruns.schedule(self, job)
             return True
         return False
+
+    def _mark_finished(self, job: Job, t: int) -> None:
+        """`job` ends now: at the entry's wall time `t` (shown) and at committed time (its age,
+        Rule 7)."""
+        job.finished_ms = max(t, 1)
+        job.finished_clock_ms = self.clock_ms
+        self.finished[job.id] = job.finished_clock_ms
 
     # --- dependencies (Rule 6) ----------------------------------------------------------------
 
@@ -487,8 +541,7 @@ class JobTable:
                 job.ended_ms[i] = t
         job.dep_failed = True
         job.version = index
-        job.finished_ms = max(t, 1)
-        self.finished[job.id] = job.finished_ms
+        self._mark_finished(job, t)
         self._count("jobs_dep_failed")
 
     def _apply_batch(self, e: dict, index: int, t: int) -> dict:
@@ -714,8 +767,7 @@ class JobTable:
         self._unwait(job)
         job.cancelled = True
         job.version = index
-        job.finished_ms = max(t, 1)
-        self.finished[job.id] = job.finished_ms
+        self._mark_finished(job, t)
         self._count("jobs_cancelled")
         deps = list(dict.fromkeys(self._ended(job, index, t)))
         return {"ok": True, "id": job.id, **({"deps": deps} if deps else {})}
@@ -1032,6 +1084,13 @@ class JobTable:
                for t in j.not_before.values() if t > now_ms]
         return min(due) if due else None
 
+    def members_named(self) -> set[str]:
+        """The members this table has named since it was made or loaded: those its items ran
+        on or were leased or pinned to, or that held copies of their outputs (up to
+        `limits.member_names_max` of them), and those its orders name. A new leader waits to
+        hear from them before it answers about the members (node/heard.py)."""
+        return set(self._names) | self.ctl.members_named()
+
     def leases_of(self, member: str) -> list[tuple[str, int, int, str]]:
         """(job id, index, epoch, boot) of every item leased to `member`."""
         return [(jid, i, self.jobs[jid].epoch[i], boot)
@@ -1154,6 +1213,10 @@ class JobTable:
             **reruns.to_state(self),
             # Schedules, only when there are some (a snapshot without them is as it was).
             **({"crons": [c.row() for c in self.crons.values()]} if self.crons else {}),
+            # Committed time (Rule 7): the greatest stamp, the last stamp and its proposer, and
+            # each job's committed time at its end, in the order of "jobs" (0: not ended).
+            "clock": [self.clock_ms, self.stamp_ms, self.stamp_by],
+            "finished_clock": [j.finished_clock_ms for j in self.jobs.values()],
         }
 
     @classmethod
@@ -1225,8 +1288,23 @@ class JobTable:
         for row in s.get("crons", ()):
             c = cron.Cron.from_row(row)
             t.crons[c.name] = c
-        for j in sorted((j for j in t.jobs.values() if j.finished_ms), key=lambda j: (j.finished_ms, j.seq)):
-            t.finished[j.id] = j.finished_ms
+        clock = s.get("clock")
+        ended = s.get("finished_clock")
+        if clock is None:
+            # A snapshot from before committed time (Rule 7): the times its entries carried
+            # were their proposers' wall clocks, and so stand for committed time.
+            ended = [j.finished_ms for j in t.jobs.values()]
+            last = max([j.submitted_ms for j in t.jobs.values()] + ended + [0])
+            clock = [last, last, ""]
+        if not (isinstance(clock, list) and len(clock) == 3 and isinstance(ended, list)
+                and len(ended) == len(t.jobs)):
+            raise ValueError("snapshot's committed time does not fit its jobs")
+        t.clock_ms, t.stamp_ms, t.stamp_by = clock
+        for j, c in zip(t.jobs.values(), ended, strict=True):
+            j.finished_clock_ms = c
+        for j in sorted((j for j in t.jobs.values() if j.finished_ms),
+                        key=lambda j: (j.finished_clock_ms, j.seq)):
+            t.finished[j.id] = j.finished_clock_ms
         for j in t.jobs.values():
             t._ready(j)
         t.check()
@@ -1294,6 +1372,10 @@ class JobTable:
         assert leased_seen == set(self.leased), "lease map and item states disagree"
         assert set(self.finished) == {jid for jid, j in self.jobs.items() if j.finished_ms}, \
             "finished index and jobs disagree"
+        for jid, c in self.finished.items():
+            assert c == self.jobs[jid].finished_clock_ms <= self.clock_ms, \
+                f"{jid}: ended at committed time {c}, after the table's {self.clock_ms}"
+        assert self.stamp_ms <= self.clock_ms, "the last stamp is past committed time"
         assert set(self.ready) == {jid for jid, j in self.jobs.items()
                                    if j.n_pending and not j.hold and not j.waiting_on}, \
             "ready index and jobs disagree"
@@ -1396,9 +1478,12 @@ def _spec_ok(spec: dict) -> bool:
     if "id" in spec or "items" in spec:
         return False
     try:
-        return parse_submit(spec, committed=True) == {**spec, "id": None}
+        norm = parse_submit(spec, committed=True)
     except ControlError:
         return False
+    # Of the same types too: a client's 3.0 is normalized to 3 before it is proposed, so a
+    # committed 3.0 (equal to 3 in Python) was not.
+    return norm == {**spec, "id": None} and all(type(norm[k]) is type(v) for k, v in spec.items())
 
 
 def _is_int(x: Any) -> bool:

@@ -32,9 +32,11 @@ Rule 6. The allowed paths are the launcher's arguments, so they are bounded
 
 The launcher. Command items start through posix_spawn or Popen: no Python code runs in the
 child before exec, so no `landlock_restrict_self` can be called there. An item's argv is
-wrapped instead (`wrap`): `python -I -S -c LAUNCHER_CODE PATH LC_CTYPE ALLOW... -- argv...`. LAUNCHER_CODE
-is self-contained and imports only the standard library (an item user who cannot read meshd's
-install can run it): it sets no_new_privs, builds a ruleset handling every filesystem right of
+wrapped instead (`wrap`): `python -I -S -c LAUNCHER_CODE PATH LC_CTYPE PARENT ALLOW... -- argv...`.
+LAUNCHER_CODE is self-contained and imports only the standard library (an item user who cannot
+read meshd's install can run it): it sets its parent-death signal (the item's first process
+dies with the meshd thread that started it: meshjobs/driver.py, Rule 11; no_new_privs keeps an
+exec of a set-user-ID program from clearing it), sets no_new_privs, builds a ruleset handling every filesystem right of
 the running ABI and (ABI 6+) the signal and abstract unix socket scopes, adds one rule per
 allowed path, restricts itself and execs the item's program with the item's own argv (argv[0]
 included), environment and working directory. Each item gets its own Landlock domain: with
@@ -43,7 +45,8 @@ while meshd, outside every domain, still signals it. Landlock also keeps a walle
 ptrace access to processes outside its domain, so meshd's /proc files are closed to it too.
 
 Launcher exit statuses (the item's own statuses are whatever its program returns):
-EXIT_WALL (125): the rules were unreadable or the kernel refused the wall; nothing ran.
+EXIT_WALL (125): the rules were unreadable or the kernel refused the wall, or meshd died
+before the item started; nothing ran.
 EXIT_EXEC (127): the program could not be executed; nothing ran. Either way one line on stderr
 starting "meshjobs wall:" says why.
 """
@@ -71,9 +74,12 @@ _CREATE_RULESET_VERSION = 1
 # The launcher: a program of its own, run by `python -I -S -c` (isolated: no site, no user
 # site, no PYTHON* variables, no current folder on sys.path: the item's cwd cannot plant a
 # module). It imports nothing but ctypes, os and _signal (built in) (a Python start is most of its cost,
-# and json, struct or stat would each add to it). argv: PATH LC_CTYPE ALLOW... "--" argv...
+# and json, struct or stat would each add to it). argv: PATH LC_CTYPE PARENT ALLOW... "--" argv...
 # PATH: the program to exec, or "" (search the item's PATH). LC_CTYPE: "=" and the item's
-# LC_CTYPE, or "" (none: python may set it at start; it is put back exactly). ALLOW: one
+# LC_CTYPE, or "" (none: python may set it at start; it is put back exactly). PARENT: the pid of
+# the process that starts the launcher (meshd), or 0: the launcher sets its parent-death signal
+# to SIGKILL (it runs as the item's user already: a later uid change would clear it) and exits
+# at once if PARENT is no longer its parent (it died before the signal was set). ALLOW: one
 # absolute path per argument (so "--" cannot be one), each allowed in full.
 LAUNCHER_CODE = r"""
 import _signal, ctypes, os, sys
@@ -82,14 +88,18 @@ def fail(code, why):
     os._exit(code)
 a = sys.argv
 try:
-    cut = a.index("--", 3)
+    cut = a.index("--", 4)
 except ValueError:
     cut = 0
-if cut == 0 or len(a) <= cut + 1 or (a[2] and a[2][0] != "=") or \
-        not all(p.startswith("/") for p in a[3:cut]):
-    fail(125, "bad rules (%r): meshd passes them; report this" % a[1:4])
-path, lc_ctype, allow = a[1] or None, a[2][1:] if a[2] else None, a[3:cut]
+if cut == 0 or len(a) <= cut + 1 or (a[2] and a[2][0] != "=") or not a[3].isdigit() or \
+        not all(p.startswith("/") for p in a[4:cut]):
+    fail(125, "bad rules (%r): meshd passes them; report this" % a[1:5])
+path, lc_ctype, parent, allow = a[1] or None, a[2][1:] if a[2] else None, int(a[3]), a[4:cut]
 libc = ctypes.CDLL(None, use_errno=True)
+if parent:
+    libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+    if os.getppid() != parent:
+        os._exit(125)  # meshd died before the signal was set: nobody waits for this item
 sc = libc.syscall
 sc.restype = ctypes.c_long
 L, I, U = ctypes.c_long, ctypes.c_int, ctypes.c_uint32
@@ -138,6 +148,7 @@ for sig in range(1, _signal.NSIG):  # ignored by Python, or by whoever started m
             _signal.signal(sig, _signal.SIG_DFL)
     except (OSError, ValueError):
         pass
+_signal.pthread_sigmask(_signal.SIG_SETMASK, ())  # and none blocked, whatever meshd's thread had
 try:
     if path is None:
         os.execvpe(argv[0], argv, env)
@@ -228,14 +239,17 @@ def fresh(r: Rules) -> bool:
         return False
 
 
-def wrap(r: Rules, path: str | None, argv: list[str], env: dict[str, str]) -> list[str]:
+def wrap(r: Rules, path: str | None, argv: list[str], env: dict[str, str],
+         parent: int | None = None) -> list[str]:
     """The argv that runs `argv` (its program at `path`, or None: searched on the item's PATH
-    at exec) behind the rules `r`, with `env` as the item's environment. Raises WallError when
-    `r` cannot wall anything (Rule 6)."""
+    at exec) behind the rules `r`, with `env` as the item's environment; it dies with the
+    thread of `parent` (this process unless given; 0: not) that starts it. Raises WallError
+    when `r` cannot wall anything (Rule 6)."""
     r.check()
     lc_ctype = env.get("LC_CTYPE")
     return [launcher_python(), "-I", "-S", "-c", LAUNCHER_CODE, path or "",
-            "" if lc_ctype is None else "=" + lc_ctype, *r.allow, "--", *argv]
+            "" if lc_ctype is None else "=" + lc_ctype,
+            str(os.getpid() if parent is None else parent), *r.allow, "--", *argv]
 
 
 def _open_to_all(path: str) -> bool:

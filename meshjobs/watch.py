@@ -4,8 +4,10 @@ plan says, follows them and keeps their results beside each file.
 Rules:
 - All decisions are the plan's (meshjobs/watchplan/); this module lists folders, reads and
   writes the hidden state files, talks HTTP to one member and sleeps.
-- Submits are idempotent: the job id is derived from the file (and the Idempotency-Key is that
-  id), so a POST answered "already there" is a job to follow like one just made.
+- Submits are idempotent: the job id is derived from the file, so a POST answered "already
+  there" (200, where a job just made is 201) is a job to follow like one just made. Each submit
+  has an Idempotency-Key of its own, kept for meshctl's one retry of it: a key that were the job
+  id would have meshd answer every later submit of the file as the first (201, "new").
 - A state file is written whole under a temporary name, synced, then renamed: a crash leaves the
   old state or the new one, never half of one (a lost one only costs a submit meshd dedupes).
 - Folders are watched with inotify (watchfiles) where it works, and rescanned every `rescan`
@@ -22,6 +24,7 @@ import json
 import os
 import time
 import urllib.parse
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -232,9 +235,9 @@ class Watcher:
         return p
 
     def _submit(self, watch: Watch, sub: Submit) -> bool:
-        self.client.key = sub.job_id  # a retried POST is the same request to meshd
+        self.client.key = uuid.uuid4().hex  # (meshctl's retry of this POST is the same request)
         try:
-            answer = self.client.json("POST", "/jobs", sub.body)
+            status, _record = self.client.json_status("POST", "/jobs", sub.body)
         except ClickException as e:
             if e.exit_code == 2 and self._exists(sub.job_id):
                 # The job of this file version exists under another spec (the config was
@@ -250,9 +253,10 @@ class Watcher:
             self.submit_exit = e.exit_code
             return False
         self.states[watch.name].following[sub.job_id] = sub
+        # 201: a job made by this submit; 200: one that was there (submitted before the watcher
+        # was killed, or by another watcher of the same file). The answer is the job's record.
         self.log.info("watch_submitted", watch=watch.name, job=sub.job_id, file=sub.filename,
-                      index=sub.index, attempt=sub.attempt,
-                      new=bool(answer.get("new", True)) if isinstance(answer, dict) else None)
+                      index=sub.index, attempt=sub.attempt, new=status == 201)
         return True
 
     def _exists(self, job_id: str) -> bool:

@@ -67,6 +67,30 @@ def size(n: object) -> str:
     return str(n)
 
 
+def skew(ms: object) -> str:
+    """A clock's skew (ms), readable: "+120.0 s"; "" when unknown."""
+    if not isinstance(ms, int) or isinstance(ms, bool):
+        return ""
+    return f"{ms / 1000:+.1f} s"
+
+
+def clock_warnings(fleet: dict) -> list[tuple[str, str]]:
+    """(member, warning) for each member whose wall clock is more than
+    `limits.link_clock_skew_warn_ms` off the answering member's (/fleet's `clock_skew_ms`):
+    for the fleet page and `meshctl fleet`."""
+    ref = "this member's" if fleet.get("partial") else "the leader's"
+    out = []
+    for m in fleet.get("members") or []:
+        ms = m.get("clock_skew_ms") if isinstance(m, dict) else None
+        if isinstance(ms, int) and not isinstance(ms, bool) and abs(ms) > limits.link_clock_skew_warn_ms:
+            way = "ahead of" if ms > 0 else "behind"
+            out.append((str(m.get("name")), (
+                f"its wall clock is {abs(ms) / 1000:.0f} s {way} {ref} (warned past "
+                f"{limits.link_clock_skew_warn_ms / 1000:.0f} s): job times and schedules "
+                "follow the leader's clock, retention does not; set its clock right (NTP)")))
+    return out
+
+
 def argv_text(argv: object) -> str:
     """A program and its arguments as a shell would read them back."""
     if isinstance(argv, list):
@@ -139,6 +163,7 @@ STYLE = (
     ".held,.waiting{color:#6b3fa0}"
     ".queued,.pending{color:#555}"
     "button{margin:0 .3em .2em 0;cursor:pointer}.note{color:#666}"
+    ".stale{color:#8a5300;font-weight:600}"
 )
 
 
@@ -202,9 +227,11 @@ def job_row(job: dict) -> str:
 
 def jobs_page(member: str, jobs: Iterable[Any], filters: dict[str, str | None], *,
               limit: int = limits.jobs_list_default, after: str | None = None,
-              next_url: str | None = None, csrf: str = "", nonce: str = "") -> str:
+              next_url: str | None = None, csrf: str = "", nonce: str = "",
+              stale: bool = False) -> str:
     """The job list: a filter form, one page of jobs newest first, the link to older ones.
-    `filters` holds state, tag and pool (None: any)."""
+    `filters` holds state, tag and pool (None: any). `stale`: the member's table is not fresh
+    (it does not hear the leader now), which the page says above the list."""
     rows = [job_row(j) for j in jobs if isinstance(j, dict)]
     state, tag, pool = (filters.get(k) for k in ("state", "tag", "pool"))
     options = "".join(
@@ -226,10 +253,13 @@ def jobs_page(member: str, jobs: Iterable[Any], filters: dict[str, str | None], 
         f'<label>Per page <input name="limit" type="number" min="1" max="{limits.jobs_list_max}" '
         f'value="{limit}"></label>'
         '<button type="submit">Show</button> <a href="/jobs">all jobs</a></form>')
+    note = (f'<p class="stale" role="status">Member {e(member)} does not hear the leader now: '
+            "this list is its own table's and may be behind. Ask another member, or see the "
+            '<a href="/fleet">fleet</a>.</p>\n' if stale else "")
     body = (
         f'<main data-page="jobs" data-query="{e(urllib.parse.urlencode(query))}">\n'
-        "<h1>Jobs</h1>\n" + form + "\n"
-        f'<p><span id="shown">{len(rows)}</span> job(s), newest first'
+        "<h1>Jobs</h1>\n" + form + "\n" + note
+        + f'<p><span id="shown">{len(rows)}</span> job(s), newest first'
         f"{' with ' + e(shown) if shown else ''}{' (an older page)' if after else ''}. "
         '<span id="live-note" class="note">Live updates need the page\'s script.</span> '
         f'<a href="/jobs?{e(urllib.parse.urlencode({**query, "format": "json"}))}">JSON</a></p>\n'
@@ -458,7 +488,8 @@ def _orders_text(m: dict) -> str:
 
 def fleet_page(member: str, fleet: dict, *, nonce: str = "") -> str:
     """The fleet as a member sees it: leader, term, and each member's role, liveness, slots,
-    running items, blob store bytes and pressure, full disk, and when it was last heard of."""
+    running items, blob store bytes and pressure, full disk, when it was last heard of, and how
+    far its wall clock is off the leader's (with a warning past link_clock_skew_warn_ms)."""
     members = [m for m in fleet.get("members") or [] if isinstance(m, dict)]
     rows = []
     for m in members:
@@ -478,6 +509,7 @@ def fleet_page(member: str, fleet: dict, *, nonce: str = "") -> str:
             f"<td{_bad(m.get('blob_pressure'))}>{_yes(m.get('blob_pressure'))}</td>"
             f"<td{_bad(m.get('disk_full'))}>{_yes(m.get('disk_full'))}</td>"
             f'<td class="t">{e(when(m.get("last_seen")))}</td>'
+            f'<td class="n"{_bad(_off(m))}>{e(skew(m.get("clock_skew_ms")))}</td>'
             "</tr>")
     n_alive = sum(1 for m in members if m.get("alive"))
     leader = fleet.get("leader")
@@ -490,9 +522,22 @@ def fleet_page(member: str, fleet: dict, *, nonce: str = "") -> str:
         '<span id="live-note" class="note">Live updates need the page\'s script.</span></p>\n'
         "<table><thead><tr><th>member</th><th>role</th><th>alive</th><th>pools (slots)</th>"
         "<th>slots</th><th>running</th><th>orders</th><th>blob bytes</th><th>blob pressure</th>"
-        "<th>disk full</th><th>last seen (UTC)</th></tr></thead>\n<tbody>\n"
-        + "\n".join(rows) + "\n</tbody></table>\n" + _items_warnings(members) + "</main>")
+        "<th>disk full</th><th>last seen (UTC)</th><th>clock</th></tr></thead>\n<tbody>\n"
+        + "\n".join(rows) + "\n</tbody></table>\n" + _items_warnings(members)
+        + _clock_warnings(fleet) + "</main>")
     return page(f"fleet seen from {member}", member, body, nonce=nonce)
+
+
+def _off(m: dict) -> bool:
+    ms = m.get("clock_skew_ms")
+    return isinstance(ms, int) and abs(ms) > limits.link_clock_skew_warn_ms
+
+
+def _clock_warnings(fleet: dict) -> str:
+    """A warning per member whose clock is far off (`clock_warnings`), for the fleet page."""
+    return "".join(f'<p class="failed" role="alert" data-clock-warning="{e(name)}">'
+                   f"<strong>{e(name)}</strong>: {e(why)}</p>\n"
+                   for name, why in clock_warnings(fleet))
 
 
 def _items_warnings(members: list[dict]) -> str:

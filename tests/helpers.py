@@ -30,6 +30,7 @@ import concurrent.futures
 import contextlib
 import datetime as dt
 import errno
+import functools
 import hashlib
 import http.client
 import ipaddress
@@ -612,9 +613,13 @@ def shift_clock(m: Meshd, seconds: float) -> None:
 
 def make_fleet(top: str, voters: int = 3, workers: int = 0, slots: int = 2,
                dead_ms: int = 1500, worker_slots: int | None = None,
-               extra: str = "", lost_ms: int | None = None) -> list[Meshd]:
+               extra: str = "", lost_ms: int | None = None,
+               worker_pools: str = "", hosts: dict[str, str] | None = None) -> list[Meshd]:
     """Configs, data folders and one shared fleet secret for `voters` voters and `workers`
-    worker members on loopback (ports as the module's docstring says). Nothing is started."""
+    worker members on loopback (ports as the module's docstring says), or on the addresses
+    `hosts` gives by member name (a member in a namespace of its own: `Netns`); `worker_pools`
+    ends every worker's config (more `[pools.X]`, say). Nothing is started."""
+    hosts = hosts or {}
     secret = os.urandom(32)
     voter_names = [f"v{i}" for i in range(1, voters + 1)]
     names = voter_names + [f"w{i}" for i in range(1, workers + 1)]
@@ -634,8 +639,9 @@ def make_fleet(top: str, voters: int = 3, workers: int = 0, slots: int = 2,
         """Choose ports for every voter (raft, peer, http) and worker (peer) and write every
         member's config with them."""
         ports = {n: (free_port(), free_port(), free_port()) for n in voter_names}
+        at = {n: hosts.get(n, "127.0.0.1") for n in names}
         voter_lines = ", ".join(
-            f'{{ name = "{n}", raft = "127.0.0.1:{r}", peer = "127.0.0.1:{p}", http = "127.0.0.1:{h}" }}'
+            f'{{ name = "{n}", raft = "{at[n]}:{r}", peer = "{at[n]}:{p}", http = "{at[n]}:{h}" }}'
             for n, (r, p, h) in ports.items())
         for m in members:
             if m.name in ports:
@@ -644,16 +650,18 @@ def make_fleet(top: str, voters: int = 3, workers: int = 0, slots: int = 2,
                 n_slots = slots
                 m.raft_port, m.peer_port = ports[m.name][0], ports[m.name][1]
             else:
-                first = next(iter(ports.values()))
-                fleet = f'join = "127.0.0.1:{first[1]}"\n'
+                first = voter_names[0]
+                fleet = f'join = "{at[first]}:{ports[first][1]}"\n'
                 m.peer_port = free_port()
-                addrs = f'http = "127.0.0.1:0"\npeer = "127.0.0.1:{m.peer_port}"\n'
+                addrs = f'http = "{at[m.name]}:0"\npeer = "{at[m.name]}:{m.peer_port}"\n'
                 n_slots = slots if worker_slots is None else worker_slots
             assert m.config is not None
             with open(m.config, "w") as f:
                 lost = f"lost_ms = {lost_ms}\n" if lost_ms is not None else ""
                 f.write(f'name = "{m.name}"\n{addrs}{extra}\n[fleet]\n{fleet}dead_ms = {dead_ms}\n{lost}'
                         f"[pools.default]\nslots = {n_slots}\n")
+                if m.name not in ports:
+                    f.write(worker_pools)
 
     new_ports()
     for m in members:
@@ -751,6 +759,15 @@ def holds_bytes(data: str, needle: bytes) -> bool:
         return f.read().find(needle) >= 0
 
 
+def copies_landed(members: list[Meshd]) -> bool:
+    """Whether no member's blob mover has a copy waiting for its acknowledgement. A result
+    commits once `blob_copies - 1` members confirmed its outputs, while the copy asked of a
+    spare at the same time may land later: call this (in wait_until) after a job is done and
+    before counting who holds its outputs. Every copy asked for a result is in its mover's
+    books by then: the asks were queued before the acknowledgement that let it commit."""
+    return all(m.metrics().get("meshjobs_blob_mover_copies_waiting", 0) == 0 for m in members)
+
+
 def iptables() -> str | None:
     """The iptables binary, when this process may use it (root); None otherwise."""
     path = shutil.which("iptables")
@@ -774,6 +791,97 @@ def raft_deaf(m: Meshd):
         yield
     finally:
         subprocess.run([binary, "-D", *rule], check=False, capture_output=True)
+
+
+def netns_unavailable() -> str | None:
+    """Why a test cannot put a member in a network namespace of its own here (None: it can):
+    it takes root, `ip` and `iptables`, and a namespace and a veth pair made and removed."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    for tool in ("ip", "iptables"):
+        if shutil.which(tool) is None:
+            return f"no {tool} binary on this machine"
+    try:
+        with Netns():
+            pass
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = getattr(e, "stderr", b"") or b""
+        return f"cannot make a network namespace with a veth pair: {e} {detail.decode().strip()}"
+    return None
+
+
+class Netns:
+    """A network namespace of its own for one member, joined to this one by a veth pair: the
+    member listens on `inner` (its side), the others on `outer` (this side, a local address
+    here). `cut()` drops, inside the namespace, every packet to or from the member but those of
+    the ports `reachable` keeps (its HTTP port, for the test to ask it): a partition as a pulled
+    cable makes it, with nothing refused or reset. `heal()` takes the rules away. Made and
+    removed by the context manager; a member runs inside with `prefix` before its command."""
+
+    _made = 0
+
+    def __init__(self) -> None:
+        Netns._made += 1
+        tag = f"{os.getpid() % 100000}x{Netns._made}"
+        self.name = f"meshjobs-{tag}"
+        self._host_if, self._ns_if = f"mj{tag}h", f"mj{tag}n"
+        self.outer = self.inner = ""
+        self.cut_now = False
+
+    @property
+    def prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.name]
+
+    def _in(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run([*self.prefix, *args], check=check, capture_output=True)
+
+    def _taken(self) -> set[str]:
+        out = subprocess.run(["ip", "-4", "-o", "addr"], check=True, capture_output=True)
+        return {w.split("/")[0] for w in out.stdout.decode().split() if w.count(".") == 3}
+
+    def __enter__(self) -> Netns:
+        rng = random.Random()
+        taken = self._taken()
+        while True:  # a /30 of 10.0.0.0/8 no interface here uses (other runs make theirs)
+            a, b, c = rng.randrange(100, 250), rng.randrange(256), rng.randrange(0, 256, 4)
+            self.outer, self.inner = f"10.{a}.{b}.{c + 1}", f"10.{a}.{b}.{c + 2}"
+            if not {self.outer, self.inner} & taken:
+                break
+        run = functools.partial(subprocess.run, check=True, capture_output=True)
+        run(["ip", "netns", "add", self.name])
+        try:
+            run(["ip", "link", "add", self._host_if, "type", "veth", "peer", "name", self._ns_if])
+            run(["ip", "link", "set", self._ns_if, "netns", self.name])
+            run(["ip", "addr", "add", f"{self.outer}/30", "dev", self._host_if])
+            run(["ip", "link", "set", self._host_if, "up"])
+            self._in("ip", "addr", "add", f"{self.inner}/30", "dev", self._ns_if)
+            self._in("ip", "link", "set", self._ns_if, "up")
+            self._in("ip", "link", "set", "lo", "up")
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        subprocess.run(["ip", "link", "del", self._host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
+
+    def cut(self, reachable: tuple[int, ...] = ()) -> None:
+        """Drop every packet in or out of the namespace but those of local TCP ports
+        `reachable` (and loopback inside it)."""
+        for port in reachable:
+            self._in("iptables", "-A", "INPUT", "-p", "tcp", "--dport", str(port), "-j", "ACCEPT")
+            self._in("iptables", "-A", "OUTPUT", "-p", "tcp", "--sport", str(port), "-j", "ACCEPT")
+        for chain in ("INPUT", "OUTPUT"):
+            self._in("iptables", "-A", chain, "-i" if chain == "INPUT" else "-o", "lo",
+                     "-j", "ACCEPT")
+            self._in("iptables", "-A", chain, "-j", "DROP")
+        self.cut_now = True
+
+    def heal(self) -> None:
+        for chain in ("INPUT", "OUTPUT"):
+            self._in("iptables", "-F", chain)
+        self.cut_now = False
 
 
 def start_all(members: list[Meshd]) -> list[Meshd]:
@@ -902,10 +1010,10 @@ def submit_big_entry(m: Any) -> dict:
     n = limits.log_compaction_bytes_min // 30
     status, rec = m.request("POST", "/jobs", {"argv": ["true"], "hold": True,
                                               "items": [str(k) for k in range(n)]})
-    assert status == 201, rec
+    assert status == 201, (status, rec)
     for _ in range(2):
-        status, _small = m.request("POST", "/jobs", {"argv": ["true"], "hold": True})
-        assert status == 201
+        status, small = m.request("POST", "/jobs", {"argv": ["true"], "hold": True})
+        assert status == 201, (status, small)
     return rec
 
 

@@ -411,13 +411,29 @@ def test_jobs_table_and_json(srv: Server) -> None:
     assert run(srv, "jobs", "--state", "nope").exit_code == 2
 
 
+def test_jobs_from_a_member_that_is_not_fresh_says_so(srv: Server) -> None:
+    """A list from a member cut off from the leader is printed as it is, with a note on stderr
+    that it may be behind and where to look instead; a fresh list has no note."""
+    srv.control.answers["list"] = Answer(200, {"jobs": [job_record("j1")], "next": None,
+                                               "fresh": False})
+    r = run(srv, "jobs")
+    assert r.exit_code == 0 and r.stdout.splitlines()[1].split()[0] == "j1", r.output
+    assert "does not hear the leader now" in r.stderr and "--at" in r.stderr
+    r = run(srv, "jobs", "--json")
+    assert [j["id"] for j in json.loads(r.stdout)] == ["j1"] and "may be behind" in r.stderr
+    srv.control.answers["list"] = Answer(200, {"jobs": [job_record("j1")], "next": None,
+                                               "fresh": True})
+    r = run(srv, "jobs")
+    assert r.exit_code == 0 and "leader" not in r.stderr
+
+
 def test_fleet_table_and_json(srv: Server) -> None:
     r = run(srv, "fleet")
     assert r.exit_code == 0, r.output
     assert r.stdout.splitlines()[0] == "term 3  leader m1"
     assert r.stdout.splitlines()[1].split()[:5] == ["MEMBER", "ROLE", "ALIVE", "SLOTS", "RUNNING"]
     # Fields the member did not give show as 0 or "-", never a traceback.
-    assert r.stdout.splitlines()[2].split() == ["m1", "leader", "yes", "0", "0", "-", "-"]
+    assert r.stdout.splitlines()[2].split() == ["m1", "leader", "yes", "0", "0", "-", "-", "-"]
     r = run(srv, "--json", "fleet")
     assert json.loads(r.stdout)["members"][0]["name"] == "m1"
 

@@ -158,8 +158,12 @@ def _fill(folder: str, leave_bytes: int = 0) -> str:
 
 
 def _member_on(disk: str, tmp_path, free_min_mib: int) -> Meshd:
+    """A member whose data folder is on `disk`; its log (the test reads it) is not: on the disk
+    the test fills, which lines reach the log would depend on how full the log's last page is."""
     cfg = _config(tmp_path, extra=f"[blobs]\ndisk_free_min = {free_min_mib * MIB}\n")
-    return Meshd(os.path.join(disk, "m1"), config=cfg)
+    m = Meshd(os.path.join(disk, "m1"), config=cfg)
+    m.log_path = str(tmp_path / "m1.log")
+    return m
 
 
 def test_member_starts_on_a_full_disk_read_only_and_resumes(small_disk, tmp_path):
@@ -246,16 +250,14 @@ def test_disk_filling_under_a_running_member(small_disk, tmp_path):
         _read_only_checks(m, rec["id"])
         assert m.proc.poll() is None
         assert m.terminate() == 0
-        _fill(small_disk)  # the room the reserve gave back is taken too
+        # The room the reserve gave back is taken too, and so is the page of the old http.addr
+        # (which the next start deletes first).
+        os.unlink(os.path.join(m.data, "http.addr"))
+        _fill(small_disk)
         m.start(wait_ready=False)
-        try:
-            m.wait_ready()
-        except RuntimeError:
-            assert m.proc.returncode == EXIT_DISK
-            log = m.log_tail(50000)
-            assert "no space left on device" in log and "Traceback" not in log, log
-        else:  # the term fitted in a page the file system had: then it is read-only
-            _read_only_checks(m, rec["id"])
+        assert _exited(m) == EXIT_DISK
+        log = m.log_tail(50000)
+        assert "no space left on device" in log and "Traceback" not in log, log
     finally:
         m.stop()
 
@@ -416,3 +418,33 @@ def test_items_of_a_crashed_run_are_not_rerun_on_a_full_disk(meshd_factory):
     done = m.wait_job(rec["id"])  # space is back after twenty looks: it runs
     assert done["state"] == "done"
     assert m.request("GET", f"/jobs/{rec['id']}/results")[1] == b"ran\n"
+
+
+def test_worker_restarted_on_a_full_disk_stops_with_the_disk_code(small_disk, tmp_path):
+    """A worker member writes nothing at start but its HTTP address (it keeps no journal): on
+    a disk with no room left for that, it stops with ENOSPC named and the disk's exit code,
+    never a traceback."""
+    import shutil
+
+    from tests.helpers import make_fleet, start_all
+
+    voter, worker = make_fleet(str(tmp_path), voters=1, workers=1)
+    data = os.path.join(small_disk, worker.name)
+    shutil.copytree(worker.data, data)
+    worker.data = data  # its config and log stay off the small disk
+    try:
+        start_all([voter, worker])
+        _fill(small_disk)  # under the running worker: it gives its reserve back ...
+        wait_until(lambda: not os.path.exists(os.path.join(data, RESERVE_NAME)),
+                   what="the reserve freed")
+        assert worker.terminate() == 0
+        os.unlink(os.path.join(data, "http.addr"))  # (no room given back by the next start)
+        _fill(small_disk)  # ... and that room is taken too
+        worker.start(wait_ready=False)
+        assert _exited(worker) == EXIT_DISK
+        log = worker.log_tail(50000)
+        assert "no space left on device" in log and "Traceback" not in log, log
+        assert "http.addr" in log, log
+    finally:
+        voter.stop()
+        worker.stop()

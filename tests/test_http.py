@@ -120,6 +120,21 @@ def test_list_page_next_link_and_failed_column(srv: Server) -> None:
     assert '<td class="n">4</td>' in page and "<th>failed</th>" in page
 
 
+def test_list_says_whether_the_members_table_is_fresh(srv: Server) -> None:
+    """Issue 26 point 2: a member cut off from the leader answers the job list from its table
+    and says so: X-Meshjobs-Fresh (false), and a note on the HTML page; a fresh one says true
+    and the page has no note."""
+    for fresh in (False, True):
+        srv.control.answers["list"] = Answer(200, {"jobs": [job_record("j9")], "next": None,
+                                                   "fresh": fresh})
+        status, headers, data = srv.request("GET", "/jobs", headers={"Accept": "application/json"})
+        assert status == 200 and [j["id"] for j in json.loads(data)] == ["j9"]
+        assert headers["X-Meshjobs-Fresh"] == ("true" if fresh else "false")
+        status, headers, data = srv.request("GET", "/jobs", headers={"Accept": "text/html"})
+        assert status == 200 and headers["X-Meshjobs-Fresh"] == ("true" if fresh else "false")
+        assert ("does not hear the leader now" in data.decode()) is not fresh
+
+
 @pytest.mark.parametrize("query", [
     "state=sleeping", "format=xml", "tag=" + "x" * 65, "limit=0", "limit=-1", "limit=1001",
     "limit=abc", "limit=1e3", "limit=%EF%BC%91", "limit=" + "9" * 40, "after=abc", "after=-1",
@@ -483,7 +498,7 @@ def test_openapi_describes_every_route(srv: Server) -> None:
     assert status == 200 and doc["openapi"].startswith("3.1") and doc == openapi_document()
     served = set()
     for route in srv.api.make_app().router.routes():
-        if route.method == "HEAD":
+        if route.method in ("HEAD", "*"):  # ("*": the 405 of a route's other methods)
             continue
         path = route.resource.canonical
         served.add((path, route.method.lower()))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -292,6 +293,29 @@ def test_items_of_a_meshd_under_nohup_ignore_no_signal(meshd_factory, tmp_path, 
     item, out = _run(m, {"argv": ["/bin/sh", "-c", "grep '^SigIgn' /proc/self/status"]})
     assert item["state"] == "done", item
     assert int(out.split()[1], 16) == 0, out
+
+
+# Starts meshd with SIGUSR1 and SIGTERM blocked: the mask survives exec.
+_BLOCKING = [sys.executable, "-c", "import os, signal, sys; signal.pthread_sigmask(signal.SIG_BLOCK, "
+             "{signal.SIGUSR1, signal.SIGTERM}); os.execvp(sys.argv[1], sys.argv[1:])"]
+
+
+@pytest.mark.parametrize("wall", ["auto", "off"])
+def test_items_of_a_meshd_started_with_signals_blocked_block_none(meshd_factory, tmp_path, wall):
+    """meshd started with signals blocked: its items start with an empty mask, behind the
+    wall's launcher or spawned directly, and meshd itself still stops on SIGTERM."""
+    from tests.helpers import member_config
+    m = meshd_factory(start=False)
+    m.config = member_config(str(tmp_path), "m1", f'[items]\nwall = "{wall}"\n')
+    m.prefix = _BLOCKING
+    m.start()
+    item, out = _run(m, {"argv": ["/bin/sh", "-c", "grep -E '^Sig(Blk|Ign)' /proc/self/status"]})
+    assert item["state"] == "done", item
+    words = out.split()
+    assert words[0] == b"SigBlk:" and int(words[1], 16) == 0, out
+    assert words[2] == b"SigIgn:" and int(words[3], 16) == 0, out
+    m.proc.send_signal(signal.SIGTERM)
+    assert m.proc.wait(timeout=30) == 0
 
 
 def test_a_bare_program_name_is_found_on_the_items_path(meshd, tmp_path):

@@ -131,8 +131,12 @@ def test_stop_with_grace_cuts_and_the_item_runs_elsewhere(fleet, tmp_path) -> No
 
 
 def test_stop_of_an_unknown_member_is_refused(fleet) -> None:
-    """A member the fleet does not know cannot be stopped or drained (404, naming it)."""
+    """A member the fleet does not know cannot be stopped or drained (404, naming it), once
+    the leader has heard from every member (before, it cannot tell yet: 503)."""
     lead = leader_of(fleet)
+    wait_until(lambda: all(m.get("alive") is True
+                           for m in lead.request("GET", "/fleet")[1]["members"]),
+               what="every member alive in the leader's view")
     for action in ("stop", "drain"):
         status, body = lead.request("POST", f"/members/ghost/{action}")
         assert status == 404 and "ghost" in body["error"], body

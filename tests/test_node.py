@@ -36,7 +36,7 @@ from meshjobs.node import (
     spec_digest,
 )
 from meshjobs.table import JobTable, backoff_ms
-from tests.helpers import DIGEST_OUT, Fleet1, submit_req, submitted
+from tests.helpers import DIGEST_OUT, T0, Fleet1, spec, submit_req, submitted
 
 # --- control ----------------------------------------------------------------------------------
 
@@ -914,6 +914,106 @@ def test_worker_ignores_a_hint_that_contradicts_its_leader() -> None:
     node.take()
     h = node.health()
     assert h["leader"] == "v1" and h["fresh"]
+
+
+def _submit_entry(job_id: str) -> dict:
+    return {"k": "submit", "t": T0, "id": job_id, "spec": spec(argv=["true"]),
+            "dg": b"dg-" + job_id.encode(), "items": [None]}
+
+
+def _list(node: JobNode, token: int) -> Answer:
+    node.step(Ctl(token, {"op": "list", "limit": 10}))
+    [answer] = [e.answer for e in node.take() if isinstance(e, Reply) and e.token == token]
+    return answer
+
+
+def _cut_off(node: JobNode, now: int) -> int:
+    """Let the worker hear nothing for twice dead_ms, in steps of have_ms; the time then."""
+    t = now
+    while t < now + 2 * limits.member_dead_ms:
+        t += limits.have_ms
+        node.step(Tick(t))
+        node.take()
+    return t
+
+
+def test_worker_cut_off_answers_its_first_read_from_its_table() -> None:
+    """Issue 26 point 2: a worker that holds the leader's table and is then cut off from every
+    voter answers a job list from that table (200), saying it is not fresh, even when that list
+    is the first it is asked for: it has not just started. It was answered 503 ("has just
+    started"), as long as no frame of the leader came."""
+    now = 1_700_000_000_000
+    node = _worker(now)
+    node.step(FrameIn("v1", "F_JOB_STATE", {"term": 3, "leader": "v1", "prev": 0,
+                                            "entries": [[1, _submit_entry("j1")]]}))
+    node.take()
+    assert node.health()["fresh"]
+    t = _cut_off(node, now)
+    assert node.health()["leader"] is None and not node.health()["fresh"]
+    answer = _list(node, 7)
+    assert answer.status == 200, answer
+    assert [j["id"] for j in answer.body["jobs"]] == ["j1"] and answer.body["fresh"] is False
+    # A voter tells it of a new leader (an election while it was cut off): still its table.
+    node.step(FrameIn("v3", "F_JOB_STATE", {"term": 4, "leader": "v2"}))
+    node.take()
+    assert node.health()["leader"] == "v2"
+    answer = _list(node, 8)
+    assert answer.status == 200 and answer.body["fresh"] is False, answer
+    # The new leader's own frame, in step with its table: fresh again.
+    node.step(Tick(t + 1))
+    node.step(FrameIn("v2", "F_JOB_STATE", {"term": 4, "leader": "v2", "prev": 1,
+                                            "entries": [[2, _submit_entry("j2")]]}))
+    node.take()
+    answer = _list(node, 9)
+    assert answer.body["fresh"] is True and [j["id"] for j in answer.body["jobs"]] == ["j2", "j1"]
+
+
+def test_worker_shown_entries_it_lacks_is_not_fresh_until_they_come() -> None:
+    """A frame of the leader that starts past the worker's table (frames lost on a link that
+    went silent, say) tells it it is behind: it answers from its table, not fresh, until the
+    missing entries come. It was fresh as soon as any frame of the leader came."""
+    now = 1_700_000_000_000
+    node = _worker(now)
+    node.step(FrameIn("v1", "F_JOB_STATE", {"term": 3, "leader": "v1", "prev": 0,
+                                            "entries": [[1, _submit_entry("j1")]]}))
+    node.take()
+    node.step(FrameIn("v1", "F_JOB_STATE", {"term": 3, "leader": "v1", "prev": 3,
+                                            "entries": [[4, _submit_entry("j3")]]}))
+    effects = node.take()
+    assert node.counts.get("state_gaps") == 1
+    assert any(isinstance(e, Send) and e.to == "v1" and e.ftype == "F_JOB_HAVE"
+               for e in effects + (node.step(Tick(now + 1)) or node.take()))
+    assert not node.health()["fresh"]
+    answer = _list(node, 5)
+    assert answer.status == 200 and answer.body["fresh"] is False, answer
+    # A keep-alive that ends where its table is does not undo what the gap showed.
+    node.step(FrameIn("v1", "F_JOB_STATE", {"term": 3, "leader": "v1", "prev": 1,
+                                            "entries": []}))
+    node.take()
+    assert not node.health()["fresh"]
+    node.step(FrameIn("v1", "F_JOB_STATE", {"term": 3, "leader": "v1", "prev": 1, "entries": [
+        [2, _submit_entry("j2")], [4, _submit_entry("j3")]]}))
+    node.take()
+    assert node.health()["fresh"] and _list(node, 6).body["fresh"] is True
+
+
+def test_worker_that_has_not_caught_up_since_it_started_cannot_list_yet() -> None:
+    """A worker starts with an empty table: until the leader's frames have put its table in
+    step once, an empty list would deny jobs that exist; it answers 503 (try again), also when
+    the first frame it gets shows it entries it lacks."""
+    now = 1_700_000_000_000
+    node = _worker(now)
+    assert _list(node, 1).status == 503
+    node.step(FrameIn("v1", "F_JOB_STATE", {"term": 3, "leader": "v1", "prev": 4,
+                                            "entries": [[5, _submit_entry("j1")]]}))
+    node.take()
+    answer = _list(node, 2)
+    assert answer.status == 503 and "has just started" in answer.body["error"], answer
+    node.step(FrameIn("v1", "F_JOB_STATE", {"term": 3, "leader": "v1", "prev": 0,
+                                            "entries": [[5, _submit_entry("j1")]]}))
+    node.take()
+    answer = _list(node, 3)
+    assert answer.status == 200 and answer.body["fresh"] is True, answer
 
 
 # --- copies lost with a member ----------------------------------------------------------------

@@ -42,7 +42,8 @@ PURE_SIBLINGS = frozenset({"meshjobs", "meshjobs.limits", "meshjobs.table", "mes
                            "meshjobs.node.ready", "meshjobs.node.proposals",
                            "meshjobs.node.catchup", "meshjobs.node.copies", "meshjobs.node.changes",
                            "meshjobs.node.storage", "meshjobs.node.members",
-                           "meshjobs.node.runs",
+                           "meshjobs.node.heard",
+                           "meshjobs.node.runs", "meshjobs.node.clock",
                            "meshjobs.reruns", "meshjobs.quotas", "meshjobs.watchplan",
                            "meshjobs.watchplan.config",
                            "meshjobs.watchplan.plan"})

@@ -16,7 +16,7 @@ import textwrap
 from meshjobs import daemon
 from tests.helpers import Meshd, env_with_path
 
-STEPS = ["_open_tls", "_open_secret", "_watch_disk", "_find_voters", "_open_blobs",
+STEPS = ["_open_tls", "_end_leftovers", "_open_secret", "_watch_disk", "_find_voters", "_open_blobs",
          "_build_node", "_build_replica", "_build_parts", "_start_threads", "_write_addr_files",
          "_wait", "_shut_down"]
 RUN_S_MAX = 120  # a meshd that cannot start exits long before this

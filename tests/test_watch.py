@@ -229,9 +229,13 @@ def test_killed_between_submit_and_state_file(meshd, folder, tmp_path) -> None:
     meshd.wait_job(job["id"])
     r = meshd.ctl("watch", "--once", path)
     assert r.returncode == 0, r.stderr.decode()
-    submitted = [json.loads(line)["job"] for line in r.stderr.decode().splitlines()
+    submitted = [json.loads(line) for line in r.stderr.decode().splitlines()
                  if '"watch_submitted"' in line]
-    assert submitted == [job["id"]]  # the same derived id, answered by the job that exists
+    # The same derived id, answered by the job that exists (200, not 201): not a new job.
+    assert [(s["job"], s["new"]) for s in submitted] == [(job["id"], False)]
+    first = [json.loads(line) for line in watch_log(proc).splitlines()
+             if '"watch_submitted"' in line]
+    assert [(s["job"], s["new"]) for s in first] == [(job["id"], True)]
     assert states(folder) == ["._t-w_0_a.in.done"]
     assert ran(folder) == ["a.in"] and len(jobs_of(meshd)) == 1
     assert meshd.ctl("watch", "--once", path).returncode == 0 and ran(folder) == ["a.in"]

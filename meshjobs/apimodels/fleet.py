@@ -44,6 +44,10 @@ class FleetMember(TypedDict):
                                                 "items end.")]
     items: NotRequired[Annotated[ItemWalls, Field(description=(
         "What walls its items off from meshd (absent: a voter not heard from yet)."))]]
+    clock_skew_ms: NotRequired[Annotated[int | None, Field(description=(
+        "Its wall clock minus that of the member that answers (the leader, unless `partial`), "
+        "in ms, from its last report (0 for the member that answers; null: not known). Only "
+        "shown: retention and leases do not depend on it."))]]
 
 
 @with_config(CLOSED)

@@ -11,9 +11,17 @@ from pydantic import ConfigDict, Field, with_config
 from typing_extensions import TypeAliasType, TypedDict
 
 from meshjobs import limits
-from meshjobs.control import ITEM_STATES, JOB_STATES
+from meshjobs.control import ITEM_STATES, JOB_STATES, RESERVED_JOB_IDS
 
 CLOSED = ConfigDict(extra="forbid")  # an answer or body with no keys but its own
+
+# What the server's parsers take (meshjobs/control.py, placement.py), as the document's
+# patterns: a client generating requests from the document gets no 400 for a value it allows.
+JOB_ID_PATTERN = rf"^[A-Za-z0-9._-]{{1,{limits.job_id_chars_max}}}$"
+POOL_PATTERN = rf"^[A-Za-z0-9._-]{{1,{limits.pool_chars_max}}}$"
+SELECTOR_PATTERN = (rf"^[A-Za-z0-9._\-*?\[\]!]{{1,{limits.member_selector_chars_max}}}$")
+POOL_AT_PATTERN = (rf"^[A-Za-z0-9._-]{{1,{limits.pool_chars_max}}}"
+                   rf"(@[A-Za-z0-9._\-*?\[\]!]{{1,{limits.member_selector_chars_max}}})?$")
 OPEN = ConfigDict(extra="allow")
 
 JobState = Literal[JOB_STATES]  # type: ignore[valid-type]
@@ -78,10 +86,16 @@ def _nullable(t: Any, **kw: Any) -> Any:
 
 @with_config(CLOSED)
 class SubmitSpec(TypedDict, total=False):
-    argv: Required[Annotated[list[str], Field(min_length=1, max_length=limits.argv_items_max,
-                                              description="The program and its arguments.")]]
-    id: _nullable(str, description="The job id; made up when absent.")
-    pool: _nullable(str, default="default", description=(
+    argv: Required[Annotated[list[str], Field(
+        min_length=1, max_length=limits.argv_items_max,
+        json_schema_extra={"prefixItems": [{"type": "string", "minLength": 1}]},
+        description="The program (not empty) and its arguments.")]]
+    id: _nullable(Annotated[str, Field(pattern=JOB_ID_PATTERN)],
+                  json_schema_extra={"not": {"enum": list(RESERVED_JOB_IDS)}}, description=(
+        "The job id; made up when absent. The words of the many-jobs routes (cancel, "
+        "forget, tone, status) are not ids."))
+    pool: _nullable(Annotated[str, Field(pattern=POOL_AT_PATTERN)], default="default",
+                    description=(
         "The pool; \"POOL@MEMBER\" also names the member(s), as `member` does (both parts "
         "needed)."))
     priority: _nullable(Annotated[int, Field(ge=-limits.priority_abs_max,
@@ -89,7 +103,8 @@ class SubmitSpec(TypedDict, total=False):
     retries: _nullable(Annotated[int, Field(ge=0, le=limits.retries_max)], default=0)
     runtime_s: _nullable(Annotated[float, Field(gt=0, le=limits.runtime_s_max)])
     hold: _nullable(bool, default=False)
-    tags: _nullable(Annotated[list[Annotated[str, Field(max_length=limits.tag_chars_max)]],
+    tags: _nullable(Annotated[list[Annotated[str, Field(min_length=1,
+                                                        max_length=limits.tag_chars_max)]],
                               Field(max_length=limits.tags_max)])
     env: _nullable(dict[str, str])
     cwd: _nullable(str, description=(

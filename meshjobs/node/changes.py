@@ -2,10 +2,12 @@
 
 Theory of operation. A change asked here waits (under its request id) until its entry is
 applied; on a member that does not lead it goes to the leader (F_CTL) and waits for its answer
-(F_CTL_REPLY), re-sent when the leader changes. A change another member forwarded here gets a
-token of its own (negative), and its answer goes back to that member with the log index of the
-entry it depends on; there, the answer is parked until the member's own table has that entry
-(read your writes). Reads that wait for a job to end or change wait here too.
+(F_CTL_REPLY), re-sent when the leader changes. An answer "not known yet" (a new leader that has
+not heard from the fleet yet, heard.py) is not passed on: the change is asked again after
+`ctl_resend_ms`, until its deadline (`ctl_commit_ms_max`), and only then is that answer given.
+A change another member forwarded here gets a token of its own (negative), and its answer goes
+back to that member with the log index of the entry it depends on; there, the answer is parked
+until the member's own table has that entry (read your writes). Reads that wait for a job to end or change wait here too.
 
 Rule: pure, like the rest of the node. It owns the changes in flight, the forwarded ones, the
 remote tokens, the waiting reads and the parked answers; it is given the config, the table, the
@@ -22,6 +24,7 @@ from typing import Any
 from meshjobs import limits
 from meshjobs.control import Answer
 from meshjobs.node.events import NodeConfig, Reply, Send
+from meshjobs.node.heard import not_known_yet
 from meshjobs.table import JobTable, materialize
 
 
@@ -34,6 +37,8 @@ class Change:
     req: dict | None = None
     sent_ms: int = 0
     fp: str | None = None  # the fingerprint the change's request id is bound to
+    # The leader's last "not known yet" (heard.py): the answer if the deadline passes first.
+    not_known: Answer | None = None
 
 
 class Changes:
@@ -93,6 +98,12 @@ class Changes:
             # A late answer to an earlier request under the same key (one that timed out
             # here), not to the change waiting now: that one must not get its answer.
             self._count("ctl_replies_of_another_request")
+            return
+        if not_known_yet(body.get("body")) and now_ms < ch.deadline_ms:
+            # The leader cannot tell yet: asked again after ctl_resend_ms (core._follow).
+            ch.sent_ms = now_ms
+            ch.not_known = Answer(body["status"], body.get("body"))
+            self._count("ctl_not_known_yet_retried")
             return
         del self.forwarded[body["rid"]]
         index = body.get("index")

@@ -41,6 +41,7 @@ from meshjobs.control import (
 from meshjobs.node import reads
 from meshjobs.node.catchup import CatchUpRing
 from meshjobs.node.changes import Change, Changes
+from meshjobs.node.clock import CommittedClock
 from meshjobs.node.copies import Copies, Recopies
 from meshjobs.node.events import (
     MEMBER_OWNER,
@@ -67,6 +68,7 @@ from meshjobs.node.events import (
 )
 from meshjobs.node.feed import Feed
 from meshjobs.node.follow import Follower
+from meshjobs.node.heard import Hearing
 from meshjobs.node.hooks import Notices, Orders
 from meshjobs.node.leader import Leadership
 from meshjobs.node.members import Members
@@ -114,6 +116,7 @@ class JobNode:
         self.view = View()
         self._out: list[Any] = []
         self.proposals = Proposals(self._count, self._emit)
+        self.clock = CommittedClock(config.boot)  # committed time, as this member reckons it
         # Changes and reads in flight, forwarded, waiting or parked (changes.py).
         self.changes = Changes(config, table, self._count, self._emit)
         # The feed of committed changes (`changes` op, GET /events).
@@ -124,7 +127,7 @@ class JobNode:
         self.copies = Copies(config, self.runs, self._others, self._count, self._emit,
                              self._reply, self._carry_on)
         self._was_ready = False
-        self._whole = False  # this member's table has caught up once since start (`_behind`)
+        self._whole = False  # a voter's table has caught up once since start (`_behind`)
         self.storage = Storage(self._count)
         self._links: dict[str, bool] = {}
         # Restoring blob_copies after a member is lost (copies.py).
@@ -176,11 +179,15 @@ class JobNode:
     def _on_tick(self, ev: Tick) -> None:
         if ev.now_ms > self.now_ms:
             self.now_ms = ev.now_ms
+        self.roster.tick(self.now_ms)
+        self.clock.tick(self.now_ms if ev.mono_ms is None else ev.mono_ms)
 
     def _on_view(self, ev: View) -> None:
         if ev.is_leader and not self.view.is_leader:
             self.roster.new_reign(self.now_ms)
             self.recopies.new_reign()
+        if self.view.is_leader and (not ev.is_leader or ev.term != self.view.term):
+            self.runs.drop_others()  # their members send them to the next reign
         if ev.term != self.view.term or not ev.is_leader:
             self.proposals.new_reign()
         if ev.leader is not None:
@@ -196,8 +203,9 @@ class JobNode:
 
     def take(self) -> list[Any]:
         """Reconcile, then hand over every effect made since the last call."""
+        self.clock.observe(self.table, self.now_ms)
         self._reconcile()
-        self.proposals.flush(self.now_ms, self._leading())
+        self.proposals.flush(self.now_ms, self._leading(), (self.clock.now_ms(), self.cfg.boot))
         out, self._out = self._out, []
         return out
 
@@ -314,9 +322,9 @@ class JobNode:
 
     def _list(self, token: int, req: dict) -> None:
         """The job list. Without a limit (older callers): every matching job, oldest first, as
-        a list. With one: a page newest first, {"jobs": [...], "next": cursor or None}, where
-        the cursor is the submit seq of the page's last job (the next page is what came
-        before it)."""
+        a list. With one: a page newest first, {"jobs": [...], "next": cursor or None, "fresh":
+        bool}, where the cursor is the submit seq of the page's last job (the next page is what
+        came before it)."""
         state, tag, pool = req["state"], req["tag"], req.get("pool")
 
         def wanted(j: Any) -> bool:
@@ -337,8 +345,11 @@ class JobNode:
                 more = True
                 break
             page.append(j)
+        # `fresh`: whether this member's table follows a leader it hears (health's "fresh"); a
+        # member cut off from the leader answers from its table all the same, and says so.
         self._reply(token, 200, {"jobs": [self.table.record(j) for j in page],
-                                 "next": str(page[-1].seq) if more else None})
+                                 "next": str(page[-1].seq) if more else None,
+                                 "fresh": self._fresh()})
 
     def _takes_no_work(self) -> bool:
         """Blob memory pressure or a full disk: this member takes no new leases."""
@@ -419,12 +430,17 @@ class JobNode:
     def _behind(self) -> bool:
         """Has this member's table not caught up yet since it started? Then a job it does not
         know may exist all the same (it was acknowledged before a restart, and its entry is not
-        applied again yet): a read that would say "no such job" is answered 503 instead."""
+        applied again yet): a read that would say "no such job" is answered 503 instead.
+
+        Once caught up, a member answers reads from its table whatever it hears, and says
+        whether it is fresh: a worker cut off from the leader has its table still. A worker
+        knows it has caught up from the leader's frames as they come (follow.py), not from
+        what it hears when a read is asked: a first read while it is cut off is no reason to
+        take it for a member that has just started."""
+        if self.cfg.role == "worker":
+            return not self.follower.caught_up
         if not self._whole:
-            if self.cfg.role == "worker":
-                self._whole = self.view.ready  # a state from the leader itself has come
-            else:
-                self._whole = not self.view.behind
+            self._whole = not self.view.behind  # latched by the replica as it catches up
         return not self._whole
 
     def _behind_error(self, what: str) -> str:
@@ -459,9 +475,12 @@ class JobNode:
                 return
         elif op == "cron":
             if req["action"] == "add" and req["job"]["pool"] not in self._pools():
+                pool = req["job"]["pool"]
+                if self._not_known_yet(token, f"whether some member offers pool {pool!r}"):
+                    return
                 pools = self._pools()
-                self._reply(token, 400, {"error": f"unknown pool {req['job']['pool']!r}: this "
-                                                  f"fleet has {', '.join(sorted(pools)) or 'no pools'}"})
+                self._reply(token, 400, {"error": f"unknown pool {pool!r}: this fleet has "
+                                                  f"{', '.join(sorted(pools)) or 'no pools'}"})
                 return
             if req["action"] == "add" and not self._schedules_within_quota(token, req):
                 return
@@ -479,8 +498,12 @@ class JobNode:
             job_id = None
         elif op in ("pool", "member"):
             job_id = None
-            refused = self.orders.entry(req, entry, self._pools(), self.roster.known)
+            hearing = self._hearing()
+            refused = self.orders.entry(req, entry, self._pools(), self.roster.known,
+                                        hearing, self.now_ms)
             if refused is not None:
+                if hearing is not None and refused.status == 503:
+                    self._count("ctl_not_known_yet")
                 self._reply(token, refused.status, refused.body)
                 return
         else:
@@ -502,6 +525,21 @@ class JobNode:
         self.changes.pending[rid] = self._new_change([token], op, job_id, fp=req.get("fp"))
         self.proposals.change(entry)
 
+    def _hearing(self) -> Hearing | None:
+        """While this leader has not heard from the fleet yet, what it has heard (it cannot
+        answer about the members: node/heard.py); None once it can."""
+        return self.roster.hearing(self.now_ms, self.table.members_named)
+
+    def _not_known_yet(self, token: int, what: str) -> bool:
+        """Answer "not known yet" (503, to retry: node/heard.py) when this leader cannot tell
+        `what` yet; True when it answered."""
+        hearing = self._hearing()
+        if hearing is None:
+            return False
+        self._count("ctl_not_known_yet")
+        self._answer(token, hearing.answer(what, self.now_ms))
+        return True
+
     def _pools(self) -> set[str]:
         """The pools some member of the fleet offers (as far as this member knows)."""
         pools = set(self.cfg.pools)
@@ -514,6 +552,8 @@ class JobNode:
         spec = dict(req["spec"])
         pools = self._pools()
         if spec["pool"] not in pools:
+            if self._not_known_yet(token, f"whether some member offers pool {spec['pool']!r}"):
+                return None
             self._reply(token, 400, {"error": f"unknown pool {spec['pool']!r}: this fleet has "
                                               f"{', '.join(sorted(pools)) or 'no pools'}"})
             return None
@@ -565,18 +605,15 @@ class JobNode:
 
     def _fanout_members(self, token: int, pool: str, n_items: int) -> list[str] | None:
         """The members a fan-out of `pool` runs on: those alive that offer the pool now (this
-        one among them), sorted by name; None when it cannot be said (the answer is sent)."""
+        one among them), sorted by name; None when it cannot be said (the answer is sent).
+        Not before this leader has heard from the fleet (node/heard.py): the list is fixed
+        once, in the submit entry, and a member that has not reported yet would be left out
+        for good."""
         if n_items != 1:
             self._reply(token, 400, {"error": "a fan-out job (member *) has one item per member: "
                                               "give at most one item"})
             return None
-        if self.now_ms - self.roster.since_ms < self.cfg.dead_ms and any(
-                v != self.cfg.member and not (v in self.roster.known and self.roster.known[v].boot)
-                for v in self.cfg.voters):
-            self._reply(token, 503, {"error": "this member has just become leader and has not "
-                                              "heard from every member yet, so it cannot tell "
-                                              "which members a fan-out (member *) runs on: try "
-                                              "again in a few seconds"})
+        if self._not_known_yet(token, "which members a fan-out (member *) runs on"):
             return None
         names = {self.cfg.member} if pool in self.cfg.pools else set()
         names.update(name for name, m in self.roster.known.items()
@@ -766,6 +803,10 @@ class JobNode:
                     for token in ch.tokens:
                         self._reply(token, 200, self._partial_fleet() if ch.op == "fleet"
                                     else {**self.pools(), "partial": True})
+                elif ch.deadline_ms <= now and ch.not_known is not None:
+                    del pending[rid]  # the leader still could not tell (node/heard.py)
+                    for token in ch.tokens:
+                        self._answer(token, ch.not_known)
                 elif ch.deadline_ms <= now:
                     del pending[rid]
                     self._count("ctl_timeouts")
@@ -881,9 +922,15 @@ class JobNode:
         handler(peer, body)
 
     def _on_have(self, peer: str, body: Any) -> None:
-        if self._leading():
+        if self.view.is_leader:
+            # Also before its table is ready: the reports of this reign count from its start
+            # (members.py, heard.py).
             self.roster.have(peer, body, self.now_ms)
-        elif self.cfg.role == "voter" and isinstance(body, dict) and body.get("role") == "worker":
+        elif not self.roster.heard_from(peer, body, self.now_ms):
+            return
+        if self._leading():
+            return
+        if self.cfg.role == "voter" and isinstance(body, dict) and body.get("role") == "worker":
             # Tell a worker who leads, so that it reports there.
             self._out.append(Send(peer, "F_JOB_STATE", {
                 "term": self.view.term, "leader": self.view.leader, "voters": list(self.cfg.voters)}))
@@ -893,11 +940,15 @@ class JobNode:
         if not _rows_ok(rows):
             self._count("frames_bad_result")
             return
-        if not self._leading():
+        if not self.view.is_leader:
             return  # the member sends it again to whoever leads
+        # Elected but not ready (its table may not hold every lease yet): taken all the same,
+        # for the member sends it to this reign once; proposed once this member is ready, the
+        # table refuses a stale one. Forgotten if this member stops leading first.
+        ready = self.view.ready
         for r in rows:
             key = (r[0], r[1], r[2])
-            if key not in self.runs.results and self.table.lease_current(*key):
+            if key not in self.runs.results and (not ready or self.table.lease_current(*key)):
                 self.runs.from_member(key, r, peer)
 
     def _on_ctl(self, peer: str, body: Any) -> None:
@@ -934,7 +985,7 @@ class JobNode:
         leader = self.follower.follow(self.view, now, self._have_report)
         if leader is None:
             return
-        rows = self._due_results(len(self.runs.results))
+        rows = self._due_results(len(self.runs.results), leader)
         for k in range(0, len(rows), limits.result_batch_max):
             self._out.append(Send(leader, "F_RESULT", {"r": rows[k:k + limits.result_batch_max]}))
         for rid, ch in self.changes.forwarded.items():
@@ -954,6 +1005,7 @@ class JobNode:
             "running": self.runs.running_count(),
             "items": self.cfg.items,
             "dumps": True,  # a whole table may come as a dump (follow.py)
+            "wall_ms": self.now_ms,  # the leader shows how far off its own clock this is
         }
 
     # --- leading (leader.py) ---------------------------------------------------------------------
@@ -965,7 +1017,7 @@ class JobNode:
             self.leadership.propose_revokes(self.now_ms)
             self.leadership.propose_leases(self.now_ms, self._frees_slot)
             self._propose_results()
-            self.leadership.propose_expiry(self.now_ms)
+            self.leadership.propose_expiry(self.now_ms, self.clock.now_ms())
             self.leadership.propose_reruns(self.now_ms)
             self._propose_cron()
         self._recopy()
@@ -987,13 +1039,13 @@ class JobNode:
     def _frees_slot(self, key: tuple[str, int, int]) -> bool:
         return self.runs.frees_slot(key, self.copies)
 
-    def _due_results(self, rows_max: int) -> list[list]:
-        """Results ready to go, marked sent now (runs.py)."""
-        return self.runs.due(rows_max, self.now_ms, self.copies)
+    def _due_results(self, rows_max: int, leader: str) -> list[list]:
+        """Results ready to go to `leader` (in this term), marked sent now (runs.py)."""
+        return self.runs.due(rows_max, self.now_ms, self.copies, leader, self.view.term)
 
     def _propose_results(self) -> None:
         now = self.now_ms
-        rows = self._due_results(limits.result_batch_max)
+        rows = self._due_results(limits.result_batch_max, self.cfg.member)
         if rows:
             self._count("results_proposed", len(rows))
             self.proposals.duty({"k": "result", "t": now, "r": rows})
@@ -1055,12 +1107,14 @@ class JobNode:
             "blob_bytes": self.storage.blob_bytes,
             "last_seen": self.now_ms / 1000.0,
             "items": self.cfg.items,
+            "clock_skew_ms": 0,  # the clock the others' are shown against
         }
         members = {self.cfg.member: me}
         for name in self.cfg.voters:
             if name not in members:
                 members[name] = {"name": name, "role": self._role(name), "alive": None,
-                                 "pools": {}, "slots": 0, "running": 0, "last_seen": None}
+                                 "pools": {}, "slots": 0, "running": 0, "last_seen": None,
+                                 "clock_skew_ms": None}
         for name, m in self.roster.known.items():
             if name == self.cfg.member:
                 continue
@@ -1076,6 +1130,7 @@ class JobNode:
                 "blob_bytes": m.blob_bytes,
                 "last_seen": m.last_ms / 1000.0 if m.last_ms else None,
                 "items": m.items,
+                "clock_skew_ms": m.clock_skew_ms,
             }
         self.orders.fleet_rows(members)
         return {"term": self.view.term, "leader": self.view.leader,
@@ -1110,9 +1165,11 @@ class JobNode:
             return False
         if self.cfg.role == "worker":
             # Fresh only from the leader itself: a follower's hint of who leads says nothing of
-            # whether this member's table still hears the leader's entries.
+            # whether this member's table still hears the leader's entries. Nor is a worker
+            # fresh while the leader's frames have shown it entries it does not hold yet.
             return (self.view.ready and self.follower.leader_seen_ms > 0
-                    and self.now_ms - self.follower.leader_seen_ms <= self.cfg.dead_ms)
+                    and self.now_ms - self.follower.leader_seen_ms <= self.cfg.dead_ms
+                    and self.follower.in_step())
         return True
 
     def metrics(self) -> dict:

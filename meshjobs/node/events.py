@@ -21,7 +21,10 @@ from meshjobs.control import Answer
 
 @dataclass(frozen=True)
 class Tick:
-    now_ms: int
+    now_ms: int  # the member's wall clock
+    # Its monotonic clock (any origin), by which committed time advances (node/clock.py);
+    # None: the wall clock stands for it.
+    mono_ms: int | None = None
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,15 @@
 """A member that does not lead: it reports to the leader, forwards changes, sends results, and —
 a worker member — follows the leader's table through F_JOB_STATE.
 
+A worker's table is its own: it answers reads from it whatever it hears, and says whether they
+are fresh. Two things are told apart, each from the leader's own frames, never from a read:
+- `caught_up`, latched: its table has been where the leader's frames put it, once since this
+  member started (a table installed whole, or entries applied in order). Before that, a job it
+  does not know may exist all the same, and "no such job" or a job list is no answer yet.
+- `in_step`: its table is at least where every frame of the leader it got said it should be.
+  A frame that shows entries it does not have (a gap: frames were lost, say on a link that went
+  silent while it was cut off) means it knows it is behind: it is not fresh until they come.
+
 Frames are hints that make things faster; none is needed for correctness. A lost F_RESULT is
 sent again until the member's table shows the lease ended; a lost F_CTL times out with 503 and
 the client retries with the same request id; a lost F_JOB_STATE is sent again when the worker's
@@ -17,7 +26,7 @@ from meshjobs.node.events import Applied, NodeConfig, Send, View
 from meshjobs.table import JobTable
 
 # Fields of a member's report that change on their own all the time (sent with the keep-alive).
-_DRIFTING = ("pos", "running", "blob_bytes")
+_DRIFTING = ("pos", "running", "blob_bytes", "wall_ms")
 
 
 class Follower:
@@ -36,6 +45,8 @@ class Follower:
         self._set_view = set_view
         self._applied = applied
         self.leader_seen_ms = 0  # a worker: when a frame from the leader itself last came
+        self.upto = 0  # the furthest table position a frame of the leader itself has shown
+        self.caught_up = False  # the table has been in step with the leader once since start
         self.leader_hint_ms = 0  # and when a voter last said who leads
         self.next_have_ms = 0
         # What the last report said (but its position and running items, which move all the
@@ -79,6 +90,7 @@ class Follower:
                 return
             self.table.load(table)
             self._count("state_snapshots_installed")
+            self._shown(self.table.applied_index)
             return
         entries, prev = body.get("entries"), body.get("prev")
         if not isinstance(entries, list) or type(prev) is not int:
@@ -86,6 +98,9 @@ class Follower:
         if prev != self.table.applied_index:
             self._count("state_gaps")
             self.next_have_ms = 0
+            # What it shows is known to exist: behind it, this table is not fresh.
+            self._shown(max([prev] + [e[0] for e in entries if isinstance(e, list) and e
+                                      and type(e[0]) is int]))
             return
         self._apply_entries(entries)
 
@@ -98,6 +113,17 @@ class Follower:
             prev = self.table.applied_index
             outcome = self.table.apply(e[1], e[0])
             self._applied(Applied(e[0], e[1], outcome, prev))
+        self._shown(self.table.applied_index)
+
+    def _shown(self, pos: int) -> None:
+        """A frame of the leader itself showed that the table reaches `pos` at least."""
+        self.upto = max(self.upto, pos)
+        if self.in_step():
+            self.caught_up = True
+
+    def in_step(self) -> bool:
+        """Does the table hold all that the leader's frames have shown it (a worker)?"""
+        return self.table.applied_index >= self.upto
 
     def _install_dump(self, peer: str, body: dict) -> None:
         """The whole table as the leader's latest dump (its file's bytes) and the committed

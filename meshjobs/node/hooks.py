@@ -23,6 +23,7 @@ from meshjobs.control import Answer
 from meshjobs.fleetctl import pools_view
 from meshjobs.node.events import Exit, NodeConfig, Notify
 from meshjobs.node.feed import named_jobs
+from meshjobs.node.heard import Hearing
 
 
 class Orders:
@@ -46,18 +47,25 @@ class Orders:
         return ({self.cfg.member} | set(self.cfg.voters) | set(members)
                 | set(ctl.drained) | set(ctl.stops))
 
-    def entry(self, req: dict, entry: dict, offered: set[str],
-              members: Iterable[str]) -> Answer | None:
+    def entry(self, req: dict, entry: dict, offered: set[str], members: Iterable[str],
+              hearing: Hearing | None = None, now_ms: int = 0) -> Answer | None:
         """Fill in the entry of a pool or member order (`offered`: the pools some member
-        offers; `members`: those the leader knows of); the refusal when it is refused."""
+        offers; `members`: those the leader knows of); the refusal when it is refused. While
+        the leader has not heard from the fleet yet (`hearing`, node/heard.py), a pool or
+        member it does not know, or a member to stop that has not reported, is "not known
+        yet" (503), not refused: it may only not have reported yet."""
         known = self._known_members(members)
         if req["op"] == "pool":
             pool, member = req["pool"], req["member"]
             if pool not in offered and pool not in self.table.ctl.pools_named():
+                if hearing is not None:
+                    return hearing.answer(f"whether some member offers pool {pool!r}", now_ms)
                 pools = ", ".join(sorted(offered)) or "no pools"
                 return Answer(404, {"error": f"unknown pool {pool!r}: this fleet has {pools} "
                                              "(see meshctl pools)"})
             if member is not None and member not in known:
+                if hearing is not None:
+                    return hearing.answer(f"whether member {member!r} is in this fleet", now_ms)
                 return Answer(404, {"error": f"no member {member!r} in this fleet (see "
                                              "meshctl fleet)"})
             entry.update({"a": req["action"], "pool": pool})
@@ -68,11 +76,15 @@ class Orders:
             return None
         name = req["name"]
         if name not in known:
+            if hearing is not None:
+                return hearing.answer(f"whether member {name!r} is in this fleet", now_ms)
             return Answer(404, {"error": f"no member {name!r} in this fleet (see meshctl "
                                          "fleet)"})
         entry.update({"a": req["action"], "name": name})
         if req["action"] == "stop":
             boot = self._boot_of(name)
+            if not boot and hearing is not None:
+                return hearing.answer(f"which run of member {name} to stop", now_ms)
             if not boot:
                 return Answer(409, {"error": f"member {name} has not reported to the leader "
                                              "since it came to lead (is it running?): see "
@@ -87,7 +99,8 @@ class Orders:
         """The answer to a committed pool or member order."""
         if not outcome.get("ok"):
             return Answer(outcome.get("status", 409), {"error": outcome.get("error", "refused")})
-        return Answer(200, {k: v for k, v in outcome.items() if k != "ok"})
+        # "fp" is the table's note of the request a replayed outcome answered, not the answer.
+        return Answer(200, {k: v for k, v in outcome.items() if k not in ("ok", "fp")})
 
     def room(self, room: dict[str, dict[str, int]]) -> None:
         """No room on members drained or stopping, nor in pools held or drained on them."""

@@ -238,8 +238,11 @@ class Leadership:
             out += [(e["id"], i) for i in range(min(n, count - len(out)))]
         return out
 
-    def propose_expiry(self, now_ms: int) -> None:
-        """Retention: forget the oldest finished jobs past `keep_s` or beyond `keep_jobs`."""
+    def propose_expiry(self, now_ms: int, committed_ms: int) -> None:
+        """Retention: forget the oldest finished jobs past `keep_s` or beyond `keep_jobs`. Ages
+        are measured in committed time (`committed_ms` now, as this leader reckons it; table.py
+        Rule 7), not against this leader's wall clock, which may be off the one that saw the
+        job end."""
         now = now_ms
         keep_s, keep_jobs = self.cfg.keep_s, self.cfg.keep_jobs
         if now < self._next_expiry_ms or (keep_s is None and keep_jobs is None):
@@ -247,14 +250,14 @@ class Leadership:
         self._next_expiry_ms = now + limits.publish_ms
         finished = self.table.finished
         excess = len(finished) - keep_jobs if keep_jobs is not None else 0
-        cutoff = now - int(keep_s * 1000) if keep_s is not None else None
+        cutoff = committed_ms - int(keep_s * 1000) if keep_s is not None else None
         ids = []
-        for job_id, finished_ms in finished.items():  # oldest first
+        for job_id, ended_ms in finished.items():  # oldest first (committed time of its end)
             if len(ids) >= limits.lease_batch_max:
                 break
             if job_id in self.table.due:
                 continue  # its re-run is due: it is not expired (meshjobs.reruns)
-            if excess <= 0 and (cutoff is None or finished_ms > cutoff):
+            if excess <= 0 and (cutoff is None or ended_ms > cutoff):
                 break
             excess -= 1
             sent = self._expiring.get(job_id)

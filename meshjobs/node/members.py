@@ -2,11 +2,15 @@
 
 Theory of operation. Every member reports to the leader every `have_ms` (F_JOB_HAVE): its
 incarnation (boot id), role, table position, pools and slots, blob pressure, full disk, blob
-bytes and running items. The leader keeps the latest report of each (`Member`); a member is
+bytes, running items and wall clock. The leader keeps the latest report of each (`Member`),
+and how far the member's wall clock is off its own (only shown: nothing depends on the members'
+clocks agreeing, see table.py Rule 7); a member is
 alive while its last report is at most `dead_ms` old, and, in a new reign, one not heard from
 yet gets `dead_ms` from the reign's start to report. A member not heard from for `lost_ms` is
 lost: the copies of outputs it held are taken as gone (copies.py). What the leader knew in an
-earlier reign is dropped when it comes to lead again.
+earlier reign is dropped when it comes to lead again; only who reported, and when, is kept
+(`heard`, also while this member does not lead), so that a new leader knows whom to wait for
+before it answers about the members (heard.py).
 
 Rule: pure, like the rest of the node; it owns the reports and the reign's start, and is given
 the node's config and counter and, per call, the time.
@@ -14,12 +18,13 @@ the node's config and counter and, per call, the time.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from meshjobs import limits
 from meshjobs.node.events import NodeConfig
+from meshjobs.node.heard import Hearing
 
 WALLS = ("uid", "landlock", "undumpable")  # meshjobs.wall.Status.walls
 
@@ -38,6 +43,9 @@ class Member:
     running: int = 0
     blob_bytes: int = 0
     items: dict | None = None  # the walls its items run behind (None: not said)
+    # Its wall clock minus the leader's when its last report came (None: not said); the
+    # report's time in transit makes it look a little behind.
+    clock_skew_ms: int | None = None
     last_ms: int = 0
     sent_upto: int = 0  # the table position F_JOB_STATE has been sent up to (workers)
     sent_ms: int = 0  # when F_JOB_STATE last went to it (entries or a keep-alive)
@@ -60,6 +68,7 @@ def parse_have(body: Any) -> dict | None:
         return None
     running = body.get("running", 0)
     blob_bytes = body.get("blob_bytes", 0)
+    wall = body.get("wall_ms")
     return {
         "boot": boot, "role": role, "pos": pos, "pools": dict(pools),
         "pressure": body.get("pressure") is True,
@@ -68,6 +77,7 @@ def parse_have(body: Any) -> dict | None:
         "blob_bytes": blob_bytes if type(blob_bytes) is int else 0,
         "items": parse_items(body.get("items")),
         "dumps": body.get("dumps") is True,
+        "wall_ms": wall if type(wall) is int and 0 <= wall < 2**63 else None,
     }
 
 
@@ -96,10 +106,55 @@ class Members:
         self._count = count
         self.known: dict[str, Member] = {}
         self.since_ms = 0  # when this member last came to lead
+        self._since_tick = False  # the reign's start is the next tick's time (see `tick`)
+        self._settled = False  # this reign has heard from the fleet (heard.py)
+        # Member -> when a report of it last came here, leading or not, oldest first; at most
+        # member_names_max of them.
+        self.heard: dict[str, int] = {}
 
     def new_reign(self, now_ms: int) -> None:
         self.since_ms = now_ms
+        self._since_tick = True
+        self._settled = False
         self.known.clear()  # soft state of an earlier reign is stale
+
+    def tick(self, now_ms: int) -> None:
+        """The time moved on. The view that began a reign comes before the round's tick (and,
+        at a member's start, before any): the reign begins at the time of the tick after it."""
+        if self._since_tick:
+            self._since_tick = False
+            self.since_ms = max(self.since_ms, now_ms)
+
+    def heard_from(self, peer: str, body: Any, now_ms: int) -> bool:
+        """A member's report came here: noted as heard (Rule 2 of heard.py). False for garbage
+        (counted and dropped)."""
+        if parse_have(body) is None:
+            self._count("frames_bad_have")
+            return False
+        self._heard(peer, now_ms)
+        return True
+
+    def _heard(self, peer: str, now_ms: int) -> None:
+        self.heard.pop(peer, None)
+        self.heard[peer] = now_ms
+        while len(self.heard) > limits.member_names_max:
+            del self.heard[next(iter(self.heard))]
+
+    def hearing(self, now_ms: int, named: Callable[[], Iterable[str]]) -> Hearing | None:
+        """What this leader has heard of the fleet in its reign while it cannot yet give final
+        answers about the members (heard.py); None once it can. `named` gives the members its
+        committed table names (asked only while it cannot)."""
+        if self._settled:
+            return None
+        since = self.since_ms
+        expected = set(self.cfg.voters) | set(named())
+        expected.update(n for n, t in self.heard.items() if t >= since - self.cfg.lost_ms)
+        h = Hearing.of(self.cfg.member, since, self.cfg.dead_ms, expected,
+                       (n for n, m in self.known.items() if m.boot))
+        if h.settled(now_ms):
+            self._settled = True  # Rule 3 of heard.py: it stays so for the reign
+            return None
+        return h
 
     def have(self, peer: str, body: Any, now_ms: int) -> None:
         """A member's report (F_JOB_HAVE); garbage is counted and dropped."""
@@ -107,6 +162,7 @@ class Members:
         if have is None:
             self._count("frames_bad_have")
             return
+        self._heard(peer, now_ms)
         m = self.known.get(peer)
         if m is None:
             m = self.known[peer] = Member(peer)
@@ -121,6 +177,7 @@ class Members:
         m.disk_full = have["disk_full"]
         m.items = have["items"]
         m.dumps = have["dumps"]
+        m.clock_skew_ms = None if have["wall_ms"] is None else have["wall_ms"] - now_ms
         m.last_ms = now_ms
         if m.role == "worker" and (m.pos > m.sent_upto or (
                 m.pos < m.sent_upto and now_ms - m.pos_ms >= limits.state_resend_ms

@@ -49,9 +49,10 @@ class Proposals:
         most = limits.changes_in_flight_max if changes else limits.proposals_in_flight_max
         return len(self.in_flight) < most
 
-    def flush(self, now_ms: int, leading: bool) -> None:
-        """Propose what this round gathered (see the theory above). A member that does not
-        lead proposes nothing: its changes time out and are retried."""
+    def flush(self, now_ms: int, leading: bool, stamp: tuple[int, str]) -> None:
+        """Propose what this round gathered (see the theory above), each batch stamped with
+        `stamp`: committed time as this leader reckons it and its boot id (table.py Rule 7).
+        A member that does not lead proposes nothing: its changes time out and are retried."""
         if not self.changes and not self.duties:
             return
         if not leading:
@@ -66,8 +67,8 @@ class Proposals:
             self._seq += 1
             self.in_flight[self._seq] = now_ms
             self._count("batches_proposed")
-            self._emit(Propose({"k": "batch", "t": now_ms, "p": self._seq,
-                                "es": entries[k:k + limits.ctl_batch_max]}))
+            self._emit(Propose({"k": "batch", "t": now_ms, "p": self._seq, "c": stamp[0],
+                                "cb": stamp[1], "es": entries[k:k + limits.ctl_batch_max]}))
 
     def applied(self, tag: Any) -> None:
         """A batch with this tag is applied: it holds nothing back any more."""

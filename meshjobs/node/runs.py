@@ -4,8 +4,9 @@ Theory of operation. A run is (job, index, epoch): an item leased to this member
 epoch. The node starts it (the `Run` effect) and keeps it here until the driver says it ended
 (`ItemEnded`); an ended run's result row waits here until an entry commits it. Every member
 sends its results to the leader (F_RESULT), and the leader proposes them with its own; a result
-not seen committed is sent again after `proposal_retry_ms`, and the table's epochs make a
-repeat harmless. A run whose lease is gone (revoked, or the job cancelled) is dropped, with its
+not seen committed is sent again after `proposal_retry_ms`, and at once to a new reign (another
+leader, or another term): the leader it went to may have died with it, or dropped it before
+it was ready to lead. The table's epochs make a repeat harmless. A run whose lease is gone (revoked, or the job cancelled) is dropped, with its
 result: the edge cuts it if it still runs.
 
 Rule: pure, like the rest of the node; it owns the runs and results and is given the node's
@@ -31,7 +32,8 @@ class Runs:
         self.running: dict[RunKey, bool] = {}  # run -> ended
         self.results: dict[RunKey, list] = {}
         self.result_from: dict[RunKey, str] = {}  # the member a result came from (leader)
-        self.results_sent: dict[RunKey, int] = {}
+        # run -> when its result was last sent or proposed, and to which reign (leader, term)
+        self.results_sent: dict[RunKey, tuple[int, str, int]] = {}
 
     def running_count(self) -> int:
         """Runs started here that have not ended."""
@@ -71,6 +73,14 @@ class Runs:
             self.results[key] = row
             self.result_from[key] = peer
 
+    def drop_others(self) -> None:
+        """This member no longer leads: forget the results other members sent it (each member
+        sends its own to the next leader)."""
+        for key in self.result_from:
+            self.results.pop(key, None)
+            self.results_sent.pop(key, None)
+        self.result_from.clear()
+
     def committed(self, key: RunKey) -> None:
         """An entry committed this run's result."""
         self.results.pop(key, None)
@@ -89,17 +99,20 @@ class Runs:
         before its result commits."""
         return key in self.results and key not in held
 
-    def due(self, rows_max: int, now_ms: int, held: Container) -> list[list]:
-        """Results ready to go (not `held` for their outputs' copies) and not sent lately,
-        marked sent now: proposed by the leader, sent to it by any other member."""
+    def due(self, rows_max: int, now_ms: int, held: Container, leader: str,
+            term: int) -> list[list]:
+        """Results ready to go (not `held` for their outputs' copies) and not sent lately to
+        this reign (`leader` in `term`), marked sent now: proposed by the leader, sent to it by
+        any other member."""
         rows = []
         for key, row in self.results.items():
             if key in held:
                 continue
             sent = self.results_sent.get(key)
-            if sent is not None and now_ms - sent < limits.proposal_retry_ms:
+            if (sent is not None and now_ms - sent[0] < limits.proposal_retry_ms
+                    and sent[1] == leader and sent[2] == term):
                 continue
-            self.results_sent[key] = now_ms
+            self.results_sent[key] = (now_ms, leader, term)
             rows.append(row)
             if len(rows) >= rows_max:
                 break
