@@ -248,7 +248,7 @@ def test_a_failed_segment_fsync_keeps_every_segment(meshd_factory):
     """An fsync error after the dump's rename (the new segment or the folder) is a failed dump,
     not a failed member: the older segments are kept, the next dump deletes them, and nothing
     is lost across a restart."""
-    m = meshd_factory(env={"MESHJOBS_FAILPOINTS": "journal.segment_fsync=1"})
+    m = meshd_factory(env={"MESHJOBS_FAILPOINTS": "journal.segment_fsync=1..1"})
     big = submit_big_entry(m)
     _wait_metric(m, "dump_failures", 1)
     assert len(journal_segments(m.data)) >= 2
