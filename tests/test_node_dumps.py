@@ -123,6 +123,7 @@ def test_a_worker_installs_the_dump_and_applies_the_entries_after_it() -> None:
     assert w.counts.get("state_dumps_installed") == 1
     assert w.table.applied_index == f.table.applied_index
     assert sorted(w.table.jobs) == sorted(f.table.jobs)
+    assert w.follower.caught_up and w.follower.in_step()
 
 
 def test_a_newer_dump_than_meant_skips_what_it_holds() -> None:
@@ -194,6 +195,8 @@ def test_entries_that_do_not_follow_the_dump_are_not_applied() -> None:
              _dump_of(newer))
     assert w.counts.get("state_dumps_installed") == 1 and w.counts.get("state_gaps") == 1
     assert w.table.applied_index == i1 + 1
+    # What the entries show exists: the table is behind it, not fresh.
+    assert not w.follower.in_step()
 
 
 def test_a_dump_that_does_not_come_is_waited_for_no_longer() -> None:

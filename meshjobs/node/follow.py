@@ -150,6 +150,7 @@ class Follower:
         if pos < prev or pos < self.table.applied_index:
             self._count("state_dumps_stale")  # never a table older than meant, or than ours
             self.next_have_ms = 0
+            self._shown(prev)  # the leader's dump reaches there: behind it, not fresh
             return
         rest = [e for e in entries if e[0] > pos]
         self.table.load(table)
@@ -159,6 +160,7 @@ class Follower:
             # they follow on is not known. The leader sends what is missing when asked.
             self._count("state_gaps")
             self.next_have_ms = 0
+            self._shown(rest[-1][0])  # what it shows is known to exist: not fresh behind it
             return
         self._apply_entries(rest)
 
