@@ -2,7 +2,8 @@
 
 Rules:
 - Exit codes say what happened: 0 ok, 1 the job failed, was cancelled or ended dep_failed
-  (`job wait`, `job results`), 5 the job has not finished (`job results`, which prints what exists), 2 bad
+  (`job wait`, `job results`), 5 the job has not finished (`job results`, which prints what
+  exists; `job wait` whose --timeout passed), 2 bad
   usage or input, or a missing or refused token (HTTP 400/401/403/409/413/415/421),
   or over a quota (429), 3 no such
   job or forgotten (404), 4 no leader, or the member unreachable or its certificate not trusted
@@ -1024,11 +1025,12 @@ def _fetch_blob(client: Client, digest: str | None, path: Path, index: Any) -> N
 @job.command("wait")
 @click.argument("job_id", metavar="ID")
 @click.option("--timeout", type=click.FloatRange(0, min_open=False), metavar="S",
-              help="Give up after S seconds (exit 1).")
+              help="Give up after S seconds (exit 5: not finished yet).")
 @json_option
 @click.pass_context
 def job_wait(ctx: click.Context, job_id: str, timeout: float | None, as_json: bool) -> None:
-    """Wait until a job ends: exit 0 when done, 1 when failed, cancelled or dep_failed.
+    """Wait until a job ends: exit 0 when done, 1 when failed, cancelled or dep_failed, 5 when
+    the --timeout passed first (the job has not finished yet).
 
     Each answer comes at the job's next change (an item started or ended), so the progress
     line on a terminal is current. A member that cannot answer (down, restarting, no leader)
@@ -1079,7 +1081,8 @@ def job_wait(ctx: click.Context, job_id: str, timeout: float | None, as_json: bo
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             shown.end()
-            raise Failure(f"job {job_id} is still {state} after {timeout:g} s", 1)
+            raise Failure(f"job {job_id} has not finished yet: still {state} after --timeout "
+                          f"{timeout:g} s (wait again, or see `meshctl job status {job_id}`)", 5)
         wait = float(WAIT_POLL_S) if left is None else max(0.0, min(float(WAIT_POLL_S), left))
     shown.end()
     if _wants_json(ctx, as_json):
