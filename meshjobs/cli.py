@@ -9,8 +9,10 @@ Rules:
   job or forgotten (404), 4 no leader, or the member unreachable or its certificate not trusted
   (503, refused, timeout, TLS). Messages go to stderr and say what to do; the words come
   from the server's `error` when it gave one. No traceback for anything expected.
-- One Idempotency-Key per invocation, sent with every request, so the single retry after a
-  connection reset cannot apply a change twice.
+- One Idempotency-Key per invocation, sent with every request, so that a retry (after a
+  connection reset, or on the next member of --at after a connection error or a 502/503/504)
+  cannot apply a change twice. Every command goes through Client.open, which passes over the
+  members that cannot answer, in order, and names each of them when none could.
 - Output bytes are streamed, never held whole in memory.
 - A token (MESHJOBS_TOKEN, or the first line of --token-file) is sent as `Authorization:
   Bearer`, and never printed. HTTPS is verified against the system's CAs, or --cacert's.
