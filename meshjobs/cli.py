@@ -129,7 +129,7 @@ class Client:
         """Send a request, return the open 2xx response. A member that cannot answer is passed
         over for the next, in order; after every member failed once, all are asked again with
         backoff while some answered 502/503/504 (an election, a restart: up to
-        cli_busy_retry_s_max), or, with `retry_s`, for that long whatever the failures (never
+        cli_busy_retry_s_max, when --at names several), or, with `retry_s`, for that long whatever the failures (never
         past the monotonic `deadline`). Then a Failure (exit 4) names each member and why."""
         n = len(self.ats)
         first = time.monotonic()
@@ -152,8 +152,9 @@ class Client:
             self.turn = (self.turn + 1) % n  # the next round starts after the last one asked
             now = time.monotonic()
             pause = min(limits.cli_wait_backoff_s_base * 2 ** rounds, limits.cli_wait_backoff_s_max)
+            # One member alone answers as it always did: at once (its 503 says what to do).
             window = retry_s if retry_s is not None else (
-                limits.cli_busy_retry_s_max if busy else 0)
+                limits.cli_busy_retry_s_max if busy and n > 1 else 0)
             stop = first + window if deadline is None else min(first + window, deadline)
             if now + pause >= stop:
                 assert last is not None
