@@ -228,10 +228,12 @@ class Watcher:
                 failed += 1
         for problem in p.problems[:limits.watch_jobs_max]:
             self.log.warning("watch_problem", watch=watch.name, problem=problem)
+        due = {} if p.due_ns is None else {
+            "next_due_in_s": round(max(0, p.due_ns - self.wall_ns()) / 1e9, 1)}
         self.log.info("watch_scan", watch=watch.name, following=len(st.following),
                       ended=st.ended, submit_failed=failed, left_out=left,
                       removed=0 if self.dry_run else len(p.removes),
-                      written=0 if self.dry_run else len(p.writes), **p.counts)
+                      written=0 if self.dry_run else len(p.writes), **p.counts, **due)
         return p
 
     def _submit(self, watch: Watch, sub: Submit) -> bool:
@@ -351,8 +353,13 @@ class Watcher:
                     watches.remove(w)
                     continue
                 if scan_now:
-                    self.scan(w)
+                    p = self.scan(w)
                     st.next_scan = self.clock() + w.rescan
+                    if p.due_ns is not None:
+                        # A file too young for min_age is scanned again as it comes of age,
+                        # not a whole rescan later.
+                        st.next_scan = min(st.next_scan, self.clock() + max(
+                            0.0, (p.due_ns - self.wall_ns()) / 1e9))
             if not watches:
                 return
 
