@@ -407,6 +407,9 @@ watch_id_hash_chars = 16  # hex digits of the digest that ends every derived job
 watch_state_name_bytes_max = 255  # NAME_MAX: a file whose state file name is longer is not run
 watch_xattr_bytes_max = 1024  # a state kept in an xattr (ext4 keeps one block for all of a file's)
 watch_tick_s_max = 1.0  # a running watcher looks at its refresh and rescan times at least this often
+watch_feed_ids_max = 20_000  # job ends heard on the change feed and not yet taken (more: dropped, polled)
+watch_feed_retry_s = 2.0  # a watcher's change feed that broke is opened again after this
+watch_feed_read_s = 60.0  # a change feed silent this long (no keep-alive) is opened again
 
 # --- meshd's config file (meshd --config FILE, meshd check-config FILE; meshjobs/config.py) ------
 config_file_bytes_max = 1 << 20  # one TOML config file, read whole (a real one is a few KiB)
@@ -479,6 +482,8 @@ RELATIONS: tuple[tuple[str, str, Callable[[dict[str, Any]], bool]], ...] = (
      lambda v: v["history_keep_files"] <= v["history_keep_files_max"]),
     ("one F_JOB_STATE frame's entries fit the ring that catches workers up", "state_entries_max",
      lambda v: v["state_entries_max"] <= v["state_ring_entries_max"]),
+    ("a watcher's change feed is not given up between two keep-alives", "events_keepalive_s",
+     lambda v: v["watch_feed_read_s"] > 2 * v["events_keepalive_s"]),
     ("one answer of changes fits the ring it resumes from", "events_answer_max",
      lambda v: v["events_answer_max"] <= v["events_ring_changes_max"]),
     ("the fewest HTTP connections are no more than the most", "http_conns_min",

@@ -169,6 +169,23 @@ def test_a_running_watcher_takes_a_young_file_as_it_comes_of_age(meshd, folder,
         stop(proc)
 
 
+def test_a_running_watcher_hears_of_job_ends_on_the_change_feed(meshd, folder,
+                                                                 tmp_path) -> None:
+    """A watcher whose refresh and rescan are an hour learns of its job's end from /events as
+    it commits, and keeps the file's state then, not an hour later."""
+    put(folder, "a.in")
+    cfg = write_config(tmp_path, config(folder, refresh=3600, rescan=3600))
+    proc = start_watcher(meshd, cfg)
+    try:
+        wait_until(lambda: "._t-w_0_a.in.done" in states(folder), what="the job's end kept")
+        assert ran(folder) == ["0 a.in"]
+        assert '"watch_job_ended"' in watch_log(proc)
+    except AssertionError:
+        raise AssertionError(watch_log(proc)[-3000:]) from None
+    finally:
+        stop(proc)
+
+
 def test_overrides_toml_and_bad_config(meshd, folder, tmp_path) -> None:
     """A TOML config with key=value overrides runs; a broken config exits 2 naming every error."""
     toml = os.path.join(str(tmp_path), "w.toml")
