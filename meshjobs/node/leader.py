@@ -177,10 +177,11 @@ class Leadership:
         if self.roster.boot_of(member) not in ("", boot):
             return f"lost with member {member} (it restarted)"
         m = self.roster.known.get(member)
-        if m is None or not m.boot:
+        last = m.last_ms if m is not None and m.boot else self.roster.heard.get(member)
+        if last is None:
             return (f"lost with member {member} (not heard from in "
                     f"{(now_ms - self.roster.since_ms) / 1000:.1f} s since a new leader took over)")
-        return f"lost with member {member} (dead {(now_ms - m.last_ms) / 1000:.1f} s)"
+        return f"lost with member {member} (dead {(now_ms - last) / 1000:.1f} s)"
 
     def propose_leases(self, now_ms: int,
                        frees_slot: Callable[[tuple[str, int, int]], bool]) -> None:
