@@ -100,3 +100,16 @@ def test_snapshots_keep_them_and_old_snapshots_load() -> None:
     assert t.item_record(t.jobs["j1"], 0)["earlier_attempts"] == []
     assert "tries" not in Log().table.to_state()  # a table without them writes none
 
+
+
+def test_the_job_page_lists_earlier_attempts_escaped() -> None:
+    from meshjobs import webui
+
+    log = Log()
+    log.submit()
+    _, ep = log.lease(("j1", 0), member="v1")
+    log.apply({"k": "revoke", "t": T0, "l": [["j1", 0, ep]], "w": ["lost <b>with</b> v1"]})
+    rec = log.table.record(log.job(), items=True)
+    html = webui.job_page("m1", rec, [], 0)
+    assert "Earlier attempts" in html and "lost &lt;b&gt;with&lt;/b&gt; v1" in html
+    assert "<b>with</b>" not in html
