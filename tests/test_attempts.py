@@ -8,7 +8,7 @@ import msgpack
 
 from meshjobs import limits
 from meshjobs.table import FAILED, TIMEOUT, JobTable
-from tests.helpers import T0, Log, row
+from tests.helpers import T0, Fleet1, Log, row, spec
 
 
 def earlier(log: Log, job_id: str = "j1", i: int = 0) -> list[tuple[int, str | None, str]]:
@@ -113,3 +113,35 @@ def test_the_job_page_lists_earlier_attempts_escaped() -> None:
     html = webui.job_page("m1", rec, [], 0)
     assert "Earlier attempts" in html and "lost &lt;b&gt;with&lt;/b&gt; v1" in html
     assert "<b>with</b>" not in html
+
+
+def _node_with_lease(member: str, boot: str) -> tuple[Fleet1, int]:
+    f = Fleet1(slots=0)  # it leases nothing itself: only the lease committed below exists
+    f.commit({"k": "submit", "t": f.now, "id": "j1", "spec": spec(), "dg": b"x",
+              "items": [None]})
+    epoch = f.commit({"k": "lease", "t": f.now, "g": [["j1", 0, member, boot]]})
+    return f, epoch
+
+
+def test_the_leader_names_a_silent_member_and_how_long() -> None:
+    """A lease of a member never heard from is revoked after dead_ms, the leader's entry saying
+    why; the item keeps it."""
+    f, epoch = _node_with_lease("v9", "b9")
+    f.take()
+    assert not f.pending_of("revoke")
+    f.tick(limits.member_dead_ms + 100)
+    f.take()
+    [rev] = f.pending_of("revoke")
+    assert rev["l"] == [["j1", 0, epoch]] and len(rev["w"]) == 1
+    assert rev["w"][0].startswith("lost with member v9 (not heard from in ")
+    f.commit_pending()
+    [kept] = f.table.item_record(f.table.jobs["j1"], 0)["earlier_attempts"]
+    assert kept["member"] == "v9" and kept["why"] == rev["w"][0]
+
+
+def test_the_leader_says_a_member_restarted() -> None:
+    """A lease of an earlier incarnation of the leader itself: it restarted."""
+    f, _epoch = _node_with_lease("m1", "b0")
+    f.take()
+    [rev] = f.pending_of("revoke")
+    assert rev["w"] == ["lost with member m1 (it restarted)"]
