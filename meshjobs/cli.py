@@ -683,7 +683,8 @@ def job_status(ctx: click.Context, job_ids: tuple[str, ...], tag: str | None, st
     # Items are fetched when they are shown or explain something: a healthy big job's text
     # status stays one small answer.
     record = client.json("GET", f"/jobs/{_q(job_id)}" + ("?items=1" if want_json else ""))
-    if not want_json and (record.get("items_failed") or record.get("items_running")):
+    if not want_json and (record.get("items_failed") or record.get("items_running")
+                          or record.get("items_tried_before")):
         record = client.json("GET", f"/jobs/{_q(job_id)}?items=1")
     failed = _explain(client, record)
     if want_json:
@@ -718,6 +719,7 @@ def job_status(ctx: click.Context, job_ids: tuple[str, ...], tag: str | None, st
     ]
     rows += _dep_rows(record)
     rows += _placement_rows(record)
+    rows += _waiting_rows(record)
     rows += _rerun_rows(record)
     rows += [(k, record[k]) for k in ("stdout", "stderr", "notify") if record.get(k)]
     for name, value in rows:
@@ -739,6 +741,7 @@ def job_status(ctx: click.Context, job_ids: tuple[str, ...], tag: str | None, st
     if more > 0:
         click.echo(f"... and {more} more failed item(s): meshctl --json job status {job_id}")
     _show_running(job_id, items)
+    _show_earlier_attempts(job_id, items, names)
 
 
 def _placement_rows(record: dict) -> list[tuple[str, str]]:
@@ -752,9 +755,15 @@ def _placement_rows(record: dict) -> list[tuple[str, str]]:
         shown = fan[:limits.status_items_shown_max]
         rows.append(("members", ", ".join(f"{i}:{m}" for i, m in shown)
                      + (f" and {len(fan) - len(shown)} more" if len(fan) > len(shown) else "")))
-    if record.get("waiting_for"):
-        rows.append(("waiting", str(record["waiting_for"])))
     return rows
+
+
+def _waiting_rows(record: dict) -> list[tuple[str, str]]:
+    """Why its pending items wait (`waiting_reasons`, meshjobs/waits.py), one reason a row."""
+    says = [str(r.get("says")) for r in record.get("waiting_reasons") or [] if isinstance(r, dict)]
+    if not says and record.get("waiting_for"):
+        says = [str(record["waiting_for"])]
+    return [("waiting" if k == 0 else "", w) for k, w in enumerate(says)]
 
 
 DEP_WORDS = {"ok": "ends done", "end": "ends", "fail": "fails or is cancelled"}
@@ -794,6 +803,23 @@ def _show_running(job_id: str, items: list) -> None:
     if len(running) > limits.status_items_shown_max:
         click.echo(f"... and {len(running) - limits.status_items_shown_max} more running "
                    f"item(s): meshctl --json job status {job_id}")
+
+
+def _show_earlier_attempts(job_id: str, items: list, names: list | None) -> None:
+    """Why each item's earlier attempts ended (a lease lost with its member, a failure tried
+    again), up to status_items_shown_max items, oldest attempt first."""
+    tried = sorted((it for it in items if isinstance(it, dict) and it.get("earlier_attempts")),
+                   key=lambda it: it.get("index", 0))
+    for item in tried[: limits.status_items_shown_max]:
+        i = item.get("index")
+        label = f"item {i}" + (f" ({names[i]})" if names and isinstance(i, int)
+                               and 0 <= i < len(names) else "")
+        for t in item["earlier_attempts"]:
+            if isinstance(t, dict):
+                click.echo(f"{label}: attempt {t.get('attempt')}: {t.get('why')}")
+    if len(tried) > limits.status_items_shown_max:
+        click.echo(f"... and {len(tried) - limits.status_items_shown_max} more item(s) tried "
+                   f"before: meshctl --json job status {job_id}")
 
 
 def _unescape(sep: str) -> bytes:

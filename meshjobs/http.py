@@ -54,6 +54,7 @@ from meshjobs import (
     metrics,
     placement,
     runas,
+    waits,
     webui,
 )
 from meshjobs.auth import AuthError, Caller, LoginLimiter, Sessions
@@ -919,7 +920,7 @@ class HttpApi:
             return record  # no leader's view to tell who is alive: say nothing rather than guess
         members = fleet.body.get("members")
         why = placement.waiting_for(record, members if isinstance(members, list) else [])
-        return record if why is None else {**record, "waiting_for": why}
+        return waits.merge(record, why)
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         """Committed changes as server-sent events (meshjobs/eventstream.py)."""

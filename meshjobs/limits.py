@@ -373,6 +373,8 @@ restart_delay_s_min = 1  # the shortest wait before an automatic re-run (--resta
 restarts_per_minute_max = 6  # automatic re-runs of one job within any 60 s
 restarts_window_ms = 60_000  # the window restarts_per_minute_max counts in
 job_runs_kept_max = 16  # summaries of earlier runs a job's record keeps (the oldest dropped first)
+item_attempts_kept_max = 8  # reasons of an item's earlier attempts kept (the oldest dropped first)
+waiting_names_shown_max = 10  # parents or members a job's waiting_for names (the rest counted)
 output_path_chars_max = 4096  # a --stdout / --stderr path, before {index} is filled in
 output_path_write_s_max = 60  # writing one item's output to its path as another user
 # --- Schedules (meshctl cron; meshjobs/cron.py) -------------------------------------------------

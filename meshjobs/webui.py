@@ -394,8 +394,30 @@ def job_page(member: str, record: dict, failed: Sequence[tuple[dict, str | None]
         + (f'<p class="act">{acts}</p>\n' if acts else "")
         + '<table class="facts"><tbody>\n'
         + "\n".join(f"<tr><th>{e(k)}</th><td>{v}</td></tr>" for k, v in facts)
-        + "\n</tbody></table>\n" + failed_html + preview_part + items_html + "</main>")
+        + "\n</tbody></table>\n" + failed_html + _attempts_html(base, items) + preview_part
+        + items_html + "</main>")
     return page(f"job {jid} on {member}", member, body, csrf=csrf, nonce=nonce)
+
+
+def _attempts_html(base: str, items: list[dict]) -> str:
+    """Why the earlier attempts of the items shown ended (a lease lost with its member, a
+    failure tried again), oldest first."""
+    rows = [
+        "<tr>"
+        f'<td class="n"><a href="{base}?item={e(q(it.get("index", "")))}#preview">'
+        f'{e(str(it.get("index", "")))}</a></td>'
+        f'<td class="n">{e(str(t.get("attempt", "")))}</td>'
+        f"<td>{e(str(t.get('member') or '-'))}</td>"
+        f'<td class="t">{e(when(t.get("at")))}</td>'
+        f"<td>{e(str(t.get('why', '')))}</td>"
+        "</tr>"
+        for it in items[: limits.webui_items_shown_max]
+        for t in it.get("earlier_attempts") or [] if isinstance(t, dict)]
+    if not rows:
+        return ""
+    return ('<h2 id="attempts">Earlier attempts</h2>\n<table><thead><tr><th>item</th>'
+            "<th>attempt</th><th>member</th><th>ended (UTC)</th><th>why</th></tr></thead>\n"
+            "<tbody>\n" + "\n".join(rows) + "\n</tbody></table>\n")
 
 
 def _item_row(base: str, jid: str, item: dict, runtime: object) -> str:
