@@ -108,6 +108,27 @@ def test_results_mark_failed_items_on_a_terminal(meshd, tmp_path):
     assert rc == 1 and shown == b"alpha\nbeta\n"
     r = meshd.ctl("job", "results", "--only-done", "--sep", "|", job)
     assert r.stdout == b"alpha\n|beta\n"
+    # The job page names each item's input file, as the CLI does.
+    page = _page(meshd, f"/jobs/{job}")
+    assert '2 <span class="name">(zz-bad.txt)</span>' in page
+    assert '0 <span class="name">(a.txt)</span>' in page
+
+
+def test_running_item_page_shows_output_so_far(meshd, tmp_path):
+    """Rule: a running item's page shows the tail of its stdout and stderr so far (with the
+    live links), not only links."""
+    flag = tmp_path / "go"
+    job = meshd.submit("--", "sh", "-c", 'echo first-line; echo err-line >&2; '
+                       'while [ ! -e "$0" ]; do sleep 0.05; done', str(flag))
+    try:
+        page = wait_until(lambda: (lambda p: p if "first-line" in p and "err-line" in p
+                                   else None)(_page(meshd, f"/jobs/{job}")),
+                          what="the output so far on the page")
+        assert '<pre class="out live">first-line\n</pre>' in page
+        assert "stdout (live)" in page and "stdout so far" in page
+    finally:
+        flag.write_text("")
+    assert meshd.wait_job(job)["state"] == "done"
 
 
 def test_results_print_no_deprecation_warning(meshd):
