@@ -1103,7 +1103,8 @@ def job_wait(ctx: click.Context, job_id: str, timeout: float | None, as_json: bo
     Each answer comes at the job's next change (an item started or ended), so the progress
     line on a terminal is current. A member that cannot answer (down, restarting, no leader)
     is asked again with backoff, and the next --at is tried, until the --timeout (or, without
-    one, for up to cli_wait_retry_s_max seconds in a row)."""
+    one, for up to cli_wait_retry_s_max seconds in a row). A job that ends failed: stderr
+    says why each failed item failed (timed out, raised, exit N)."""
     obj = ctx.find_root().obj
     clients = [Client(at, obj["key"], obj.get("token"), obj.get("tls"))
                for at in obj.get("ats") or [obj["at"]]]
@@ -1413,7 +1414,7 @@ def _table(header: list[str], rows: list[list[str]], width: int | None = None) -
 @click.pass_context
 def jobs_cmd(ctx: click.Context, state: str | None, tag: str | None, pool: str | None,
              limit: int, after: str | None, as_json: bool) -> None:
-    """List jobs, newest first, a page at a time."""
+    """List jobs, newest first, a page at a time, with each one's program (its argv)."""
     query = {k: v for k, v in (("state", state), ("tag", tag), ("pool", pool), ("after", after))
              if v}
     query["limit"] = str(limit)

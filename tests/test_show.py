@@ -121,10 +121,11 @@ def test_running_item_page_shows_output_so_far(meshd, tmp_path):
     job = meshd.submit("--", "sh", "-c", 'echo first-line; echo err-line >&2; '
                        'while [ ! -e "$0" ]; do sleep 0.05; done', str(flag))
     try:
-        page = wait_until(lambda: (lambda p: p if "first-line" in p and "err-line" in p
+        # (The program's own text is on the page too: wait for the output's <pre>.)
+        page = wait_until(lambda: (lambda p: p if '<pre class="out live">first-line\n</pre>' in p
+                                   and '<pre class="out live">err-line\n</pre>' in p
                                    else None)(_page(meshd, f"/jobs/{job}")),
                           what="the output so far on the page")
-        assert '<pre class="out live">first-line\n</pre>' in page
         assert "stdout (live)" in page and "stdout so far" in page
     finally:
         flag.write_text("")
@@ -204,3 +205,21 @@ def test_after_a_failed_parent_says_dep_failed(meshd):
     r = meshd.ctl("job", "submit", "--after", f"{parent}:fail", "--", "true")
     assert r.returncode == 0 and r.stderr == b""
     assert json.loads(meshd.ctl("--json", "jobs").stdout)  # the listing still answers
+
+
+def test_demo_runs_this_meshjobs_not_the_current_folders(tmp_path):
+    """Rule: `meshd --demo` runs meshd and meshctl of the interpreter that runs it, never a
+    meshjobs/ folder in the folder it runs in (a source tree), and prints no Python warning."""
+    decoy = tmp_path / "meshjobs"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text('raise SystemExit("decoy meshjobs of the current folder")\n')
+    repo = str(Path(__file__).resolve().parent.parent)
+    env = env_with_path({"PYTHONPATH": repo})
+    env.pop("MESHJOBS_AT", None)
+    # -P: the demo itself comes from this repository (PYTHONPATH), not from the decoy.
+    r = subprocess.run([sys.executable, "-P", "-m", "meshjobs.daemon", "--demo"], cwd=tmp_path,
+                       capture_output=True, timeout=240, env=env)
+    text = (r.stdout + r.stderr).decode()
+    assert r.returncode == 0, text[-2000:]
+    assert "decoy" not in text.replace(str(tmp_path), "") and "Warning" not in text
+    assert "hello from" in text
