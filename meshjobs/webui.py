@@ -172,7 +172,8 @@ STYLE = (
 )
 
 
-def page(title: str, member: str, body: str, *, csrf: str = "", nonce: str = "") -> str:
+def page(title: str, member: str, body: str, *, csrf: str = "", nonce: str = "",
+         sign_out: bool = True) -> str:
     """A whole page: a navigation bar, a message line the script fills, `body` (which holds the
     page's <main>), and the script when a nonce allows it."""
     script = f'<script nonce="{e(nonce)}" src="/ui.js" defer></script>' if nonce else ""
@@ -183,8 +184,8 @@ def page(title: str, member: str, body: str, *, csrf: str = "", nonce: str = "")
         f"<title>meshjobs: {e(title)}</title><style>{STYLE}</style>{script}</head>\n<body>\n"
         '<header><nav aria-label="meshjobs"><a href="/jobs">Jobs</a><a href="/fleet">Fleet</a>'
         '<a href="/openapi.json">API</a>'
-        '<form class="out" method="post" action="/logout"><button type="submit">Sign out'
-        '</button></form>'
+        + ('<form class="out" method="post" action="/logout"><button type="submit">Sign out'
+           '</button></form>' if sign_out else "") +
         f'<span class="me">member {e(member)}</span></nav></header>\n'
         '<p id="msg" role="status" aria-live="polite"></p>\n'
         f"{body}\n</body></html>\n"
@@ -617,7 +618,7 @@ def login_page(member: str, nxt: str, needed: bool, problem: str | None) -> str:
             'required autofocus></label> <button>Log in</button></form>'
             "<p>The token is one of the member's [auth] tokens; the browser keeps a session "
             "cookie, not the token.</p></main>")
-    return page(f"log in to {member}", member, body)
+    return page(f"log in to {member}", member, body, sign_out=False)
 
 
 # --- the script -----------------------------------------------------------------------------
