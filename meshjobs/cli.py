@@ -265,6 +265,14 @@ def _wants_json(ctx: click.Context, local: bool) -> bool:
     return local or bool(ctx.find_root().obj["json"])
 
 
+def _binary(name: str) -> IO[bytes]:
+    """The byte stream under sys.stdout or sys.stderr (as click's testing runner swaps them
+    too); click.get_binary_stream is deprecated."""
+    stream = sys.stdout if name == "stdout" else sys.stderr
+    stream.flush()
+    return stream.buffer
+
+
 def _print_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, sort_keys=True))
 
@@ -562,11 +570,40 @@ def job_submit(ctx: click.Context, job_id: str | None, pool: str | None, items_f
     if sink is not None:  # `cron add`: the spec a submit with these options would send
         sink.append(spec)
         return
-    record = _client(ctx).json("POST", "/jobs", spec)
+    client = _client(ctx)
+    record = client.json("POST", "/jobs", spec)
     if _wants_json(ctx, as_json):
         _print_json(record)
     else:
         click.echo(record["id"])
+    if after:
+        _say_dep_failed(client, record, after)
+
+
+# What each --after condition needs of its parent's end state (control.parse_after).
+AFTER_HOLDS = {"ok": ("done",), "end": ("done", "failed", "cancelled", "dep_failed"),
+               "fail": ("failed", "cancelled", "dep_failed")}
+
+
+def _say_dep_failed(client: Client, record: dict, after: tuple[str, ...]) -> None:
+    """On stderr, when an --after names a parent that already ended so that it can never
+    hold: the new job ends dep_failed at once (meshd accepts it, as the parent may be
+    run again by hand; the person who typed it should know)."""
+    for dep in after:
+        parent, sep, cond = dep.rpartition(":")
+        if not sep:
+            parent, cond = dep, "ok"
+        if cond not in AFTER_HOLDS:
+            continue  # meshd took it, so it is of a form this meshctl does not know
+        try:
+            rec = client.json("GET", f"/jobs/{_q(parent)}")
+        except Failure:
+            continue
+        state = rec.get("state")
+        if state in TERMINAL and state not in AFTER_HOLDS[cond]:
+            click.echo(f"meshctl: job {parent} already ended {state}, so --after {dep} can "
+                       f"never hold: job {record.get('id')} ends dep_failed at once (submit "
+                       f"again after meshctl job rerun {parent}, or drop --after)", err=True)
 
 
 def _submit_cwd(cwd: str | None, no_cwd: bool) -> str | None:
@@ -891,12 +928,16 @@ def _shortfall(job_id: str, record: dict) -> tuple[int, str | None]:
               help="Write STR between items' outputs (escapes: \\n \\t \\r \\0 \\\\).")
 @click.option("--json-lines", "json_lines", is_flag=True,
               help="One JSON object per item: index, state, rc, stdout (text) or stdout_b64.")
+@click.option("--only-done", "only_done", is_flag=True,
+              help="Leave out the output of items that failed or timed out.")
 @json_option
 @click.pass_context
 def job_results(ctx: click.Context, job_id: str, out_dir: Path | None, with_stderr: bool,
-                sep: str | None, json_lines: bool, as_json: bool) -> None:
+                sep: str | None, json_lines: bool, as_json: bool, only_done: bool = False) -> None:
     """Every finished item's stdout in item order, to standard output or files under --out.
 
+    On a terminal, a failed item's output follows a line `--- item N (NAME): failed, WHY ---`;
+    piped, the bytes are the items' own, unmarked. --only-done leaves failed items out.
     Exits 1 when the job failed, was cancelled or ended dep_failed, 5 when it has not finished (what exists is
     printed all the same); stderr names the items that failed or have no output."""
     client = _client(ctx)
@@ -909,13 +950,19 @@ def job_results(ctx: click.Context, job_id: str, out_dir: Path | None, with_stde
     # The record is read before any output: what it says finished is in what follows.
     record = client.json("GET", f"/jobs/{_q(job_id)}?items=1")
     items = sorted(record.get("items") or [], key=lambda it: it.get("index", 0))
-    finished = [it for it in items if it.get("state") in ("done", *FAILED_ITEM_STATES)]
     code, why = _shortfall(job_id, record)
+    if only_done:
+        items = [it for it in items if it.get("state") == "done"]
+    finished = [it for it in items if it.get("state") in ("done", *FAILED_ITEM_STATES)]
+    marked = (out_dir is None and not want_json and sep_bytes is None and not json_lines
+              and sys.stdout.isatty())
     if sep_bytes is not None or json_lines:
         _separated(client, items, sep_bytes, with_stderr)
+    elif marked or (only_done and out_dir is None and not want_json):
+        _marked(client, record, items, with_stderr, marked)
     elif out_dir is None and not want_json:
         for stream, out in (("stdout", "stdout"), ("stderr", "stderr"))[: 2 if with_stderr else 1]:
-            sink = click.get_binary_stream(out)
+            sink = _binary(out)
             try:
                 with client.open("GET", f"/jobs/{_q(job_id)}/results?stream={stream}") as resp:
                     client.copy(resp, sink)
@@ -949,9 +996,32 @@ def job_results(ctx: click.Context, job_id: str, out_dir: Path | None, with_stde
     ctx.exit(code)
 
 
+def _marked(client: Client, record: dict, items: list[dict], with_stderr: bool,
+            marked: bool) -> None:
+    """Items' outputs one by one, in item order; with `marked`, a failed item's output
+    follows a line that says which item failed and why (on a terminal, where a person reads
+    it; a pipe gets the items' bytes as they are)."""
+    out = _binary("stdout")
+    err = _binary("stderr")
+    names = record.get("names") if isinstance(record.get("names"), list) else None
+    for it in items:
+        if it.get("state") not in ("done", *FAILED_ITEM_STATES):
+            continue
+        if marked and it.get("state") in FAILED_ITEM_STATES:
+            i = it.get("index")
+            label = f"item {i}" + (f" ({names[i]})" if names and isinstance(i, int)
+                                   and 0 <= i < len(names) else "")
+            out.write(f"--- {label}: failed, {_item_reason(it, record)} ---\n".encode())
+        _copy_blob(client, it.get("stdout"), out, it.get("index"))
+        out.flush()
+        if with_stderr:
+            _copy_blob(client, it.get("stderr"), err, it.get("index"))
+            err.flush()
+
+
 def _separated(client: Client, items: list[dict], sep: bytes | None, with_stderr: bool) -> None:
     """Items' outputs one by one: separated by `sep`, or as JSON lines (sep None)."""
-    sink = click.get_binary_stream("stdout")
+    sink = _binary("stdout")
     first = True
     for it in items:
         if sep is not None:
@@ -1059,7 +1129,8 @@ def job_wait(ctx: click.Context, job_id: str, timeout: float | None, as_json: bo
     Each answer comes at the job's next change (an item started or ended), so the progress
     line on a terminal is current. A member that cannot answer (down, restarting, no leader)
     is asked again with backoff, and the next --at is tried, until the --timeout (or, without
-    one, for up to cli_wait_retry_s_max seconds in a row)."""
+    one, for up to cli_wait_retry_s_max seconds in a row). A job that ends failed: stderr
+    says why each failed item failed (timed out, raised, exit N)."""
     obj = ctx.find_root().obj
     clients = [Client(at, obj["key"], obj.get("token"), obj.get("tls"))
                for at in obj.get("ats") or [obj["at"]]]
@@ -1110,9 +1181,34 @@ def job_wait(ctx: click.Context, job_id: str, timeout: float | None, as_json: bo
     shown.end()
     if _wants_json(ctx, as_json):
         _print_json(record)
-    elif not progress:
-        click.echo(f"{job_id}: {state}")
+    else:
+        if not progress:
+            click.echo(f"{job_id}: {state}")
+        if state != "done":
+            _say_failed_items(client, job_id, record)
     ctx.exit(0 if state == "done" else 1)
+
+
+def _say_failed_items(client: Client, job_id: str, record: dict) -> None:
+    """On stderr, why each failed item failed (timed out, raised, exit N), as `job status`
+    says it, so that a wait that ends failed does not only give counts."""
+    if not record.get("items_failed"):
+        return
+    try:
+        record = client.json("GET", f"/jobs/{_q(job_id)}?items=1")
+    except Failure:
+        return  # the end state is said; the reasons are in `job status`
+    names = record.get("names") if isinstance(record.get("names"), list) else None
+    failed = [it for it in sorted(record.get("items") or [], key=lambda it: it.get("index", 0))
+              if it.get("state") in FAILED_ITEM_STATES]
+    for it in failed[: limits.status_items_shown_max]:
+        i = it.get("index")
+        label = f"item {i}" + (f" ({names[i]})" if names and isinstance(i, int)
+                               and 0 <= i < len(names) else "")
+        click.echo(f"{label}: {_item_reason(it, record)}", err=True)
+    if len(failed) > limits.status_items_shown_max:
+        click.echo(f"... and {len(failed) - limits.status_items_shown_max} more failed item(s): "
+                   f"meshctl job status {job_id}", err=True)
 
 
 class _Progress:
@@ -1259,7 +1355,7 @@ def job_logs(ctx: click.Context, job_id: str, index: int, use_stderr: bool,
     client = _client(ctx)
     stream = "stderr" if use_stderr else "stdout"
     path = f"/jobs/{_q(job_id)}/items/{index}/{stream}"
-    sink = click.get_binary_stream("stdout")
+    sink = _binary("stdout")
     offset = 0
     while True:
         query = f"?offset={offset}" + ("&follow=1" if follow else "")
@@ -1344,7 +1440,7 @@ def _table(header: list[str], rows: list[list[str]], width: int | None = None) -
 @click.pass_context
 def jobs_cmd(ctx: click.Context, state: str | None, tag: str | None, pool: str | None,
              limit: int, after: str | None, as_json: bool) -> None:
-    """List jobs, newest first, a page at a time."""
+    """List jobs, newest first, a page at a time, with each one's program (its argv)."""
     query = {k: v for k, v in (("state", state), ("tag", tag), ("pool", pool), ("after", after))
              if v}
     query["limit"] = str(limit)
@@ -1366,11 +1462,12 @@ def jobs_cmd(ctx: click.Context, state: str | None, tag: str | None, pool: str |
                  f"{j.get('items_done', 0)}/{j.get('items_total', 0)}",
                  str(j.get("items_failed", 0)), str(j.get("pool")),
                  str(j.get("priority")), _when(j.get("submitted_at")),
-                 ",".join(j.get("tags") or [])] for j in listed]
+                 ",".join(j.get("tags") or []), _shell_words(j.get("argv", ""))]
+                for j in listed]
         # The terminal's width (or $COLUMNS); none when piped, so that scripts get whole cells.
         width = shutil.get_terminal_size((0, 0)).columns or None
-        _table(["ID", "STATE", "DONE", "FAILED", "POOL", "PRIORITY", "SUBMITTED", "TAGS"], rows,
-               width)
+        _table(["ID", "STATE", "DONE", "FAILED", "POOL", "PRIORITY", "SUBMITTED", "TAGS",
+                "PROGRAM"], rows, width)
     if fresh == "false":
         click.echo(f"meshctl: the member at {client.at} does not hear the leader now: this list "
                    "is its own table's and may be behind; ask another member (--at), or see "
@@ -1436,12 +1533,14 @@ def history_cmd(ctx: click.Context, since: str | None, limit: int, as_json: bool
         _print_json(body)
         return
     records = body.get("records") or []
+    rows = []
     for row in records:
         job = row.get("job") or {}
-        tags = ",".join(job.get("tags") or []) or "-"
-        click.echo(f"{_when(row.get('at'))}  {row.get('why', '?'):<6}  {job.get('id')}  "
-                   f"{job.get('state')}  {job.get('items_done', 0)}/{job.get('items_total', 0)} "
-                   f"done  pool {job.get('pool')}  tags {tags}")
+        rows.append([_when(row.get("at")), str(row.get("why", "?")), str(job.get("id")),
+                     str(job.get("state")), f"{job.get('items_done', 0)}/{job.get('items_total', 0)}",
+                     str(job.get("pool")), ",".join(job.get("tags") or []) or "-"])
+    if rows:
+        _table(["DROPPED", "WHY", "ID", "STATE", "DONE", "POOL", "TAGS"], rows)
     if not records:
         click.echo("no history records" + (" since then" if since else ""), err=True)
     if body.get("skipped_lines"):

@@ -55,6 +55,7 @@ items_json_slice_max = 200
 items_page_max = 1_000
 results_slice_max = 65_536
 webui_preview_bytes_max = 16 * 1024  # the head of an item's stdout or stderr a job page shows
+webui_live_reads_max = 8  # reads of a running item's output for its page's tail (log_frame_bytes_max each)
 webui_poll_ms = 2000  # how often the web UI's script polls when /events does not stream
 webui_sse_retry_ms = 60_000  # polling that long, the script tries /events again
 http_header_s_max = 10  # a connection must send a request's whole head within this (default)

@@ -42,6 +42,11 @@ def answer(table: JobTable, job: Any, req: dict, now_ms: int) -> tuple[int, Any,
         rec["items_from"] = lo
         failed = first_failed(job, req["failed"])
         rec["failed_items"] = [table.item_record(job, i) for i in failed]
+        if job.names is not None:
+            # The page shows each item's input file name: these items' names only, never the
+            # whole list of a big job.
+            for it in (*rec["items"], *rec["failed_items"]):
+                it["name"] = job.names[it["index"]]
         return 200, rec, len(rec["items"]) + len(failed)
     lo = req["from"]
     column = job.out if req["stream"] == "stdout" else job.err
