@@ -359,6 +359,14 @@ def _wants_json(ctx: click.Context, local: bool) -> bool:
     return local or bool(ctx.find_root().obj["json"])
 
 
+def _binary(name: str) -> IO[bytes]:
+    """The byte stream under sys.stdout or sys.stderr (as click's testing runner swaps them
+    too); click.get_binary_stream is deprecated."""
+    stream = sys.stdout if name == "stdout" else sys.stderr
+    stream.flush()
+    return stream.buffer
+
+
 def _print_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, sort_keys=True))
 
@@ -657,11 +665,40 @@ def job_submit(ctx: click.Context, job_id: str | None, pool: str | None, items_f
     if sink is not None:  # `cron add`: the spec a submit with these options would send
         sink.append(spec)
         return
-    record = _client(ctx).json("POST", "/jobs", spec)
+    client = _client(ctx)
+    record = client.json("POST", "/jobs", spec)
     if _wants_json(ctx, as_json):
         _print_json(record)
     else:
         click.echo(record["id"])
+    if after:
+        _say_dep_failed(client, record, after)
+
+
+# What each --after condition needs of its parent's end state (control.parse_after).
+AFTER_HOLDS = {"ok": ("done",), "end": ("done", "failed", "cancelled", "dep_failed"),
+               "fail": ("failed", "cancelled", "dep_failed")}
+
+
+def _say_dep_failed(client: Client, record: dict, after: tuple[str, ...]) -> None:
+    """On stderr, when an --after names a parent that already ended so that it can never
+    hold: the new job ends dep_failed at once (meshd accepts it, as the parent may be
+    run again by hand; the person who typed it should know)."""
+    for dep in after:
+        parent, sep, cond = dep.rpartition(":")
+        if not sep:
+            parent, cond = dep, "ok"
+        if cond not in AFTER_HOLDS:
+            continue  # meshd took it, so it is of a form this meshctl does not know
+        try:
+            rec = client.json("GET", f"/jobs/{_q(parent)}")
+        except Failure:
+            continue
+        state = rec.get("state")
+        if state in TERMINAL and state not in AFTER_HOLDS[cond]:
+            click.echo(f"meshctl: job {parent} already ended {state}, so --after {dep} can "
+                       f"never hold: job {record.get('id')} ends dep_failed at once (submit "
+                       f"again after meshctl job rerun {parent}, or drop --after)", err=True)
 
 
 def _submit_cwd(cwd: str | None, no_cwd: bool) -> str | None:
@@ -778,7 +815,8 @@ def job_status(ctx: click.Context, job_ids: tuple[str, ...], tag: str | None, st
     # Items are fetched when they are shown or explain something: a healthy big job's text
     # status stays one small answer.
     record = client.json("GET", f"/jobs/{_q(job_id)}" + ("?items=1" if want_json else ""))
-    if not want_json and (record.get("items_failed") or record.get("items_running")):
+    if not want_json and (record.get("items_failed") or record.get("items_running")
+                          or record.get("items_tried_before")):
         record = client.json("GET", f"/jobs/{_q(job_id)}?items=1")
     failed = _explain(client, record)
     if want_json:
@@ -813,6 +851,7 @@ def job_status(ctx: click.Context, job_ids: tuple[str, ...], tag: str | None, st
     ]
     rows += _dep_rows(record)
     rows += _placement_rows(record)
+    rows += _waiting_rows(record)
     rows += _rerun_rows(record)
     rows += [(k, record[k]) for k in ("stdout", "stderr", "notify") if record.get(k)]
     for name, value in rows:
@@ -834,6 +873,7 @@ def job_status(ctx: click.Context, job_ids: tuple[str, ...], tag: str | None, st
     if more > 0:
         click.echo(f"... and {more} more failed item(s): meshctl --json job status {job_id}")
     _show_running(job_id, items)
+    _show_earlier_attempts(job_id, items, names)
 
 
 def _placement_rows(record: dict) -> list[tuple[str, str]]:
@@ -847,9 +887,15 @@ def _placement_rows(record: dict) -> list[tuple[str, str]]:
         shown = fan[:limits.status_items_shown_max]
         rows.append(("members", ", ".join(f"{i}:{m}" for i, m in shown)
                      + (f" and {len(fan) - len(shown)} more" if len(fan) > len(shown) else "")))
-    if record.get("waiting_for"):
-        rows.append(("waiting", str(record["waiting_for"])))
     return rows
+
+
+def _waiting_rows(record: dict) -> list[tuple[str, str]]:
+    """Why its pending items wait (`waiting_reasons`, meshjobs/waits.py), one reason a row."""
+    says = [str(r.get("says")) for r in record.get("waiting_reasons") or [] if isinstance(r, dict)]
+    if not says and record.get("waiting_for"):
+        says = [str(record["waiting_for"])]
+    return [("waiting" if k == 0 else "", w) for k, w in enumerate(says)]
 
 
 DEP_WORDS = {"ok": "ends done", "end": "ends", "fail": "fails or is cancelled"}
@@ -889,6 +935,23 @@ def _show_running(job_id: str, items: list) -> None:
     if len(running) > limits.status_items_shown_max:
         click.echo(f"... and {len(running) - limits.status_items_shown_max} more running "
                    f"item(s): meshctl --json job status {job_id}")
+
+
+def _show_earlier_attempts(job_id: str, items: list, names: list | None) -> None:
+    """Why each item's earlier attempts ended (a lease lost with its member, a failure tried
+    again), up to status_items_shown_max items, oldest attempt first."""
+    tried = sorted((it for it in items if isinstance(it, dict) and it.get("earlier_attempts")),
+                   key=lambda it: it.get("index", 0))
+    for item in tried[: limits.status_items_shown_max]:
+        i = item.get("index")
+        label = f"item {i}" + (f" ({names[i]})" if names and isinstance(i, int)
+                               and 0 <= i < len(names) else "")
+        for t in item["earlier_attempts"]:
+            if isinstance(t, dict):
+                click.echo(f"{label}: attempt {t.get('attempt')}: {t.get('why')}")
+    if len(tried) > limits.status_items_shown_max:
+        click.echo(f"... and {len(tried) - limits.status_items_shown_max} more item(s) tried "
+                   f"before: meshctl --json job status {job_id}")
 
 
 def _unescape(sep: str) -> bytes:
@@ -960,12 +1023,16 @@ def _shortfall(job_id: str, record: dict) -> tuple[int, str | None]:
               help="Write STR between items' outputs (escapes: \\n \\t \\r \\0 \\\\).")
 @click.option("--json-lines", "json_lines", is_flag=True,
               help="One JSON object per item: index, state, rc, stdout (text) or stdout_b64.")
+@click.option("--only-done", "only_done", is_flag=True,
+              help="Leave out the output of items that failed or timed out.")
 @json_option
 @click.pass_context
 def job_results(ctx: click.Context, job_id: str, out_dir: Path | None, with_stderr: bool,
-                sep: str | None, json_lines: bool, as_json: bool) -> None:
+                sep: str | None, json_lines: bool, as_json: bool, only_done: bool = False) -> None:
     """Every finished item's stdout in item order, to standard output or files under --out.
 
+    On a terminal, a failed item's output follows a line `--- item N (NAME): failed, WHY ---`;
+    piped, the bytes are the items' own, unmarked. --only-done leaves failed items out.
     Exits 1 when the job failed, was cancelled or ended dep_failed, 5 when it has not finished (what exists is
     printed all the same); stderr names the items that failed or have no output."""
     client = _client(ctx)
@@ -978,13 +1045,19 @@ def job_results(ctx: click.Context, job_id: str, out_dir: Path | None, with_stde
     # The record is read before any output: what it says finished is in what follows.
     record = client.json("GET", f"/jobs/{_q(job_id)}?items=1")
     items = sorted(record.get("items") or [], key=lambda it: it.get("index", 0))
-    finished = [it for it in items if it.get("state") in ("done", *FAILED_ITEM_STATES)]
     code, why = _shortfall(job_id, record)
+    if only_done:
+        items = [it for it in items if it.get("state") == "done"]
+    finished = [it for it in items if it.get("state") in ("done", *FAILED_ITEM_STATES)]
+    marked = (out_dir is None and not want_json and sep_bytes is None and not json_lines
+              and sys.stdout.isatty())
     if sep_bytes is not None or json_lines:
         _separated(client, items, sep_bytes, with_stderr)
+    elif marked or (only_done and out_dir is None and not want_json):
+        _marked(client, record, items, with_stderr, marked)
     elif out_dir is None and not want_json:
         for stream, out in (("stdout", "stdout"), ("stderr", "stderr"))[: 2 if with_stderr else 1]:
-            sink = click.get_binary_stream(out)
+            sink = _binary(out)
             try:
                 with client.open("GET", f"/jobs/{_q(job_id)}/results?stream={stream}") as resp:
                     client.copy(resp, sink)
@@ -1018,9 +1091,32 @@ def job_results(ctx: click.Context, job_id: str, out_dir: Path | None, with_stde
     ctx.exit(code)
 
 
+def _marked(client: Client, record: dict, items: list[dict], with_stderr: bool,
+            marked: bool) -> None:
+    """Items' outputs one by one, in item order; with `marked`, a failed item's output
+    follows a line that says which item failed and why (on a terminal, where a person reads
+    it; a pipe gets the items' bytes as they are)."""
+    out = _binary("stdout")
+    err = _binary("stderr")
+    names = record.get("names") if isinstance(record.get("names"), list) else None
+    for it in items:
+        if it.get("state") not in ("done", *FAILED_ITEM_STATES):
+            continue
+        if marked and it.get("state") in FAILED_ITEM_STATES:
+            i = it.get("index")
+            label = f"item {i}" + (f" ({names[i]})" if names and isinstance(i, int)
+                                   and 0 <= i < len(names) else "")
+            out.write(f"--- {label}: failed, {_item_reason(it, record)} ---\n".encode())
+        _copy_blob(client, it.get("stdout"), out, it.get("index"))
+        out.flush()
+        if with_stderr:
+            _copy_blob(client, it.get("stderr"), err, it.get("index"))
+            err.flush()
+
+
 def _separated(client: Client, items: list[dict], sep: bytes | None, with_stderr: bool) -> None:
     """Items' outputs one by one: separated by `sep`, or as JSON lines (sep None)."""
-    sink = click.get_binary_stream("stdout")
+    sink = _binary("stdout")
     first = True
     for it in items:
         if sep is not None:
@@ -1129,7 +1225,8 @@ def job_wait(ctx: click.Context, job_id: str, timeout: float | None, as_json: bo
     Each answer comes at the job's next change (an item started or ended), so the progress
     line on a terminal is current. A member that cannot answer (down, restarting, no leader)
     is asked again with backoff, and the next --at is tried, until the --timeout (or, without
-    one, for up to cli_wait_retry_s_max seconds in a row)."""
+    one, for up to cli_wait_retry_s_max seconds in a row). A job that ends failed: stderr
+    says why each failed item failed (timed out, raised, exit N)."""
     client = _client(ctx)
     deadline = None if timeout is None else time.monotonic() + timeout
     progress = sys.stderr.isatty() and not _wants_json(ctx, as_json)
@@ -1167,9 +1264,34 @@ def job_wait(ctx: click.Context, job_id: str, timeout: float | None, as_json: bo
     shown.end()
     if _wants_json(ctx, as_json):
         _print_json(record)
-    elif not progress:
-        click.echo(f"{job_id}: {state}")
+    else:
+        if not progress:
+            click.echo(f"{job_id}: {state}")
+        if state != "done":
+            _say_failed_items(client, job_id, record)
     ctx.exit(0 if state == "done" else 1)
+
+
+def _say_failed_items(client: Client, job_id: str, record: dict) -> None:
+    """On stderr, why each failed item failed (timed out, raised, exit N), as `job status`
+    says it, so that a wait that ends failed does not only give counts."""
+    if not record.get("items_failed"):
+        return
+    try:
+        record = client.json("GET", f"/jobs/{_q(job_id)}?items=1")
+    except Failure:
+        return  # the end state is said; the reasons are in `job status`
+    names = record.get("names") if isinstance(record.get("names"), list) else None
+    failed = [it for it in sorted(record.get("items") or [], key=lambda it: it.get("index", 0))
+              if it.get("state") in FAILED_ITEM_STATES]
+    for it in failed[: limits.status_items_shown_max]:
+        i = it.get("index")
+        label = f"item {i}" + (f" ({names[i]})" if names and isinstance(i, int)
+                               and 0 <= i < len(names) else "")
+        click.echo(f"{label}: {_item_reason(it, record)}", err=True)
+    if len(failed) > limits.status_items_shown_max:
+        click.echo(f"... and {len(failed) - limits.status_items_shown_max} more failed item(s): "
+                   f"meshctl job status {job_id}", err=True)
 
 
 class _Progress:
@@ -1316,7 +1438,7 @@ def job_logs(ctx: click.Context, job_id: str, index: int, use_stderr: bool,
     client = _client(ctx)
     stream = "stderr" if use_stderr else "stdout"
     path = f"/jobs/{_q(job_id)}/items/{index}/{stream}"
-    sink = click.get_binary_stream("stdout")
+    sink = _binary("stdout")
     offset = 0
     run_epoch: str | None = None  # the run whose output is printed (its lease's epoch)
     cuts = 0  # streams cut in a row before a byte came
@@ -1417,7 +1539,7 @@ def _table(header: list[str], rows: list[list[str]], width: int | None = None) -
 @click.pass_context
 def jobs_cmd(ctx: click.Context, state: str | None, tag: str | None, pool: str | None,
              limit: int, after: str | None, as_json: bool) -> None:
-    """List jobs, newest first, a page at a time."""
+    """List jobs, newest first, a page at a time, with each one's program (its argv)."""
     query = {k: v for k, v in (("state", state), ("tag", tag), ("pool", pool), ("after", after))
              if v}
     query["limit"] = str(limit)
@@ -1439,11 +1561,12 @@ def jobs_cmd(ctx: click.Context, state: str | None, tag: str | None, pool: str |
                  f"{j.get('items_done', 0)}/{j.get('items_total', 0)}",
                  str(j.get("items_failed", 0)), str(j.get("pool")),
                  str(j.get("priority")), _when(j.get("submitted_at")),
-                 ",".join(j.get("tags") or [])] for j in listed]
+                 ",".join(j.get("tags") or []), _shell_words(j.get("argv", ""))]
+                for j in listed]
         # The terminal's width (or $COLUMNS); none when piped, so that scripts get whole cells.
         width = shutil.get_terminal_size((0, 0)).columns or None
-        _table(["ID", "STATE", "DONE", "FAILED", "POOL", "PRIORITY", "SUBMITTED", "TAGS"], rows,
-               width)
+        _table(["ID", "STATE", "DONE", "FAILED", "POOL", "PRIORITY", "SUBMITTED", "TAGS",
+                "PROGRAM"], rows, width)
     if fresh == "false":
         click.echo(f"meshctl: the member at {client.at} does not hear the leader now: this list "
                    "is its own table's and may be behind; ask another member (--at), or see "
@@ -1509,12 +1632,14 @@ def history_cmd(ctx: click.Context, since: str | None, limit: int, as_json: bool
         _print_json(body)
         return
     records = body.get("records") or []
+    rows = []
     for row in records:
         job = row.get("job") or {}
-        tags = ",".join(job.get("tags") or []) or "-"
-        click.echo(f"{_when(row.get('at'))}  {row.get('why', '?'):<6}  {job.get('id')}  "
-                   f"{job.get('state')}  {job.get('items_done', 0)}/{job.get('items_total', 0)} "
-                   f"done  pool {job.get('pool')}  tags {tags}")
+        rows.append([_when(row.get("at")), str(row.get("why", "?")), str(job.get("id")),
+                     str(job.get("state")), f"{job.get('items_done', 0)}/{job.get('items_total', 0)}",
+                     str(job.get("pool")), ",".join(job.get("tags") or []) or "-"])
+    if rows:
+        _table(["DROPPED", "WHY", "ID", "STATE", "DONE", "POOL", "TAGS"], rows)
     if not records:
         click.echo("no history records" + (" since then" if since else ""), err=True)
     if body.get("skipped_lines"):

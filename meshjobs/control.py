@@ -77,11 +77,16 @@ TONE_KEYS = frozenset({"priority", "hold", "max_leases"})
 CHANGE_OPS = frozenset({"submit", "cancel", "forget", "tone", "bulk", "pool", "member", "rerun",
                         "cron"})
 BULK_ACTIONS = ("cancel", "forget", "tone", "status")  # what a bulk request may do to many jobs
+# Not job ids (a submit naming one is refused): POST /jobs/ACTION acts on many jobs, and every
+# other method of /jobs/ACTION is a 405, so that no job could be read or forgotten at that path.
+RESERVED_JOB_IDS = BULK_ACTIONS
 BULK_KEYS = frozenset({"ids", "filter", "dry_run", "after", "set"})
 FILTER_KEYS = frozenset({"tag", "state", "pool", "member"})
 
 
 def _int(value: object, name: str, lo: int, hi: int) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON has one number type: 3.0 is the integer 3 (as JSON Schema says)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ControlError(400, f"{name} must be an integer, not {type(value).__name__}")
     if not lo <= value <= hi:
@@ -247,6 +252,9 @@ def parse_submit(body: object, committed: bool = False) -> dict:
     }
     if body.get("id") is not None:
         spec["id"] = parse_job_id(body["id"])
+        if spec["id"] in RESERVED_JOB_IDS:
+            raise ControlError(400, f"job id {spec['id']!r} is the name of the route /jobs/"
+                                    f"{spec['id']} (many jobs at once): choose another id")
     member = None
     if body.get("pool") is not None:
         pool = body["pool"]

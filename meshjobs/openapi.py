@@ -40,7 +40,8 @@ _IDEMPOTENCY_KEY = {
     "name": "Idempotency-Key",
     "in": "header",
     "required": False,
-    "description": "A request id: a change retried with the same key is applied once. "
+    "description": "A request id: a change retried with the same key is applied once, and "
+    "answered with the status and shape of its first answer. "
     "Without it the member makes one up (and a retry may apply twice).",
     "schema": {"type": "string", "pattern": f"^[A-Za-z0-9._:-]{{1,{limits.rid_chars_max}}}$"},
 }
@@ -107,8 +108,11 @@ _PATHS: dict[str, Any] = {
             "requestBody": {"required": True, "content": {"application/json": {
                 "schema": api.ref(api.SubmitSpec)}}},
             "responses": {
-                "201": _json(_JOB, "The job was created."),
-                "200": _json(_JOB, "The same submission was seen before (same Idempotency-Key)."),
+                "201": _json(_JOB, "The job was created; a retry with the same Idempotency-Key "
+                             "gets this answer again (the job as it is now), and makes nothing."),
+                "200": _json(_JOB, "A job with this id and the same spec exists already "
+                             "(submitted before without this Idempotency-Key): nothing was "
+                             "made."),
                 "400": _BAD,
                 "409": _err("A job with this id exists already, or was forgotten."),
                 "413": _err(f"The body is over {limits.http_body_bytes_max} bytes, or too many items."),
@@ -430,7 +434,8 @@ _BULK_PATHS["/history"] = {"get": {
     "operationId": "history",
     "parameters": [
         {"name": "since", "in": "query", "description": "Only records at or after this time, in "
-         "seconds since the epoch.", "schema": {"type": "number", "minimum": 0}},
+         "seconds since the epoch.", "schema": {"type": "number", "minimum": 0,
+                                                "exclusiveMaximum": limits.epoch_s_max}},
         {"name": "limit", "in": "query", "schema": {
             "type": "integer", "minimum": 1, "maximum": limits.history_read_max, "default": 100}},
     ],

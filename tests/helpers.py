@@ -993,10 +993,10 @@ def submit_big_entry(m: Any) -> dict:
     n = limits.log_compaction_bytes_min // 30
     status, rec = m.request("POST", "/jobs", {"argv": ["true"], "hold": True,
                                               "items": [str(k) for k in range(n)]})
-    assert status == 201, rec
+    assert status == 201, (status, rec)
     for _ in range(2):
-        status, _small = m.request("POST", "/jobs", {"argv": ["true"], "hold": True})
-        assert status == 201
+        status, small = m.request("POST", "/jobs", {"argv": ["true"], "hold": True})
+        assert status == 201, (status, small)
     return rec
 
 

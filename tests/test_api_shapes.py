@@ -180,3 +180,129 @@ def test_every_body_schema_is_a_model():
                 media = resp.get("content", {}).get("application/json")
                 if media is not None:
                     refs_only(media["schema"], f"{method} {path} {status}")
+
+
+# --- what the document allows, the server takes -------------------------------------------------
+
+def _body_ok(path: str, method: str, body: Any) -> bool:
+    """Whether the document allows `body` as the request body of a route."""
+    op = DOC["paths"][path][method]
+    schema = op["requestBody"]["content"]["application/json"]["schema"]
+    whole = {**copy.deepcopy(schema), "components": DOC["components"]}
+    return Draft202012Validator(whole).is_valid(body)
+
+
+def _query_ok(path: str, name: str, value: str, as_number: bool) -> bool:
+    """Whether the document allows `value` for a query parameter (a number when `as_number`)."""
+    params = {p["name"]: p for p in DOC["paths"][path]["get"]["parameters"]}
+    v: Any = float(value) if as_number else value
+    return Draft202012Validator(params[name]["schema"]).is_valid(v)
+
+
+# (route, method, body): bodies on both sides of what the server takes; each must be refused
+# 400 by the server exactly when the document refuses it.
+_BODIES = [
+    ("/jobs", {"argv": [""]}),
+    ("/jobs", {"argv": ["true", ""], "hold": True}),
+    ("/jobs", {"argv": ["true"], "pool": "bad pool"}),
+    ("/jobs", {"argv": ["true"], "pool": ""}),
+    ("/jobs", {"argv": ["true"], "pool": "default@m?", "hold": True}),
+    ("/jobs", {"argv": ["true"], "tags": [""]}),
+    ("/jobs", {"argv": ["true"], "tags": ["a b"], "hold": True}),
+    ("/jobs", {"argv": ["true"], "id": "status"}),
+    ("/jobs", {"argv": ["true"], "id": "tone"}),
+    ("/jobs", {"argv": ["true"], "id": "a b"}),
+    ("/jobs", {"argv": ["true"], "priority": 2.0, "hold": True}),
+    ("/jobs", {"argv": ["true"], "priority": 2.5}),
+    ("/jobs/tone", {"ids": ["p1"], "filter": {"state": "held"}, "set": {"priority": 1}}),
+    ("/jobs/tone", {"ids": ["p1"], "set": {"priority": 1.0}}),
+    ("/jobs/tone", {"ids": ["p1"], "set": {"priority": 10 ** 9}}),
+    ("/jobs/status", {"ids": ["p1"], "after": "12"}),
+    ("/jobs/status", {"ids": ["bad id"]}),
+    ("/jobs/status", {"filter": {"pool": "bad pool"}}),
+    ("/jobs/status", {"filter": {"member": "m*"}}),
+    ("/jobs/status", {"filter": {"pool": "default", "member": "m1"}}),
+    ("/jobs/status", {}),
+    ("/jobs/p1/tone", {"priority": 3.0}),
+]
+
+
+@pytest.mark.fleet
+def test_the_server_refuses_exactly_the_bodies_the_document_refuses(meshd):
+    """Rule: a request body the document allows is never a 400, and one it refuses is (the
+    document's patterns are the parsers': empty argv[0], pool and member names, tags, ids that
+    are route words, ids with a filter, a cursor with ids, whole-number floats)."""
+    assert meshd.request("POST", "/jobs", {"id": "p1", "argv": ["true"], "hold": True})[0] == 201
+    wrong = []
+    for path, body in _BODIES:
+        doc_path = "/jobs/{id}/tone" if path == "/jobs/p1/tone" else path
+        allowed = _body_ok(doc_path, "post", body)
+        status, answer = meshd.request("POST", path, body)
+        if allowed == (status == 400):
+            wrong.append((path, body, allowed, status, answer))
+    assert not wrong, wrong
+    cron = {"spec": "", "job": {"argv": ["true"]}}
+    assert not _body_ok("/cron/{name}", "put", cron)
+    assert meshd.request("PUT", "/cron/c1", cron)[0] == 400
+    assert _body_ok("/cron/{name}", "put", {**cron, "spec": "@daily"})
+
+
+@pytest.mark.fleet
+def test_query_values_the_document_refuses_are_400(meshd):
+    """GET /healthz?fresh= takes 0 or 1 only; /history?since= a time before the year 10000."""
+    for value in ("AAA", "", "2", "true"):
+        assert not _query_ok("/healthz", "fresh", value, False)
+        status, answer = meshd.request("GET", f"/healthz?fresh={value}")
+        assert status == 400 and "fresh must be 0 or 1" in answer["error"], (value, answer)
+    for value in ("0", "1"):
+        assert meshd.request("GET", f"/healthz?fresh={value}")[0] == 200
+    for value, ok in (("5.68e307", False), ("1767225600", True), ("0", True)):
+        assert _query_ok("/history", "since", value, True) == ok
+        assert (meshd.request("GET", f"/history?since={value}")[0] == 200) == ok, value
+
+
+@pytest.mark.fleet
+def test_a_replayed_change_is_answered_as_the_first_time(meshd):
+    """The same Idempotency-Key again: the same status and the same documented shape (a pool
+    order's answer has no key the document lacks; a submit is 201 again and makes nothing)."""
+    for path, doc_path in (("/pools/default/hold", "/pools/{pool}/hold"),
+                           ("/pools/default/release", "/pools/{pool}/release")):
+        key = {"Idempotency-Key": f"k-{path.rsplit('/', 1)[1]}"}
+        first = meshd.request("POST", path, {}, headers=key)
+        again = meshd.request("POST", path, {}, headers=key)
+        assert first == again, (first, again)
+        check(documented(doc_path, "post", 200), again[1])
+    key = {"Idempotency-Key": "k-submit"}
+    first = meshd.request("POST", "/jobs", {"argv": ["true"], "hold": True}, headers=key)
+    again = meshd.request("POST", "/jobs", {"argv": ["true"], "hold": True}, headers=key)
+    assert first[0] == again[0] == 201 and first[1]["id"] == again[1]["id"], (first, again)
+    check(documented("/jobs", "post", 201), again[1])
+    assert len(meshd.request("GET", "/jobs")[1]) == 1
+    same = {"id": "same", "argv": ["true"], "hold": True}
+    assert meshd.request("POST", "/jobs", same)[0] == 201
+    status, body = meshd.request("POST", "/jobs", same)
+    assert status == 200, body
+    check(documented("/jobs", "post", 200), body)
+
+
+def _sample(path: str) -> str:
+    return (path.replace("{id}", "j1").replace("{n}", "0").replace("{pool}", "default")
+            .replace("{name}", "m1").replace("{digest}", "0" * 64))
+
+
+@pytest.mark.fleet
+def test_a_method_a_route_lacks_is_405_listing_the_routes_own(meshd):
+    """Every route of the document, asked with a method it does not take: 405, and its Allow
+    lists the document's methods for that path (HEAD beside GET), never another route's."""
+    wrong = []
+    for path, ops in DOC["paths"].items():
+        methods = {m.upper() for m in ops}
+        other = next(m for m in ("PATCH", "PUT", "DELETE", "POST") if m not in methods)
+        status, headers, _data = meshd.raw_request(other, _sample(path), b"{}",
+                                                   {"Content-Type": "application/json"})
+        allow = {m.strip() for m in headers.get("Allow", "").split(",") if m.strip()}
+        if status != 405 or allow - {"HEAD"} != methods:
+            wrong.append((other, path, status, sorted(allow), sorted(methods)))
+    assert not wrong, wrong
+    status, headers, _data = meshd.raw_request("GET", "/jobs/cancel")
+    assert status == 405 and headers["Allow"] == "POST"

@@ -407,7 +407,7 @@ def test_jobs_table_and_json(srv: Server) -> None:
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
     assert lines[0].split() == ["ID", "STATE", "DONE", "FAILED", "POOL", "PRIORITY", "SUBMITTED",
-                                "TAGS"]
+                                "TAGS", "PROGRAM"]
     assert lines[1].split()[:5] == ["j1", "running", "1/3", "0", "default"]
     assert srv.control.last() == {"op": "list", "state": "running", "tag": "t", "limit": 100}
     r = run(srv, "jobs", "--json")

@@ -175,6 +175,21 @@ def test_an_items_first_process_dies_with_its_meshd(meshd_factory, tmp_path):
         _end_job(job)
 
 
+def _outlive_and_rerun(m, d: Path, which: str) -> tuple[int, tuple[int, int], str]:
+    """Wait for the item's first run, kill -9 its meshd, check that the run's `which` process
+    (leader or child) outlived it, start meshd again and wait for the re-run: the first run's
+    epoch, that process, and what the re-run saw at its start."""
+    wait_until(lambda: _epochs(d) and (d / f"proc.{_epochs(d)[0]}.leader").exists(),
+               WAIT_S, what="the item's processes")
+    first = _epochs(d)[0]
+    proc = _proc_file(d, f"proc.{first}.{which}")
+    _kill9(m)
+    assert _runs(*proc)  # what the tests are about: it outlives meshd
+    m.start()
+    wait_until(lambda: len(_epochs(d)) > 1, WAIT_S, what="the item's re-run")
+    return first, proc, (d / f"seen.{_epochs(d)[1]}").read_text()
+
+
 def test_a_restarted_meshd_ends_what_its_item_left_in_its_group_before_any_lease(
         meshd_factory, tmp_path):
     """kill -9 of meshd while an item's first process has a child in its group writing lines
@@ -184,16 +199,7 @@ def test_a_restarted_meshd_ends_what_its_item_left_in_its_group_before_any_lease
     d, argv = _item(tmp_path, "grandchild")
     job = m.submit(*argv)
     try:
-        wait_until(lambda: _epochs(d) and (d / f"proc.{_epochs(d)[0]}.leader").exists(),
-                   WAIT_S, what="the item's processes")
-        first = _epochs(d)[0]
-        child = _proc_file(d, f"proc.{first}.child")
-        _kill9(m)
-        assert _runs(*child)  # what the test is about: the child outlives meshd
-        m.start()
-        wait_until(lambda: len(_epochs(d)) > 1, WAIT_S, what="the item's re-run")
-        again = _epochs(d)[1]
-        seen = (d / f"seen.{again}").read_text()
+        first, child, seen = _outlive_and_rerun(m, d, "child")
         assert f"proc.{first}.child gone" in seen, seen
         assert f"proc.{first}.leader gone" in seen, seen
         ended = [e for e in _log_lines(m, "leftover_ended") if e.get("job") == job]
@@ -211,15 +217,7 @@ def test_an_item_that_takes_its_death_signal_away_is_ended_at_the_next_start(
     d, argv = _item(tmp_path, "clear")
     job = m.submit(*argv)
     try:
-        wait_until(lambda: _epochs(d) and (d / f"proc.{_epochs(d)[0]}.leader").exists(),
-                   WAIT_S, what="the item's first process")
-        first = _epochs(d)[0]
-        leader = _proc_file(d, f"proc.{first}.leader")
-        _kill9(m)
-        assert _runs(*leader)
-        m.start()
-        wait_until(lambda: len(_epochs(d)) > 1, WAIT_S, what="the item's re-run")
-        seen = (d / f"seen.{_epochs(d)[1]}").read_text()
+        first, leader, seen = _outlive_and_rerun(m, d, "leader")
         assert f"proc.{first}.leader gone" in seen, seen
         assert not _runs(*leader)
     finally:

@@ -21,7 +21,7 @@ Overlap = Literal["allow", "skip"]
 
 @with_config(CLOSED)
 class CronPut(TypedDict):
-    spec: Annotated[str, Field(max_length=limits.cron_spec_chars_max, description=(
+    spec: Annotated[str, Field(min_length=1, max_length=limits.cron_spec_chars_max, description=(
         "Five cron fields (minute hour day-of-month month day-of-week, UTC; *, lists, ranges, "
         "steps, names like mon or jan; when both day fields are restricted either matches), "
         "`@every 30s` (s, m, h, d: due at the multiples since the epoch), or @hourly, @daily, "

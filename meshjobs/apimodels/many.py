@@ -11,7 +11,7 @@ from pydantic import ConfigDict, Field, with_config
 from typing_extensions import TypedDict
 
 from meshjobs import limits
-from meshjobs.apimodels.jobs import CLOSED, Job
+from meshjobs.apimodels.jobs import CLOSED, JOB_ID_PATTERN, POOL_PATTERN, Job
 
 # --- many jobs at once (POST /jobs/cancel, /jobs/forget, /jobs/tone, /jobs/status) ------------
 
@@ -21,18 +21,23 @@ class Filter(TypedDict, total=False):
 
     tag: Annotated[str, Field(min_length=1, max_length=limits.tag_chars_max)]
     state: Literal["queued", "held", "running", "done", "failed", "cancelled"]
-    pool: str
-    member: Annotated[str, Field(description="Jobs with an item that ran or runs on this "
-                                             "member.")]
+    pool: Annotated[str, Field(pattern=POOL_PATTERN)]
+    member: Annotated[str, Field(pattern=POOL_PATTERN, description=(
+        "Jobs with an item that ran or runs on this member."))]
 
 
-_IDS = Annotated[list[str], Field(min_length=1, max_length=limits.bulk_jobs_max)]
+_IDS = Annotated[list[Annotated[str, Field(pattern=JOB_ID_PATTERN)]],
+                 Field(min_length=1, max_length=limits.bulk_jobs_max)]
+# Either ids or a filter, never both, and a next-page cursor only with a filter.
+_IDS_OR_FILTER = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [
+    {"required": ["ids"], "not": {"anyOf": [{"required": ["filter"]}, {"required": ["after"]}]}},
+    {"required": ["filter"], "not": {"required": ["ids"]}}]})
 _AFTER = Annotated[str, Field(description="The `next` cursor of the answer before: the "
                                           "filter's next page.")]
 _DRY_RUN = Annotated[bool, Field(description="Answer what would change; change nothing.")]
 
 
-@with_config(CLOSED)
+@with_config(_IDS_OR_FILTER)
 class BulkStatus(TypedDict, total=False):
     """Either ids or filter, not both."""
 
@@ -41,7 +46,7 @@ class BulkStatus(TypedDict, total=False):
     after: _AFTER
 
 
-@with_config(CLOSED)
+@with_config(_IDS_OR_FILTER)
 class BulkChange(TypedDict, total=False):
     """Either ids or filter, not both (cancel, forget)."""
 
@@ -53,12 +58,12 @@ class BulkChange(TypedDict, total=False):
 
 @with_config(CLOSED)
 class ToneSet(TypedDict, total=False):
-    priority: int
+    priority: Annotated[int, Field(ge=-limits.priority_abs_max, le=limits.priority_abs_max)]
     hold: bool
-    max_leases: Annotated[int | None, Field(ge=1)]
+    max_leases: Annotated[int | None, Field(ge=1, le=limits.max_leases_max)]
 
 
-@with_config(CLOSED)
+@with_config(_IDS_OR_FILTER)
 class BulkTone(TypedDict, total=False):
     """Either ids or filter, not both."""
 

@@ -28,7 +28,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from meshjobs import bulk, cron, limits, quotas, reruns
+from meshjobs import bulk, cron, limits, quotas, reruns, waits
 from meshjobs.compact import entry_payloads, pack_items
 from meshjobs.control import (
     CHANGE_OPS,
@@ -381,7 +381,14 @@ class JobNode:
             self._count("item_records_built", job.n)
         # The record's version goes with it: a member that asked on its client's behalf answers
         # once its own table has the job (read your writes, as for a forwarded change).
-        self._answer(token, Answer(200, self.table.record(job, items=items)), job.version)
+        self._answer(token, Answer(200, self._job_record(job, items)), job.version)
+
+    def _job_record(self, job: Any, items: bool | str) -> dict:
+        """A job's record as `GET /jobs/{id}` answers it: with why its pending items wait
+        (meshjobs/waits.py)."""
+        rec = self.table.record(job, items=items)
+        rec.update(waits.fields(self.table, job, self.now_ms))
+        return rec
 
     def _read_items(self, token: int, req: dict) -> None:
         """One item, a page of items, a slice of their output digests (node/reads.py): what
@@ -392,7 +399,7 @@ class JobNode:
             if not self._ask_leader_for_job(token, req):
                 self._not_found(token, req["id"])
             return
-        status, body, built = reads.answer(self.table, job, req)
+        status, body, built = reads.answer(self.table, job, req, self.now_ms)
         self._count("item_records_built", built)
         self._answer(token, Answer(status, body), job.version)
 
@@ -850,7 +857,7 @@ class JobNode:
                       or (since is not None and job.version > since)):
                     if items is True:
                         self._count("item_records_built", job.n)
-                    self._reply(token, 200, self.table.record(job, items=items))
+                    self._reply(token, 200, self._job_record(job, items))
                 else:
                     keep.append((token, items, deadline, since))
             if keep:

@@ -99,7 +99,8 @@ class Orders:
         """The answer to a committed pool or member order."""
         if not outcome.get("ok"):
             return Answer(outcome.get("status", 409), {"error": outcome.get("error", "refused")})
-        return Answer(200, {k: v for k, v in outcome.items() if k != "ok"})
+        # "fp" is the table's note of the request a replayed outcome answered, not the answer.
+        return Answer(200, {k: v for k, v in outcome.items() if k not in ("ok", "fp")})
 
     def room(self, room: dict[str, dict[str, int]]) -> None:
         """No room on members drained or stopping, nor in pools held or drained on them."""
