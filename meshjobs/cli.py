@@ -2,14 +2,17 @@
 
 Rules:
 - Exit codes say what happened: 0 ok, 1 the job failed, was cancelled or ended dep_failed
-  (`job wait`, `job results`), 5 the job has not finished (`job results`, which prints what exists), 2 bad
+  (`job wait`, `job results`), 5 the job has not finished (`job results`, which prints what
+  exists; `job wait` whose --timeout passed), 2 bad
   usage or input, or a missing or refused token (HTTP 400/401/403/409/413/415/421),
   or over a quota (429), 3 no such
   job or forgotten (404), 4 no leader, or the member unreachable or its certificate not trusted
   (503, refused, timeout, TLS). Messages go to stderr and say what to do; the words come
   from the server's `error` when it gave one. No traceback for anything expected.
-- One Idempotency-Key per invocation, sent with every request, so the single retry after a
-  connection reset cannot apply a change twice.
+- One Idempotency-Key per invocation, sent with every request, so that a retry (after a
+  connection reset, or on the next member of --at after a connection error or a 502/503/504)
+  cannot apply a change twice. Every command goes through Client.open, which passes over the
+  members that cannot answer, in order, and names each of them when none could.
 - Output bytes are streamed, never held whole in memory.
 - A token (MESHJOBS_TOKEN, or the first line of --token-file) is sent as `Authorization:
   Bearer`, and never printed. HTTPS is verified against the system's CAs, or --cacert's.
@@ -79,24 +82,97 @@ def exit_code_for(status: int) -> int:
     return 1
 
 
-class Client:
-    """A tiny HTTP client of one member; every call raises Failure for anything but 2xx."""
+class _TryNext(Exception):
+    """One member could not answer (connection error, or HTTP 502/503/504): the next is asked."""
 
-    def __init__(self, at: str, key: str, token: str | None = None,
+    def __init__(self, failure: Failure, why: str) -> None:
+        super().__init__(why)
+        self.failure = failure
+        self.why = why
+
+
+class Client:
+    """A tiny HTTP client of the members named by --at; every call raises Failure for anything
+    but 2xx. A call goes to the member that answered last (the first at the start); when it
+    cannot answer (connection error, HTTP 502/503/504) the next is asked, in order, with the
+    same Idempotency-Key, so that a change a member made before it died is not made again."""
+
+    def __init__(self, at: str | list[str], key: str, token: str | None = None,
                  tls: ssl.SSLContext | None = None) -> None:
-        self.at = at.rstrip("/")
+        members = [at] if isinstance(at, str) else list(at)
+        assert members, "a client needs a member"
+        self.ats = [a.rstrip("/") for a in members]
+        self.turn = 0  # the member asked first: the one that answered last
         self.key = key
         self.token = token
         self.tls = tls
+        self.on_retry: Any = None  # called with the next member's URL when one cannot answer
+
+    @property
+    def at(self) -> str:
+        return self.ats[self.turn]
 
     def _unreachable(self, why: str) -> Failure:
         return Failure(
             f"cannot reach meshd at {self.at} ({why}): is it running? "
             "(start it with `meshd`, or pass --at)", 4)
 
-    def open(self, method: str, path: str, body: Any = None,
-             timeout: float = TIMEOUT_S) -> http.client.HTTPResponse:
-        """Send a request, return the open 2xx response; retry once after a reset."""
+    def next_member(self) -> None:
+        """Ask the next member first from now on (a stream cut on this one)."""
+        self.turn = (self.turn + 1) % len(self.ats)
+        if self.on_retry is not None:
+            self.on_retry(self.at)
+
+    def open(self, method: str, path: str, body: Any = None, timeout: float = TIMEOUT_S,
+             retry_s: float | None = None,
+             deadline: float | None = None) -> http.client.HTTPResponse:
+        """Send a request, return the open 2xx response. A member that cannot answer is passed
+        over for the next, in order; after every member failed once, all are asked again with
+        backoff while some answered 502/503/504 (an election, a restart: up to
+        cli_busy_retry_s_max, when --at names several), or, with `retry_s`, for that long whatever the failures (never
+        past the monotonic `deadline`). Then a Failure (exit 4) names each member and why."""
+        n = len(self.ats)
+        first = time.monotonic()
+        rounds = 0
+        while True:
+            whys: list[tuple[str, str]] = []
+            busy = False
+            last: Failure | None = None
+            for step in range(n):
+                if step:
+                    self.turn = (self.turn + 1) % n
+                    if self.on_retry is not None:
+                        self.on_retry(self.at)
+                try:
+                    return self._open_one(method, path, body, timeout)
+                except _TryNext as e:
+                    whys.append((self.at, e.why))
+                    busy = busy or e.why[:3] in ("502", "503", "504")
+                    last = e.failure
+            self.turn = (self.turn + 1) % n  # the next round starts after the last one asked
+            now = time.monotonic()
+            pause = min(limits.cli_wait_backoff_s_base * 2 ** rounds, limits.cli_wait_backoff_s_max)
+            # One member alone answers as it always did: at once (its 503 says what to do).
+            window = retry_s if retry_s is not None else (
+                limits.cli_busy_retry_s_max if busy and n > 1 else 0)
+            stop = first + window if deadline is None else min(first + window, deadline)
+            if now + pause >= stop:
+                assert last is not None
+                if n == 1:
+                    raise last
+                tried = "; ".join(f"{at}: {why}" for at, why in whys)
+                raise Failure(
+                    f"cannot reach any member: {tried}. Start the members that are down "
+                    "(`meshd`), wait for a leader if one says there is none, or pass --at (or "
+                    "MESHJOBS_AT) a member that is up", 4)
+            rounds += 1
+            if self.on_retry is not None:
+                self.on_retry(self.at)
+            time.sleep(pause)
+
+    def _open_one(self, method: str, path: str, body: Any,
+                  timeout: float) -> http.client.HTTPResponse:
+        """Send a request to the member self.at; _TryNext when it cannot answer."""
         data = None
         headers = {"Accept": "application/json", "Idempotency-Key": self.key,
                    "User-Agent": "meshctl"}
@@ -109,30 +185,37 @@ class Client:
                     f"the request is {len(data)} bytes, over the limit of "
                     f"{limits.http_body_bytes_max}: split the job, or refer to stored blobs", 2)
             headers["Content-Type"] = "application/json"
+
+        def down(why: str) -> _TryNext:
+            return _TryNext(self._unreachable(why), why)
+
         for attempt in (1, 2):
             req = urllib.request.Request(self.at + path, data=data, headers=headers, method=method)
             try:
                 return urllib.request.urlopen(req, timeout=timeout, context=self.tls)
             except urllib.error.HTTPError as e:
-                raise self._failure(e) from None
+                failure, said = self._failure(e)
+                if e.code in (502, 503, 504):
+                    raise _TryNext(failure, f"{e.code} {said}") from None
+                raise failure from None
             except (ConnectionResetError, http.client.RemoteDisconnected, BrokenPipeError) as e:
                 if attempt == 2:
-                    raise self._unreachable(f"connection lost: {e}") from None
+                    raise down(f"connection lost: {e}") from None
             except urllib.error.URLError as e:
                 reason = e.reason
                 if isinstance(reason, (ConnectionResetError, BrokenPipeError)) and attempt == 1:
                     continue
                 if isinstance(reason, TimeoutError):
-                    raise self._unreachable(f"no answer within {timeout:g} s") from None
+                    raise down(f"no answer within {timeout:g} s") from None
                 if isinstance(reason, ssl.SSLError):
                     raise self._untrusted(reason) from None
-                raise self._unreachable(str(getattr(reason, "strerror", None) or reason)) from None
+                raise down(str(getattr(reason, "strerror", None) or reason)) from None
             except TimeoutError:
-                raise self._unreachable(f"no answer within {timeout:g} s") from None
+                raise down(f"no answer within {timeout:g} s") from None
             except ssl.SSLError as e:
                 raise self._untrusted(e) from None
             except (http.client.HTTPException, OSError) as e:
-                raise self._unreachable(str(e) or type(e).__name__) from None
+                raise down(str(e) or type(e).__name__) from None
         raise AssertionError("unreachable: the loop returns or raises")
 
     def _untrusted(self, e: ssl.SSLError) -> Failure:
@@ -144,7 +227,8 @@ class Client:
             f"cannot trust meshd at {self.at} (TLS: {why}): if it uses its own or a self-signed "
             "certificate, pass --cacert FILE (or set MESHJOBS_CACERT) with that certificate", 4)
 
-    def _failure(self, e: urllib.error.HTTPError) -> Failure:
+    def _failure(self, e: urllib.error.HTTPError) -> tuple[Failure, str]:
+        """The Failure of an error answer, and the server's words alone."""
         try:
             raw = e.read(limits.cli_error_bytes_max)
             message = json.loads(raw)["error"]
@@ -154,6 +238,7 @@ class Client:
             message = f"{self.at} answered HTTP {e.code} {e.reason}: is it a meshd?"
         finally:
             e.close()
+        said = message
         if e.code in (502, 503, 504):
             message += f" (meshd at {self.at}; try again, or pass --at another member)"
         elif e.code == 401 and self.token is None:
@@ -163,7 +248,7 @@ class Client:
                        "--token-file one of this fleet's tokens?)")
         elif e.code == 403:
             message = f"meshd at {self.at} refused: {message}"
-        return Failure(message, exit_code_for(e.code))
+        return Failure(message, exit_code_for(e.code)), said
 
     def copy(self, resp: IO[bytes], out: IO[bytes], digest: str | None = None) -> None:
         """Stream an answer's body to `out`; a cut or stalled transfer is a Failure (exit 4).
@@ -196,17 +281,26 @@ class Client:
                           "member", 1)
 
     def json(self, method: str, path: str, body: Any = None,
-             timeout: float = TIMEOUT_S) -> Any:
-        return self.json_status(method, path, body, timeout)[1]
+             timeout: float = TIMEOUT_S, **retry: Any) -> Any:
+        return self.json_status(method, path, body, timeout, **retry)[1]
 
     def json_status(self, method: str, path: str, body: Any = None,
-                    timeout: float = TIMEOUT_S) -> tuple[int, Any]:
+                    timeout: float = TIMEOUT_S, **retry: Any) -> tuple[int, Any]:
         """The 2xx status and the JSON body of an answer (a submit's 201 is a new job, its 200
         one that was there: the same Idempotency-Key, or an id already taken by this spec)."""
-        buf = io.BytesIO()
-        with self.open(method, path, body, timeout) as resp:
-            self.copy(resp, buf)
-            status = resp.status
+        for step in range(len(self.ats)):
+            buf = io.BytesIO()
+            try:
+                with self.open(method, path, body, timeout, **retry) as resp:
+                    self.copy(resp, buf)
+                    status = resp.status
+                break
+            except Cut:
+                # The member went away mid-answer: the next one answers the same (a change with
+                # the same Idempotency-Key is answered as the one it made).
+                if step == len(self.ats) - 1:
+                    raise
+                self.next_member()
         raw = buf.getvalue()
         try:
             return status, json.loads(raw)
@@ -216,7 +310,7 @@ class Client:
 
 def _client(ctx: click.Context) -> Client:
     obj = ctx.find_root().obj
-    return Client(obj["at"], obj["key"], obj.get("token"), obj.get("tls"))
+    return Client(obj.get("ats") or [obj["at"]], obj["key"], obj.get("token"), obj.get("tls"))
 
 
 def _check_token(token: str, where: str) -> str:
@@ -338,7 +432,7 @@ def _bulk(ctx: click.Context, action: str, job_ids: tuple[str, ...], flt: dict[s
     while True:
         page += 1
         # Each page is its own change: its own idempotency key, derived from the command's.
-        client = Client(base.at, f"{base.key}:{page}", base.token, base.tls)
+        client = Client(base.ats, f"{base.key}:{page}", base.token, base.tls)
         answer = client.json("POST", f"/jobs/{action}", body)
         results.extend(answer.get("results") or [])
         nxt = answer.get("next")
@@ -379,7 +473,8 @@ def _bulk(ctx: click.Context, action: str, job_ids: tuple[str, ...], flt: dict[s
 @click.option("--at", "ats", envvar="MESHJOBS_AT", multiple=True, default=(DEFAULT_AT,),
               show_default=True,
               help="URL of any meshd (env MESHJOBS_AT). Repeat it, or separate URLs with commas, "
-                   "to name several: `job wait` moves to the next when one cannot answer.")
+                   "to name several: every command asks the next, in order, when one cannot "
+                   "answer (down, restarting, no leader).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--token-file", metavar="FILE",
               help="Read the token from FILE's first line (else env MESHJOBS_TOKEN).")
@@ -1120,52 +1215,39 @@ def _fetch_blob(client: Client, digest: str | None, path: Path, index: Any) -> N
 @job.command("wait")
 @click.argument("job_id", metavar="ID")
 @click.option("--timeout", type=click.FloatRange(0, min_open=False), metavar="S",
-              help="Give up after S seconds (exit 1).")
+              help="Give up after S seconds (exit 5: not finished yet).")
 @json_option
 @click.pass_context
 def job_wait(ctx: click.Context, job_id: str, timeout: float | None, as_json: bool) -> None:
-    """Wait until a job ends: exit 0 when done, 1 when failed, cancelled or dep_failed.
+    """Wait until a job ends: exit 0 when done, 1 when failed, cancelled or dep_failed, 5 when
+    the --timeout passed first (the job has not finished yet).
 
     Each answer comes at the job's next change (an item started or ended), so the progress
     line on a terminal is current. A member that cannot answer (down, restarting, no leader)
     is asked again with backoff, and the next --at is tried, until the --timeout (or, without
     one, for up to cli_wait_retry_s_max seconds in a row). A job that ends failed: stderr
     says why each failed item failed (timed out, raised, exit N)."""
-    obj = ctx.find_root().obj
-    clients = [Client(at, obj["key"], obj.get("token"), obj.get("tls"))
-               for at in obj.get("ats") or [obj["at"]]]
+    client = _client(ctx)
     deadline = None if timeout is None else time.monotonic() + timeout
     progress = sys.stderr.isatty() and not _wants_json(ctx, as_json)
     shown = _Progress(job_id, progress)
+    client.on_retry = shown.retrying
     wait = 0.0
     since: int | None = None
-    turn = 0
-    failing: tuple[float, int] | None = None  # (since when, how many tries) members cannot answer
     while True:
-        client = clients[turn % len(clients)]
         path = f"/jobs/{_q(job_id)}?wait={wait:g}"
         if since is not None:
             path += f"&since={since}"
         try:
-            record = client.json("GET", path, timeout=wait + TIMEOUT_S)
-        except Failure as e:
-            if e.exit_code != 4:
-                shown.end()
-                raise
-            now = time.monotonic()
-            first, tries = failing or (now, 0)
-            failing = (first, tries + 1)
-            stop = deadline if deadline is not None else first + limits.cli_wait_retry_s_max
-            pause = min(limits.cli_wait_backoff_s_base * 2 ** tries, limits.cli_wait_backoff_s_max)
-            if now + pause >= stop:
-                shown.end()
-                raise
-            turn += 1
-            shown.retrying(clients[turn % len(clients)].at)
-            time.sleep(pause)
-            wait = 0.0  # the first ask of a member: what it has now
-            continue
-        failing = None
+            # Members that cannot answer are asked in turn, with backoff, until the --timeout
+            # (or, without one, for up to cli_wait_retry_s_max seconds in a row).
+            record = client.json("GET", path, timeout=wait + TIMEOUT_S,
+                                 retry_s=limits.cli_wait_retry_s_max if deadline is None
+                                 else max(0.0, deadline - time.monotonic()),
+                                 deadline=deadline)
+        except Failure:
+            shown.end()
+            raise
         state = record.get("state")
         version = record.get("version")
         if type(version) is int and version >= 0:
@@ -1176,7 +1258,8 @@ def job_wait(ctx: click.Context, job_id: str, timeout: float | None, as_json: bo
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             shown.end()
-            raise Failure(f"job {job_id} is still {state} after {timeout:g} s", 1)
+            raise Failure(f"job {job_id} has not finished yet: still {state} after --timeout "
+                          f"{timeout:g} s (wait again, or see `meshctl job status {job_id}`)", 5)
         wait = float(WAIT_POLL_S) if left is None else max(0.0, min(float(WAIT_POLL_S), left))
     shown.end()
     if _wants_json(ctx, as_json):
@@ -1357,6 +1440,8 @@ def job_logs(ctx: click.Context, job_id: str, index: int, use_stderr: bool,
     path = f"/jobs/{_q(job_id)}/items/{index}/{stream}"
     sink = _binary("stdout")
     offset = 0
+    run_epoch: str | None = None  # the run whose output is printed (its lease's epoch)
+    cuts = 0  # streams cut in a row before a byte came
     while True:
         query = f"?offset={offset}" + ("&follow=1" if follow else "")
         # A follow waits up to log_start_wait_s_max for an item that has not started.
@@ -1365,6 +1450,11 @@ def job_logs(ctx: click.Context, job_id: str, index: int, use_stderr: bool,
         try:
             with client.open("GET", path + query, timeout=timeout) as resp:
                 epoch = resp.headers.get("X-Meshjobs-Item-Epoch")
+                if run_epoch is None:
+                    run_epoch = epoch
+                elif epoch is not None and epoch != run_epoch:
+                    _run_again(job_id, index, f"member {client.at} has a new run of it")
+                    return
                 while True:
                     try:
                         chunk = resp.read1(COPY_CHUNK_BYTES)
@@ -1377,7 +1467,13 @@ def job_logs(ctx: click.Context, job_id: str, index: int, use_stderr: bool,
                     sink.write(chunk)
                     sink.flush()
                     offset += len(chunk)
+                    cuts = 0
         except (http.client.HTTPException, TimeoutError, ConnectionError) as e:
+            cuts += 1
+            if cuts < len(client.ats):
+                # The member went away mid-stream: the next goes on from the same byte.
+                client.next_member()
+                continue
             raise Cut(f"the output from meshd at {client.at} broke off after {offset} bytes "
                       f"({type(e).__name__}); try again (-f goes on from where it was with "
                       "--item and the same ID)", 4) from None
@@ -1390,12 +1486,15 @@ def job_logs(ctx: click.Context, job_id: str, index: int, use_stderr: bool,
         item = items[index] if index < len(items) and isinstance(items[index], dict) else {}
         if item.get("state") != "leased":
             return
-        if epoch is not None and str(item.get("epoch")) != epoch:
-            click.echo(f"meshctl: item {index} of job {job_id} runs again (its lease moved to "
-                       f"member {item.get('member')}): its output starts again; run this "
-                       "command again to see it", err=True)
+        if run_epoch is not None and str(item.get("epoch")) != run_epoch:
+            _run_again(job_id, index, f"its lease moved to member {item.get('member')}")
             return
         time.sleep(limits.log_poll_ms / 1000)  # (never a tight loop of empty answers)
+
+
+def _run_again(job_id: str, index: int, why: str) -> None:
+    click.echo(f"meshctl: item {index} of job {job_id} runs again ({why}): its output starts "
+               "again; run this command again to see it", err=True)
 
 
 def _table(header: list[str], rows: list[list[str]], width: int | None = None) -> None:

@@ -313,6 +313,7 @@ events_waiters_max = 1_024  # "changes" long-polls waiting in the node at once; 
 events_streams_max = 64  # /events streams one member serves at once; more are answered 503
 events_keepalive_s = 15  # an /events stream with nothing to say sends a comment this often
 events_check_ms = 500  # an /events stream looks this often for its client gone or the member stopping
+cli_busy_retry_s_max = 10  # meshctl asks members that answer 502/503/504 (an election) again this long
 cli_wait_retry_s_max = 120  # `job wait` without --timeout asks members that cannot answer this long in a row
 cli_wait_backoff_s_base = 0.2  # the first retry of `job wait` waits this long, then twice as long...
 cli_wait_backoff_s_max = 5  # ...but never longer than this
