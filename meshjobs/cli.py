@@ -1665,7 +1665,7 @@ def fleet_cmd(ctx: click.Context, as_json: bool) -> None:
                    "not hear from show as unknown)")
 
     def alive(m: dict) -> str:
-        return {True: "yes", False: "no"}.get(m.get("alive"), "?")
+        return webui.alive_words(m, local=True)
 
     def seen(m: dict) -> str:
         t = m.get("last_seen")

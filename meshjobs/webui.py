@@ -74,6 +74,26 @@ def skew(ms: object) -> str:
     return f"{ms / 1000:+.1f} s"
 
 
+def alive_words(m: dict, local: bool = False) -> str:
+    """A fleet row's liveness in words (/fleet's `status`, `down_since`): "yes", "down since
+    HH:MM:SS" (UTC, or the local time for a terminal), "not heard yet" (a new leader waits for
+    its report), "unknown" (this member does not hear the reports: only the leader does)."""
+    status = m.get("status")
+    if status not in ("alive", "down", "not_heard_yet", "unknown"):  # an older member's row
+        status = {True: "alive", False: "down"}.get(m.get("alive"), "unknown")
+    if status != "down":
+        return {"alive": "yes", "not_heard_yet": "not heard yet"}.get(status, "unknown")
+    t = m.get("down_since")
+    if not isinstance(t, (int, float)) or isinstance(t, bool):
+        return "down"
+    try:
+        at = (dt.datetime.fromtimestamp(t).astimezone() if local
+              else dt.datetime.fromtimestamp(t, dt.UTC))
+    except (OverflowError, OSError, ValueError):
+        return "down"
+    return f"down since {at:%H:%M:%S}"
+
+
 def clock_warnings(fleet: dict) -> list[tuple[str, str]]:
     """(member, warning) for each member whose wall clock is more than
     `limits.link_clock_skew_warn_ms` off the answering member's (/fleet's `clock_skew_ms`):
@@ -562,7 +582,7 @@ def fleet_page(member: str, fleet: dict, *, nonce: str = "") -> str:
             f"<td>{e(str(m.get('name', '')))}</td>"
             f'<td class="role {e(str(m.get("role", "")))}">{e(str(m.get("role", "")))}</td>'
             f'<td class="{"done" if alive else "failed" if alive is False else "pending"}">'
-            f"{_yes(alive)}</td>"
+            f"{e(alive_words(m))}</td>"
             f"<td>{e(', '.join(f'{k}: {v}' for k, v in pools.items()))}</td>"
             f'<td class="n">{e(str(m.get("slots", "")))}</td>'
             f'<td class="n">{e(str(m.get("running", "")))}</td>'
