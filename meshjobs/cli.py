@@ -2,14 +2,17 @@
 
 Rules:
 - Exit codes say what happened: 0 ok, 1 the job failed, was cancelled or ended dep_failed
-  (`job wait`, `job results`), 5 the job has not finished (`job results`, which prints what exists), 2 bad
+  (`job wait`, `job results`), 5 the job has not finished (`job results`, which prints what
+  exists; `job wait` whose --timeout passed), 2 bad
   usage or input, or a missing or refused token (HTTP 400/401/403/409/413/415/421),
   or over a quota (429), 3 no such
   job or forgotten (404), 4 no leader, or the member unreachable or its certificate not trusted
   (503, refused, timeout, TLS). Messages go to stderr and say what to do; the words come
   from the server's `error` when it gave one. No traceback for anything expected.
-- One Idempotency-Key per invocation, sent with every request, so the single retry after a
-  connection reset cannot apply a change twice.
+- One Idempotency-Key per invocation, sent with every request, so that a retry (after a
+  connection reset, or on the next member of --at after a connection error or a 502/503/504)
+  cannot apply a change twice. Every command goes through Client.open, which passes over the
+  members that cannot answer, in order, and names each of them when none could.
 - Output bytes are streamed, never held whole in memory.
 - A token (MESHJOBS_TOKEN, or the first line of --token-file) is sent as `Authorization:
   Bearer`, and never printed. HTTPS is verified against the system's CAs, or --cacert's.
@@ -79,24 +82,97 @@ def exit_code_for(status: int) -> int:
     return 1
 
 
-class Client:
-    """A tiny HTTP client of one member; every call raises Failure for anything but 2xx."""
+class _TryNext(Exception):
+    """One member could not answer (connection error, or HTTP 502/503/504): the next is asked."""
 
-    def __init__(self, at: str, key: str, token: str | None = None,
+    def __init__(self, failure: Failure, why: str) -> None:
+        super().__init__(why)
+        self.failure = failure
+        self.why = why
+
+
+class Client:
+    """A tiny HTTP client of the members named by --at; every call raises Failure for anything
+    but 2xx. A call goes to the member that answered last (the first at the start); when it
+    cannot answer (connection error, HTTP 502/503/504) the next is asked, in order, with the
+    same Idempotency-Key, so that a change a member made before it died is not made again."""
+
+    def __init__(self, at: str | list[str], key: str, token: str | None = None,
                  tls: ssl.SSLContext | None = None) -> None:
-        self.at = at.rstrip("/")
+        members = [at] if isinstance(at, str) else list(at)
+        assert members, "a client needs a member"
+        self.ats = [a.rstrip("/") for a in members]
+        self.turn = 0  # the member asked first: the one that answered last
         self.key = key
         self.token = token
         self.tls = tls
+        self.on_retry: Any = None  # called with the next member's URL when one cannot answer
+
+    @property
+    def at(self) -> str:
+        return self.ats[self.turn]
 
     def _unreachable(self, why: str) -> Failure:
         return Failure(
             f"cannot reach meshd at {self.at} ({why}): is it running? "
             "(start it with `meshd`, or pass --at)", 4)
 
-    def open(self, method: str, path: str, body: Any = None,
-             timeout: float = TIMEOUT_S) -> http.client.HTTPResponse:
-        """Send a request, return the open 2xx response; retry once after a reset."""
+    def next_member(self) -> None:
+        """Ask the next member first from now on (a stream cut on this one)."""
+        self.turn = (self.turn + 1) % len(self.ats)
+        if self.on_retry is not None:
+            self.on_retry(self.at)
+
+    def open(self, method: str, path: str, body: Any = None, timeout: float = TIMEOUT_S,
+             retry_s: float | None = None,
+             deadline: float | None = None) -> http.client.HTTPResponse:
+        """Send a request, return the open 2xx response. A member that cannot answer is passed
+        over for the next, in order; after every member failed once, all are asked again with
+        backoff while some answered 502/503/504 (an election, a restart: up to
+        cli_busy_retry_s_max, when --at names several), or, with `retry_s`, for that long whatever the failures (never
+        past the monotonic `deadline`). Then a Failure (exit 4) names each member and why."""
+        n = len(self.ats)
+        first = time.monotonic()
+        rounds = 0
+        while True:
+            whys: list[tuple[str, str]] = []
+            busy = False
+            last: Failure | None = None
+            for step in range(n):
+                if step:
+                    self.turn = (self.turn + 1) % n
+                    if self.on_retry is not None:
+                        self.on_retry(self.at)
+                try:
+                    return self._open_one(method, path, body, timeout)
+                except _TryNext as e:
+                    whys.append((self.at, e.why))
+                    busy = busy or e.why[:3] in ("502", "503", "504")
+                    last = e.failure
+            self.turn = (self.turn + 1) % n  # the next round starts after the last one asked
+            now = time.monotonic()
+            pause = min(limits.cli_wait_backoff_s_base * 2 ** rounds, limits.cli_wait_backoff_s_max)
+            # One member alone answers as it always did: at once (its 503 says what to do).
+            window = retry_s if retry_s is not None else (
+                limits.cli_busy_retry_s_max if busy and n > 1 else 0)
+            stop = first + window if deadline is None else min(first + window, deadline)
+            if now + pause >= stop:
+                assert last is not None
+                if n == 1:
+                    raise last
+                tried = "; ".join(f"{at}: {why}" for at, why in whys)
+                raise Failure(
+                    f"cannot reach any member: {tried}. Start the members that are down "
+                    "(`meshd`), wait for a leader if one says there is none, or pass --at (or "
+                    "MESHJOBS_AT) a member that is up", 4)
+            rounds += 1
+            if self.on_retry is not None:
+                self.on_retry(self.at)
+            time.sleep(pause)
+
+    def _open_one(self, method: str, path: str, body: Any,
+                  timeout: float) -> http.client.HTTPResponse:
+        """Send a request to the member self.at; _TryNext when it cannot answer."""
         data = None
         headers = {"Accept": "application/json", "Idempotency-Key": self.key,
                    "User-Agent": "meshctl"}
@@ -109,30 +185,37 @@ class Client:
                     f"the request is {len(data)} bytes, over the limit of "
                     f"{limits.http_body_bytes_max}: split the job, or refer to stored blobs", 2)
             headers["Content-Type"] = "application/json"
+
+        def down(why: str) -> _TryNext:
+            return _TryNext(self._unreachable(why), why)
+
         for attempt in (1, 2):
             req = urllib.request.Request(self.at + path, data=data, headers=headers, method=method)
             try:
                 return urllib.request.urlopen(req, timeout=timeout, context=self.tls)
             except urllib.error.HTTPError as e:
-                raise self._failure(e) from None
+                failure, said = self._failure(e)
+                if e.code in (502, 503, 504):
+                    raise _TryNext(failure, f"{e.code} {said}") from None
+                raise failure from None
             except (ConnectionResetError, http.client.RemoteDisconnected, BrokenPipeError) as e:
                 if attempt == 2:
-                    raise self._unreachable(f"connection lost: {e}") from None
+                    raise down(f"connection lost: {e}") from None
             except urllib.error.URLError as e:
                 reason = e.reason
                 if isinstance(reason, (ConnectionResetError, BrokenPipeError)) and attempt == 1:
                     continue
                 if isinstance(reason, TimeoutError):
-                    raise self._unreachable(f"no answer within {timeout:g} s") from None
+                    raise down(f"no answer within {timeout:g} s") from None
                 if isinstance(reason, ssl.SSLError):
                     raise self._untrusted(reason) from None
-                raise self._unreachable(str(getattr(reason, "strerror", None) or reason)) from None
+                raise down(str(getattr(reason, "strerror", None) or reason)) from None
             except TimeoutError:
-                raise self._unreachable(f"no answer within {timeout:g} s") from None
+                raise down(f"no answer within {timeout:g} s") from None
             except ssl.SSLError as e:
                 raise self._untrusted(e) from None
             except (http.client.HTTPException, OSError) as e:
-                raise self._unreachable(str(e) or type(e).__name__) from None
+                raise down(str(e) or type(e).__name__) from None
         raise AssertionError("unreachable: the loop returns or raises")
 
     def _untrusted(self, e: ssl.SSLError) -> Failure:
@@ -144,7 +227,8 @@ class Client:
             f"cannot trust meshd at {self.at} (TLS: {why}): if it uses its own or a self-signed "
             "certificate, pass --cacert FILE (or set MESHJOBS_CACERT) with that certificate", 4)
 
-    def _failure(self, e: urllib.error.HTTPError) -> Failure:
+    def _failure(self, e: urllib.error.HTTPError) -> tuple[Failure, str]:
+        """The Failure of an error answer, and the server's words alone."""
         try:
             raw = e.read(limits.cli_error_bytes_max)
             message = json.loads(raw)["error"]
@@ -154,6 +238,7 @@ class Client:
             message = f"{self.at} answered HTTP {e.code} {e.reason}: is it a meshd?"
         finally:
             e.close()
+        said = message
         if e.code in (502, 503, 504):
             message += f" (meshd at {self.at}; try again, or pass --at another member)"
         elif e.code == 401 and self.token is None:
@@ -163,7 +248,7 @@ class Client:
                        "--token-file one of this fleet's tokens?)")
         elif e.code == 403:
             message = f"meshd at {self.at} refused: {message}"
-        return Failure(message, exit_code_for(e.code))
+        return Failure(message, exit_code_for(e.code)), said
 
     def copy(self, resp: IO[bytes], out: IO[bytes], digest: str | None = None) -> None:
         """Stream an answer's body to `out`; a cut or stalled transfer is a Failure (exit 4).
@@ -196,17 +281,26 @@ class Client:
                           "member", 1)
 
     def json(self, method: str, path: str, body: Any = None,
-             timeout: float = TIMEOUT_S) -> Any:
-        return self.json_status(method, path, body, timeout)[1]
+             timeout: float = TIMEOUT_S, **retry: Any) -> Any:
+        return self.json_status(method, path, body, timeout, **retry)[1]
 
     def json_status(self, method: str, path: str, body: Any = None,
-                    timeout: float = TIMEOUT_S) -> tuple[int, Any]:
+                    timeout: float = TIMEOUT_S, **retry: Any) -> tuple[int, Any]:
         """The 2xx status and the JSON body of an answer (a submit's 201 is a new job, its 200
         one that was there: the same Idempotency-Key, or an id already taken by this spec)."""
-        buf = io.BytesIO()
-        with self.open(method, path, body, timeout) as resp:
-            self.copy(resp, buf)
-            status = resp.status
+        for step in range(len(self.ats)):
+            buf = io.BytesIO()
+            try:
+                with self.open(method, path, body, timeout, **retry) as resp:
+                    self.copy(resp, buf)
+                    status = resp.status
+                break
+            except Cut:
+                # The member went away mid-answer: the next one answers the same (a change with
+                # the same Idempotency-Key is answered as the one it made).
+                if step == len(self.ats) - 1:
+                    raise
+                self.next_member()
         raw = buf.getvalue()
         try:
             return status, json.loads(raw)
@@ -216,7 +310,7 @@ class Client:
 
 def _client(ctx: click.Context) -> Client:
     obj = ctx.find_root().obj
-    return Client(obj["at"], obj["key"], obj.get("token"), obj.get("tls"))
+    return Client(obj.get("ats") or [obj["at"]], obj["key"], obj.get("token"), obj.get("tls"))
 
 
 def _check_token(token: str, where: str) -> str:
@@ -263,6 +357,14 @@ def _tls(cacert: str | None) -> ssl.SSLContext:
 
 def _wants_json(ctx: click.Context, local: bool) -> bool:
     return local or bool(ctx.find_root().obj["json"])
+
+
+def _binary(name: str) -> IO[bytes]:
+    """The byte stream under sys.stdout or sys.stderr (as click's testing runner swaps them
+    too); click.get_binary_stream is deprecated."""
+    stream = sys.stdout if name == "stdout" else sys.stderr
+    stream.flush()
+    return stream.buffer
 
 
 def _print_json(value: Any) -> None:
@@ -330,7 +432,7 @@ def _bulk(ctx: click.Context, action: str, job_ids: tuple[str, ...], flt: dict[s
     while True:
         page += 1
         # Each page is its own change: its own idempotency key, derived from the command's.
-        client = Client(base.at, f"{base.key}:{page}", base.token, base.tls)
+        client = Client(base.ats, f"{base.key}:{page}", base.token, base.tls)
         answer = client.json("POST", f"/jobs/{action}", body)
         results.extend(answer.get("results") or [])
         nxt = answer.get("next")
@@ -371,7 +473,8 @@ def _bulk(ctx: click.Context, action: str, job_ids: tuple[str, ...], flt: dict[s
 @click.option("--at", "ats", envvar="MESHJOBS_AT", multiple=True, default=(DEFAULT_AT,),
               show_default=True,
               help="URL of any meshd (env MESHJOBS_AT). Repeat it, or separate URLs with commas, "
-                   "to name several: `job wait` moves to the next when one cannot answer.")
+                   "to name several: every command asks the next, in order, when one cannot "
+                   "answer (down, restarting, no leader).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--token-file", metavar="FILE",
               help="Read the token from FILE's first line (else env MESHJOBS_TOKEN).")
@@ -562,11 +665,40 @@ def job_submit(ctx: click.Context, job_id: str | None, pool: str | None, items_f
     if sink is not None:  # `cron add`: the spec a submit with these options would send
         sink.append(spec)
         return
-    record = _client(ctx).json("POST", "/jobs", spec)
+    client = _client(ctx)
+    record = client.json("POST", "/jobs", spec)
     if _wants_json(ctx, as_json):
         _print_json(record)
     else:
         click.echo(record["id"])
+    if after:
+        _say_dep_failed(client, record, after)
+
+
+# What each --after condition needs of its parent's end state (control.parse_after).
+AFTER_HOLDS = {"ok": ("done",), "end": ("done", "failed", "cancelled", "dep_failed"),
+               "fail": ("failed", "cancelled", "dep_failed")}
+
+
+def _say_dep_failed(client: Client, record: dict, after: tuple[str, ...]) -> None:
+    """On stderr, when an --after names a parent that already ended so that it can never
+    hold: the new job ends dep_failed at once (meshd accepts it, as the parent may be
+    run again by hand; the person who typed it should know)."""
+    for dep in after:
+        parent, sep, cond = dep.rpartition(":")
+        if not sep:
+            parent, cond = dep, "ok"
+        if cond not in AFTER_HOLDS:
+            continue  # meshd took it, so it is of a form this meshctl does not know
+        try:
+            rec = client.json("GET", f"/jobs/{_q(parent)}")
+        except Failure:
+            continue
+        state = rec.get("state")
+        if state in TERMINAL and state not in AFTER_HOLDS[cond]:
+            click.echo(f"meshctl: job {parent} already ended {state}, so --after {dep} can "
+                       f"never hold: job {record.get('id')} ends dep_failed at once (submit "
+                       f"again after meshctl job rerun {parent}, or drop --after)", err=True)
 
 
 def _submit_cwd(cwd: str | None, no_cwd: bool) -> str | None:
@@ -683,7 +815,8 @@ def job_status(ctx: click.Context, job_ids: tuple[str, ...], tag: str | None, st
     # Items are fetched when they are shown or explain something: a healthy big job's text
     # status stays one small answer.
     record = client.json("GET", f"/jobs/{_q(job_id)}" + ("?items=1" if want_json else ""))
-    if not want_json and (record.get("items_failed") or record.get("items_running")):
+    if not want_json and (record.get("items_failed") or record.get("items_running")
+                          or record.get("items_tried_before")):
         record = client.json("GET", f"/jobs/{_q(job_id)}?items=1")
     failed = _explain(client, record)
     if want_json:
@@ -718,6 +851,7 @@ def job_status(ctx: click.Context, job_ids: tuple[str, ...], tag: str | None, st
     ]
     rows += _dep_rows(record)
     rows += _placement_rows(record)
+    rows += _waiting_rows(record)
     rows += _rerun_rows(record)
     rows += [(k, record[k]) for k in ("stdout", "stderr", "notify") if record.get(k)]
     for name, value in rows:
@@ -739,6 +873,7 @@ def job_status(ctx: click.Context, job_ids: tuple[str, ...], tag: str | None, st
     if more > 0:
         click.echo(f"... and {more} more failed item(s): meshctl --json job status {job_id}")
     _show_running(job_id, items)
+    _show_earlier_attempts(job_id, items, names)
 
 
 def _placement_rows(record: dict) -> list[tuple[str, str]]:
@@ -752,9 +887,15 @@ def _placement_rows(record: dict) -> list[tuple[str, str]]:
         shown = fan[:limits.status_items_shown_max]
         rows.append(("members", ", ".join(f"{i}:{m}" for i, m in shown)
                      + (f" and {len(fan) - len(shown)} more" if len(fan) > len(shown) else "")))
-    if record.get("waiting_for"):
-        rows.append(("waiting", str(record["waiting_for"])))
     return rows
+
+
+def _waiting_rows(record: dict) -> list[tuple[str, str]]:
+    """Why its pending items wait (`waiting_reasons`, meshjobs/waits.py), one reason a row."""
+    says = [str(r.get("says")) for r in record.get("waiting_reasons") or [] if isinstance(r, dict)]
+    if not says and record.get("waiting_for"):
+        says = [str(record["waiting_for"])]
+    return [("waiting" if k == 0 else "", w) for k, w in enumerate(says)]
 
 
 DEP_WORDS = {"ok": "ends done", "end": "ends", "fail": "fails or is cancelled"}
@@ -794,6 +935,23 @@ def _show_running(job_id: str, items: list) -> None:
     if len(running) > limits.status_items_shown_max:
         click.echo(f"... and {len(running) - limits.status_items_shown_max} more running "
                    f"item(s): meshctl --json job status {job_id}")
+
+
+def _show_earlier_attempts(job_id: str, items: list, names: list | None) -> None:
+    """Why each item's earlier attempts ended (a lease lost with its member, a failure tried
+    again), up to status_items_shown_max items, oldest attempt first."""
+    tried = sorted((it for it in items if isinstance(it, dict) and it.get("earlier_attempts")),
+                   key=lambda it: it.get("index", 0))
+    for item in tried[: limits.status_items_shown_max]:
+        i = item.get("index")
+        label = f"item {i}" + (f" ({names[i]})" if names and isinstance(i, int)
+                               and 0 <= i < len(names) else "")
+        for t in item["earlier_attempts"]:
+            if isinstance(t, dict):
+                click.echo(f"{label}: attempt {t.get('attempt')}: {t.get('why')}")
+    if len(tried) > limits.status_items_shown_max:
+        click.echo(f"... and {len(tried) - limits.status_items_shown_max} more item(s) tried "
+                   f"before: meshctl --json job status {job_id}")
 
 
 def _unescape(sep: str) -> bytes:
@@ -865,12 +1023,16 @@ def _shortfall(job_id: str, record: dict) -> tuple[int, str | None]:
               help="Write STR between items' outputs (escapes: \\n \\t \\r \\0 \\\\).")
 @click.option("--json-lines", "json_lines", is_flag=True,
               help="One JSON object per item: index, state, rc, stdout (text) or stdout_b64.")
+@click.option("--only-done", "only_done", is_flag=True,
+              help="Leave out the output of items that failed or timed out.")
 @json_option
 @click.pass_context
 def job_results(ctx: click.Context, job_id: str, out_dir: Path | None, with_stderr: bool,
-                sep: str | None, json_lines: bool, as_json: bool) -> None:
+                sep: str | None, json_lines: bool, as_json: bool, only_done: bool = False) -> None:
     """Every finished item's stdout in item order, to standard output or files under --out.
 
+    On a terminal, a failed item's output follows a line `--- item N (NAME): failed, WHY ---`;
+    piped, the bytes are the items' own, unmarked. --only-done leaves failed items out.
     Exits 1 when the job failed, was cancelled or ended dep_failed, 5 when it has not finished (what exists is
     printed all the same); stderr names the items that failed or have no output."""
     client = _client(ctx)
@@ -883,13 +1045,19 @@ def job_results(ctx: click.Context, job_id: str, out_dir: Path | None, with_stde
     # The record is read before any output: what it says finished is in what follows.
     record = client.json("GET", f"/jobs/{_q(job_id)}?items=1")
     items = sorted(record.get("items") or [], key=lambda it: it.get("index", 0))
-    finished = [it for it in items if it.get("state") in ("done", *FAILED_ITEM_STATES)]
     code, why = _shortfall(job_id, record)
+    if only_done:
+        items = [it for it in items if it.get("state") == "done"]
+    finished = [it for it in items if it.get("state") in ("done", *FAILED_ITEM_STATES)]
+    marked = (out_dir is None and not want_json and sep_bytes is None and not json_lines
+              and sys.stdout.isatty())
     if sep_bytes is not None or json_lines:
         _separated(client, items, sep_bytes, with_stderr)
+    elif marked or (only_done and out_dir is None and not want_json):
+        _marked(client, record, items, with_stderr, marked)
     elif out_dir is None and not want_json:
         for stream, out in (("stdout", "stdout"), ("stderr", "stderr"))[: 2 if with_stderr else 1]:
-            sink = click.get_binary_stream(out)
+            sink = _binary(out)
             try:
                 with client.open("GET", f"/jobs/{_q(job_id)}/results?stream={stream}") as resp:
                     client.copy(resp, sink)
@@ -923,9 +1091,32 @@ def job_results(ctx: click.Context, job_id: str, out_dir: Path | None, with_stde
     ctx.exit(code)
 
 
+def _marked(client: Client, record: dict, items: list[dict], with_stderr: bool,
+            marked: bool) -> None:
+    """Items' outputs one by one, in item order; with `marked`, a failed item's output
+    follows a line that says which item failed and why (on a terminal, where a person reads
+    it; a pipe gets the items' bytes as they are)."""
+    out = _binary("stdout")
+    err = _binary("stderr")
+    names = record.get("names") if isinstance(record.get("names"), list) else None
+    for it in items:
+        if it.get("state") not in ("done", *FAILED_ITEM_STATES):
+            continue
+        if marked and it.get("state") in FAILED_ITEM_STATES:
+            i = it.get("index")
+            label = f"item {i}" + (f" ({names[i]})" if names and isinstance(i, int)
+                                   and 0 <= i < len(names) else "")
+            out.write(f"--- {label}: failed, {_item_reason(it, record)} ---\n".encode())
+        _copy_blob(client, it.get("stdout"), out, it.get("index"))
+        out.flush()
+        if with_stderr:
+            _copy_blob(client, it.get("stderr"), err, it.get("index"))
+            err.flush()
+
+
 def _separated(client: Client, items: list[dict], sep: bytes | None, with_stderr: bool) -> None:
     """Items' outputs one by one: separated by `sep`, or as JSON lines (sep None)."""
-    sink = click.get_binary_stream("stdout")
+    sink = _binary("stdout")
     first = True
     for it in items:
         if sep is not None:
@@ -1024,51 +1215,39 @@ def _fetch_blob(client: Client, digest: str | None, path: Path, index: Any) -> N
 @job.command("wait")
 @click.argument("job_id", metavar="ID")
 @click.option("--timeout", type=click.FloatRange(0, min_open=False), metavar="S",
-              help="Give up after S seconds (exit 1).")
+              help="Give up after S seconds (exit 5: not finished yet).")
 @json_option
 @click.pass_context
 def job_wait(ctx: click.Context, job_id: str, timeout: float | None, as_json: bool) -> None:
-    """Wait until a job ends: exit 0 when done, 1 when failed, cancelled or dep_failed.
+    """Wait until a job ends: exit 0 when done, 1 when failed, cancelled or dep_failed, 5 when
+    the --timeout passed first (the job has not finished yet).
 
     Each answer comes at the job's next change (an item started or ended), so the progress
     line on a terminal is current. A member that cannot answer (down, restarting, no leader)
     is asked again with backoff, and the next --at is tried, until the --timeout (or, without
-    one, for up to cli_wait_retry_s_max seconds in a row)."""
-    obj = ctx.find_root().obj
-    clients = [Client(at, obj["key"], obj.get("token"), obj.get("tls"))
-               for at in obj.get("ats") or [obj["at"]]]
+    one, for up to cli_wait_retry_s_max seconds in a row). A job that ends failed: stderr
+    says why each failed item failed (timed out, raised, exit N)."""
+    client = _client(ctx)
     deadline = None if timeout is None else time.monotonic() + timeout
     progress = sys.stderr.isatty() and not _wants_json(ctx, as_json)
     shown = _Progress(job_id, progress)
+    client.on_retry = shown.retrying
     wait = 0.0
     since: int | None = None
-    turn = 0
-    failing: tuple[float, int] | None = None  # (since when, how many tries) members cannot answer
     while True:
-        client = clients[turn % len(clients)]
         path = f"/jobs/{_q(job_id)}?wait={wait:g}"
         if since is not None:
             path += f"&since={since}"
         try:
-            record = client.json("GET", path, timeout=wait + TIMEOUT_S)
-        except Failure as e:
-            if e.exit_code != 4:
-                shown.end()
-                raise
-            now = time.monotonic()
-            first, tries = failing or (now, 0)
-            failing = (first, tries + 1)
-            stop = deadline if deadline is not None else first + limits.cli_wait_retry_s_max
-            pause = min(limits.cli_wait_backoff_s_base * 2 ** tries, limits.cli_wait_backoff_s_max)
-            if now + pause >= stop:
-                shown.end()
-                raise
-            turn += 1
-            shown.retrying(clients[turn % len(clients)].at)
-            time.sleep(pause)
-            wait = 0.0  # the first ask of a member: what it has now
-            continue
-        failing = None
+            # Members that cannot answer are asked in turn, with backoff, until the --timeout
+            # (or, without one, for up to cli_wait_retry_s_max seconds in a row).
+            record = client.json("GET", path, timeout=wait + TIMEOUT_S,
+                                 retry_s=limits.cli_wait_retry_s_max if deadline is None
+                                 else max(0.0, deadline - time.monotonic()),
+                                 deadline=deadline)
+        except Failure:
+            shown.end()
+            raise
         state = record.get("state")
         version = record.get("version")
         if type(version) is int and version >= 0:
@@ -1079,14 +1258,40 @@ def job_wait(ctx: click.Context, job_id: str, timeout: float | None, as_json: bo
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             shown.end()
-            raise Failure(f"job {job_id} is still {state} after {timeout:g} s", 1)
+            raise Failure(f"job {job_id} has not finished yet: still {state} after --timeout "
+                          f"{timeout:g} s (wait again, or see `meshctl job status {job_id}`)", 5)
         wait = float(WAIT_POLL_S) if left is None else max(0.0, min(float(WAIT_POLL_S), left))
     shown.end()
     if _wants_json(ctx, as_json):
         _print_json(record)
-    elif not progress:
-        click.echo(f"{job_id}: {state}")
+    else:
+        if not progress:
+            click.echo(f"{job_id}: {state}")
+        if state != "done":
+            _say_failed_items(client, job_id, record)
     ctx.exit(0 if state == "done" else 1)
+
+
+def _say_failed_items(client: Client, job_id: str, record: dict) -> None:
+    """On stderr, why each failed item failed (timed out, raised, exit N), as `job status`
+    says it, so that a wait that ends failed does not only give counts."""
+    if not record.get("items_failed"):
+        return
+    try:
+        record = client.json("GET", f"/jobs/{_q(job_id)}?items=1")
+    except Failure:
+        return  # the end state is said; the reasons are in `job status`
+    names = record.get("names") if isinstance(record.get("names"), list) else None
+    failed = [it for it in sorted(record.get("items") or [], key=lambda it: it.get("index", 0))
+              if it.get("state") in FAILED_ITEM_STATES]
+    for it in failed[: limits.status_items_shown_max]:
+        i = it.get("index")
+        label = f"item {i}" + (f" ({names[i]})" if names and isinstance(i, int)
+                               and 0 <= i < len(names) else "")
+        click.echo(f"{label}: {_item_reason(it, record)}", err=True)
+    if len(failed) > limits.status_items_shown_max:
+        click.echo(f"... and {len(failed) - limits.status_items_shown_max} more failed item(s): "
+                   f"meshctl job status {job_id}", err=True)
 
 
 class _Progress:
@@ -1233,8 +1438,10 @@ def job_logs(ctx: click.Context, job_id: str, index: int, use_stderr: bool,
     client = _client(ctx)
     stream = "stderr" if use_stderr else "stdout"
     path = f"/jobs/{_q(job_id)}/items/{index}/{stream}"
-    sink = click.get_binary_stream("stdout")
+    sink = _binary("stdout")
     offset = 0
+    run_epoch: str | None = None  # the run whose output is printed (its lease's epoch)
+    cuts = 0  # streams cut in a row before a byte came
     while True:
         query = f"?offset={offset}" + ("&follow=1" if follow else "")
         # A follow waits up to log_start_wait_s_max for an item that has not started.
@@ -1243,6 +1450,11 @@ def job_logs(ctx: click.Context, job_id: str, index: int, use_stderr: bool,
         try:
             with client.open("GET", path + query, timeout=timeout) as resp:
                 epoch = resp.headers.get("X-Meshjobs-Item-Epoch")
+                if run_epoch is None:
+                    run_epoch = epoch
+                elif epoch is not None and epoch != run_epoch:
+                    _run_again(job_id, index, f"member {client.at} has a new run of it")
+                    return
                 while True:
                     try:
                         chunk = resp.read1(COPY_CHUNK_BYTES)
@@ -1255,7 +1467,13 @@ def job_logs(ctx: click.Context, job_id: str, index: int, use_stderr: bool,
                     sink.write(chunk)
                     sink.flush()
                     offset += len(chunk)
+                    cuts = 0
         except (http.client.HTTPException, TimeoutError, ConnectionError) as e:
+            cuts += 1
+            if cuts < len(client.ats):
+                # The member went away mid-stream: the next goes on from the same byte.
+                client.next_member()
+                continue
             raise Cut(f"the output from meshd at {client.at} broke off after {offset} bytes "
                       f"({type(e).__name__}); try again (-f goes on from where it was with "
                       "--item and the same ID)", 4) from None
@@ -1268,12 +1486,15 @@ def job_logs(ctx: click.Context, job_id: str, index: int, use_stderr: bool,
         item = items[index] if index < len(items) and isinstance(items[index], dict) else {}
         if item.get("state") != "leased":
             return
-        if epoch is not None and str(item.get("epoch")) != epoch:
-            click.echo(f"meshctl: item {index} of job {job_id} runs again (its lease moved to "
-                       f"member {item.get('member')}): its output starts again; run this "
-                       "command again to see it", err=True)
+        if run_epoch is not None and str(item.get("epoch")) != run_epoch:
+            _run_again(job_id, index, f"its lease moved to member {item.get('member')}")
             return
         time.sleep(limits.log_poll_ms / 1000)  # (never a tight loop of empty answers)
+
+
+def _run_again(job_id: str, index: int, why: str) -> None:
+    click.echo(f"meshctl: item {index} of job {job_id} runs again ({why}): its output starts "
+               "again; run this command again to see it", err=True)
 
 
 def _table(header: list[str], rows: list[list[str]], width: int | None = None) -> None:
@@ -1318,7 +1539,7 @@ def _table(header: list[str], rows: list[list[str]], width: int | None = None) -
 @click.pass_context
 def jobs_cmd(ctx: click.Context, state: str | None, tag: str | None, pool: str | None,
              limit: int, after: str | None, as_json: bool) -> None:
-    """List jobs, newest first, a page at a time."""
+    """List jobs, newest first, a page at a time, with each one's program (its argv)."""
     query = {k: v for k, v in (("state", state), ("tag", tag), ("pool", pool), ("after", after))
              if v}
     query["limit"] = str(limit)
@@ -1340,11 +1561,12 @@ def jobs_cmd(ctx: click.Context, state: str | None, tag: str | None, pool: str |
                  f"{j.get('items_done', 0)}/{j.get('items_total', 0)}",
                  str(j.get("items_failed", 0)), str(j.get("pool")),
                  str(j.get("priority")), _when(j.get("submitted_at")),
-                 ",".join(j.get("tags") or [])] for j in listed]
+                 ",".join(j.get("tags") or []), _shell_words(j.get("argv", ""))]
+                for j in listed]
         # The terminal's width (or $COLUMNS); none when piped, so that scripts get whole cells.
         width = shutil.get_terminal_size((0, 0)).columns or None
-        _table(["ID", "STATE", "DONE", "FAILED", "POOL", "PRIORITY", "SUBMITTED", "TAGS"], rows,
-               width)
+        _table(["ID", "STATE", "DONE", "FAILED", "POOL", "PRIORITY", "SUBMITTED", "TAGS",
+                "PROGRAM"], rows, width)
     if fresh == "false":
         click.echo(f"meshctl: the member at {client.at} does not hear the leader now: this list "
                    "is its own table's and may be behind; ask another member (--at), or see "
@@ -1410,12 +1632,14 @@ def history_cmd(ctx: click.Context, since: str | None, limit: int, as_json: bool
         _print_json(body)
         return
     records = body.get("records") or []
+    rows = []
     for row in records:
         job = row.get("job") or {}
-        tags = ",".join(job.get("tags") or []) or "-"
-        click.echo(f"{_when(row.get('at'))}  {row.get('why', '?'):<6}  {job.get('id')}  "
-                   f"{job.get('state')}  {job.get('items_done', 0)}/{job.get('items_total', 0)} "
-                   f"done  pool {job.get('pool')}  tags {tags}")
+        rows.append([_when(row.get("at")), str(row.get("why", "?")), str(job.get("id")),
+                     str(job.get("state")), f"{job.get('items_done', 0)}/{job.get('items_total', 0)}",
+                     str(job.get("pool")), ",".join(job.get("tags") or []) or "-"])
+    if rows:
+        _table(["DROPPED", "WHY", "ID", "STATE", "DONE", "POOL", "TAGS"], rows)
     if not records:
         click.echo("no history records" + (" since then" if since else ""), err=True)
     if body.get("skipped_lines"):
@@ -1441,7 +1665,7 @@ def fleet_cmd(ctx: click.Context, as_json: bool) -> None:
                    "not hear from show as unknown)")
 
     def alive(m: dict) -> str:
-        return {True: "yes", False: "no"}.get(m.get("alive"), "?")
+        return webui.alive_words(m, local=True)
 
     def seen(m: dict) -> str:
         t = m.get("last_seen")

@@ -57,7 +57,32 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "check-config", help="check a config file as meshd would load it, without starting: "
         "every problem at once (exit 2), or a summary (exit 0)")
     check.add_argument("file", metavar="FILE", help="the TOML config file to check")
+    secret = sub.add_parser(
+        "new-secret", help="write a new fleet secret (32 random bytes, mode 0600) to PATH for "
+        "the first member of a new fleet, then copy it to the others; never overwrites a file")
+    secret.add_argument("path", metavar="PATH", help="where to write it (e.g. DATA/fleet.secret)")
     return p.parse_args(argv)
+
+
+def _new_secret(path: str) -> int:
+    """`meshd new-secret PATH`: 0 when written, 2 when PATH exists or cannot be written."""
+    from meshjobs.replica import new_secret
+
+    datadir.private_umask()
+    try:
+        new_secret(path)
+    except FileExistsError:
+        print(f"meshd: {path} exists already: not overwritten (a member's secret must stay the "
+              "fleet's; to replace it, stop every member, remove the file, and make one new "
+              "secret for all)", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"meshd: cannot write a fleet secret at {path}: {e.strerror or e} (does its "
+              "folder exist, and may meshd's user write there?)", file=sys.stderr)
+        return 2
+    print(f"meshd: wrote a new fleet secret to {path} (mode 0600): copy this file to every "
+          "member of the fleet, as its secret_file", file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -65,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "check-config":
         from meshjobs.checkconfig import check_config
         sys.exit(check_config(args.file))
+    if args.command == "new-secret":
+        sys.exit(_new_secret(args.path))
     if args.demo:
         from meshjobs.demo import run_demo
         sys.exit(run_demo())

@@ -25,10 +25,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# -P: the meshjobs of this interpreter (the installed one), never a meshjobs/ folder in the
+# folder the demo runs in (a source tree), which `python -m` would put first on sys.path.
 def _start(data: str, http_port: int, raft_port: int) -> subprocess.Popen:
     log = open(os.path.join(data, "..", "meshd.log"), "ab")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "meshjobs.daemon", "--data", data, "--name", "demo",
+        [sys.executable, "-P", "-m", "meshjobs.daemon", "--data", data, "--name", "demo",
          "--http", f"127.0.0.1:{http_port}", "--raft", f"127.0.0.1:{raft_port}"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
@@ -36,7 +38,7 @@ def _start(data: str, http_port: int, raft_port: int) -> subprocess.Popen:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"meshd exited with {proc.returncode}; see {data}/../meshd.log")
-        r = subprocess.run([sys.executable, "-m", "meshjobs.cli", "--at",
+        r = subprocess.run([sys.executable, "-P", "-m", "meshjobs.cli", "--at",
                             f"http://127.0.0.1:{http_port}", "--json", "fleet"],
                            capture_output=True)
         if r.returncode == 0 and b'"leader"' in r.stdout and b"null" not in r.stdout.split(b'"leader"')[1][:8]:
@@ -50,7 +52,7 @@ def _ctl(url: str, *args: str, show: bool = True) -> str:
     cmd = ["meshctl", *args]
     if show:
         print(f"$ {' '.join(shlex.quote(a) for a in cmd)}")
-    r = subprocess.run([sys.executable, "-m", "meshjobs.cli", "--at", url, *args],
+    r = subprocess.run([sys.executable, "-P", "-m", "meshjobs.cli", "--at", url, *args],
                        capture_output=True, text=True)
     out = r.stdout
     if show:

@@ -54,6 +54,7 @@ from meshjobs import (
     metrics,
     placement,
     runas,
+    waits,
     webui,
 )
 from meshjobs.auth import AuthError, Caller, LoginLimiter, Sessions
@@ -86,6 +87,7 @@ CTL_SLACK_MS = limits.http_ctl_slack_ms
 
 
 FINAL_ITEM_STATES = ("done", "failed", "timeout", "cancelled")
+LIVE_ITEM_STATES = ("leased", "running")  # an item whose run may have output so far
 # Content types a body of a change may have (a browser's form or text/plain post may not).
 JSON_TYPES = ("application/json",)
 CSRF_HEADER = "X-Meshjobs-Csrf"
@@ -606,7 +608,10 @@ class HttpApi:
     async def _logout(self, request: web.Request) -> web.Response:
         if self._auth.configured:
             self._sessions.close(request.cookies.get(self._cookie))
-        resp = web.json_response({"logged_out": True})
+        # A page's Sign out button is a plain form: its browser goes on to the login page.
+        resp: web.Response = (web.Response(status=303, headers={"Location": "/login"})
+                              if "text/html" in request.headers.get("Accept", "")
+                              else web.json_response({"logged_out": True}))
         resp.del_cookie(self._cookie, path="/")
         return resp
 
@@ -919,7 +924,7 @@ class HttpApi:
             return record  # no leader's view to tell who is alive: say nothing rather than guess
         members = fleet.body.get("members")
         why = placement.waiting_for(record, members if isinstance(members, list) else [])
-        return record if why is None else {**record, "waiting_for": why}
+        return waits.merge(record, why)
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         """Committed changes as server-sent events (meshjobs/eventstream.py)."""
@@ -956,20 +961,43 @@ class HttpApi:
             raise HttpError(404, f"job {job_id} has {total} item(s): no item {pick}; "
                                  "items count from 0")
         if (pick is None and total == 1 and items_from == 0 and items
-                and items[0].get("ended_at") is not None):
+                and (items[0].get("ended_at") is not None
+                     or items[0].get("state") in LIVE_ITEM_STATES)):
             pick = 0
         preview = None
+        live = None
         if pick is not None:
             on_page = pick - items_from
             item = (items[on_page] if 0 <= on_page < len(items)
                     else await self._item_of(job_id, pick))
             heads = await self._blob_call(self._heads, [item.get("stdout"), item.get("stderr")])
             preview = (item, dict(zip(("stdout", "stderr"), heads, strict=True)))
+            if item.get("state") in LIVE_ITEM_STATES:
+                live = {stream: await self._live_tail(item, job_id, pick, stream)
+                        for stream in ("stdout", "stderr")}
         csrf = auth.csrf_value(self._csrf_key, request.get(SESSION))
         nonce = secrets.token_urlsafe(16)
         return _html(webui.job_page(self._member, record, list(zip(shown, tails, strict=True)),
                                     n_failed, items_from=items_from, preview=preview,
-                                    csrf=csrf, nonce=nonce, paged=True), nonce=nonce)
+                                    csrf=csrf, nonce=nonce, paged=True, live=live), nonce=nonce)
+
+    async def _live_tail(self, item: dict, job_id: str, n: int,
+                         stream: str) -> tuple[str | None, bool]:
+        """The last webui_preview_bytes_max bytes of a running item's output so far, as text,
+        from at most webui_live_reads_max reads (here or from the member running it), and
+        whether more was there than was read; (None, False) when it cannot be read now."""
+        offset = 0
+        tail = b""
+        for _ in range(limits.webui_live_reads_max):
+            piece = await self._log_piece(item, job_id, n, stream, offset)
+            if piece is None or piece.error is not None:
+                return (None, False) if offset == 0 else (
+                    tail.decode("utf-8", "replace"), False)
+            tail = (tail + piece.data)[-limits.webui_preview_bytes_max:]
+            offset += len(piece.data)
+            if piece.end or len(piece.data) < limits.log_frame_bytes_max:
+                return tail.decode("utf-8", "replace"), False
+        return tail.decode("utf-8", "replace"), True
 
     def _heads(self, digests: list[Any]) -> list[tuple[str | None, int | None]]:
         """Runs in the executor: the first webui_preview_bytes_max bytes of each blob as text,

@@ -55,6 +55,7 @@ items_json_slice_max = 200
 items_page_max = 1_000
 results_slice_max = 65_536
 webui_preview_bytes_max = 16 * 1024  # the head of an item's stdout or stderr a job page shows
+webui_live_reads_max = 8  # reads of a running item's output for its page's tail (log_frame_bytes_max each)
 webui_poll_ms = 2000  # how often the web UI's script polls when /events does not stream
 webui_sse_retry_ms = 60_000  # polling that long, the script tries /events again
 http_header_s_max = 10  # a connection must send a request's whole head within this (default)
@@ -315,6 +316,7 @@ events_waiters_max = 1_024  # "changes" long-polls waiting in the node at once; 
 events_streams_max = 64  # /events streams one member serves at once; more are answered 503
 events_keepalive_s = 15  # an /events stream with nothing to say sends a comment this often
 events_check_ms = 500  # an /events stream looks this often for its client gone or the member stopping
+cli_busy_retry_s_max = 10  # meshctl asks members that answer 502/503/504 (an election) again this long
 cli_wait_retry_s_max = 120  # `job wait` without --timeout asks members that cannot answer this long in a row
 cli_wait_backoff_s_base = 0.2  # the first retry of `job wait` waits this long, then twice as long...
 cli_wait_backoff_s_max = 5  # ...but never longer than this
@@ -376,6 +378,8 @@ restart_delay_s_min = 1  # the shortest wait before an automatic re-run (--resta
 restarts_per_minute_max = 6  # automatic re-runs of one job within any 60 s
 restarts_window_ms = 60_000  # the window restarts_per_minute_max counts in
 job_runs_kept_max = 16  # summaries of earlier runs a job's record keeps (the oldest dropped first)
+item_attempts_kept_max = 8  # reasons of an item's earlier attempts kept (the oldest dropped first)
+waiting_names_shown_max = 10  # parents or members a job's waiting_for names (the rest counted)
 output_path_chars_max = 4096  # a --stdout / --stderr path, before {index} is filled in
 output_path_write_s_max = 60  # writing one item's output to its path as another user
 # --- Schedules (meshctl cron; meshjobs/cron.py) -------------------------------------------------
@@ -410,6 +414,9 @@ watch_id_hash_chars = 16  # hex digits of the digest that ends every derived job
 watch_state_name_bytes_max = 255  # NAME_MAX: a file whose state file name is longer is not run
 watch_xattr_bytes_max = 1024  # a state kept in an xattr (ext4 keeps one block for all of a file's)
 watch_tick_s_max = 1.0  # a running watcher looks at its refresh and rescan times at least this often
+watch_feed_ids_max = 20_000  # job ends heard on the change feed and not yet taken (more: dropped, polled)
+watch_feed_retry_s = 2.0  # a watcher's change feed that broke is opened again after this
+watch_feed_read_s = 60.0  # a change feed silent this long (no keep-alive) is opened again
 
 # --- meshd's config file (meshd --config FILE, meshd check-config FILE; meshjobs/config.py) ------
 config_file_bytes_max = 1 << 20  # one TOML config file, read whole (a real one is a few KiB)
@@ -482,6 +489,8 @@ RELATIONS: tuple[tuple[str, str, Callable[[dict[str, Any]], bool]], ...] = (
      lambda v: v["history_keep_files"] <= v["history_keep_files_max"]),
     ("one F_JOB_STATE frame's entries fit the ring that catches workers up", "state_entries_max",
      lambda v: v["state_entries_max"] <= v["state_ring_entries_max"]),
+    ("a watcher's change feed is not given up between two keep-alives", "events_keepalive_s",
+     lambda v: v["watch_feed_read_s"] > 2 * v["events_keepalive_s"]),
     ("one answer of changes fits the ring it resumes from", "events_answer_max",
      lambda v: v["events_answer_max"] <= v["events_ring_changes_max"]),
     ("the fewest HTTP connections are no more than the most", "http_conns_min",

@@ -420,12 +420,18 @@ class PyPool:
         ok, out, err = msg.get("ok"), msg.get("out"), msg.get("err")
         if not isinstance(ok, bool) or not isinstance(out, bytes) or not isinstance(err, bytes):
             raise WorkerProtocolError("an answer without ok, out and err")
+        why = msg.get("why")
+        if why is not None and not isinstance(why, str):
+            raise WorkerProtocolError("an answer whose why is not text")
         item, started_ms = w.item, w.started_ms
         w.item = None
         w.deadline = None
         state = w.reason or ("done" if ok else "failed")
+        # The worker's one line (`raised ValueError: bad`) is the item's error: said by `job
+        # status` and the job page instead of the bare exit 1 of a python call.
+        error = why[:limits.item_error_chars_max] if why and state == "failed" else None
         self._on_end(PyEnd(item, state, 0 if ok else 1, None, out, err, started_ms,
-                           self._clock_ms(), None))
+                           self._clock_ms(), error))
         if not w.dead:
             self._assign()
 

@@ -11,7 +11,8 @@ Frames, both ways: a 4-byte big-endian length, then that many bytes of msgpack (
 - Request: job, index, epoch (the lease), target ("package.module:function"), payload (bytes),
   env (the job's env), cwd (or None), args (the job's argv after the target; [] when none).
 - Answer: ok (bool), out (bytes: the function's output), err (bytes: what the function printed,
-  then the traceback or the reason the call failed).
+  then the traceback or the reason the call failed), and on a failure why (str, one line: the
+  item's error, `raised ValueError: <message>` when the function raised).
 
 Rules:
 1. The function gets the payload as its one positional argument, plus `args=[...]` (a list of
@@ -162,6 +163,7 @@ class Worker:
         ok = False
         out = b""
         tail = ""
+        why = ""  # one line for the item's record: what the call ended with
         try:
             os.environ.update(env)
             if cwd is not None:
@@ -179,6 +181,9 @@ class Worker:
                 # The worker's own frame is left out: the traceback starts in the job's code.
                 tail = "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next
                                                           if e.__traceback__ else None))
+                # The exception's last line, as the traceback ends: "raised ValueError: bad".
+                last = traceback.format_exception_only(type(e), e)[-1].strip()
+                why = f"raised {last}"
             else:
                 if result is None:
                     out, ok = b"", True
@@ -189,8 +194,10 @@ class Worker:
                 else:
                     tail = (f"{req['target']} returned {type(result).__name__}: return bytes, "
                             f"str or None\n")
+                    why = tail.strip()
         except _CallError as e:
             tail = str(e) + "\n"
+            why = str(e).split("\n", 1)[0]
         finally:
             sys.stdout, sys.stderr = saved_out, saved_err
             if saved_cwd is not None:
@@ -210,8 +217,11 @@ class Worker:
                    f"stderr, over the limit of {limits.py_result_bytes_max} bytes "
                    f"(py_result_bytes_max, mostly {what}): return less, or store large results "
                    f"elsewhere\n")
-            return {"ok": False, "out": b"", "err": msg.encode()}
-        return {"ok": ok, "out": out, "err": err}
+            return {"ok": False, "out": b"", "err": msg.encode(), "why": msg.strip()}
+        answer: dict[str, Any] = {"ok": ok, "out": out, "err": err}
+        if not ok and why:
+            answer["why"] = why[:limits.item_error_chars_max]
+        return answer
 
 
 def _whoami() -> str:

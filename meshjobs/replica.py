@@ -40,6 +40,7 @@ thread needs no lock to read it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import threading
@@ -630,29 +631,45 @@ def open_secret(path: str, create: bool, failpoints: Failpoints | None = None) -
             secret = f.read()
     except FileNotFoundError:
         if not create:
-            raise SystemExit(f"meshd: no fleet secret at {path}: copy it from a member of the fleet") from None
-        secret = os.urandom(32)
-        tmp = path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            raise SystemExit(f"meshd: no fleet secret at {path}: copy it from a member of the "
+                             "fleet, or, for the first member of a new fleet, make one with "
+                             f"`meshd new-secret {path}` (then copy it to the others)") from None
+        return new_secret(path, failpoints, replace=True)
+    if len(secret) != 32:
+        raise SystemExit(f"meshd: fleet secret {path} must be exactly 32 bytes, it has {len(secret)}")
+    mode = os.stat(path).st_mode & 0o777
+    if mode & 0o077:
+        raise SystemExit(f"meshd: fleet secret {path} is readable by others (mode {mode:o}): chmod 600 it")
+    return secret
+
+
+def new_secret(path: str, failpoints: Failpoints | None = None, replace: bool = False) -> bytes:
+    """Write a new fleet secret at `path` (32 random bytes, mode 0600, fsynced with its folder)
+    and return it. Without `replace`, an existing file is never overwritten: FileExistsError."""
+    secret = os.urandom(32)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
         try:
+            os.fchmod(fd, 0o600)
             os.write(fd, secret)
             if failpoints is not None:
                 failpoints.hit("secret.fsync")
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.rename(tmp, path)
-        dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-        return secret
-    if len(secret) != 32:
-        raise SystemExit(f"meshd: fleet secret {path} must be exactly 32 bytes, it has {len(secret)}")
-    mode = os.stat(path).st_mode & 0o777
-    if mode & 0o077:
-        raise SystemExit(f"meshd: fleet secret {path} is readable by others (mode {mode:o}): chmod 600 it")
+        if replace:
+            os.rename(tmp, path)
+        else:
+            os.link(tmp, path)  # fails when `path` exists: never an overwrite, even in a race
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
     return secret
 
 

@@ -113,7 +113,7 @@ def summary(job: Job) -> dict:
 def apply_rerun(tbl: JobTable, e: dict, index: int, t: int) -> dict:
     """The `rerun` entry: {"id", "failed_only"} from a client, or {"id", "auto", "run"} from the
     leader when an automatic re-run is due."""
-    from meshjobs.table import CANCELLED, FAILED, PENDING, TIMEOUT, Refused
+    from meshjobs.table import CANCELLED, FAILED, ITEM_STATE_NAMES, PENDING, TIMEOUT, Refused
 
     job = tbl._job(e.get("id"))
     tbl._owned(e, job.submitted_by, f"job {job.id}")
@@ -154,6 +154,10 @@ def apply_rerun(tbl: JobTable, e: dict, index: int, t: int) -> dict:
     del past[:-limits.job_runs_kept_max]
     job.past = past
     for i in again:
+        # Its last attempt ended as the run did: said, so every attempt before the next has
+        # its reason (a cancelled item that never ran has none).
+        tbl.note_attempt(job, i, f"ended {ITEM_STATE_NAMES[job.st[i]]} in run {job.run}; the "
+                                 f"job ran again ({why})", t)
         tbl._move("rerun", job, i, PENDING)
         job.queue.append(i)
         job.fails[i] = 0

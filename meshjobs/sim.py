@@ -1179,6 +1179,7 @@ class Sim:
             self._check_results(results, index, before,
                                 outcome if isinstance(e, dict) and e.get("k") == "result" else None)
         self._check_rerun(e, index, outcome, before)
+        self._check_attempts(before, index)
         self._check_owner(e, index, outcome)
         if self.cfg.keep_s is not None:
             self._check_retention(e, index, outcome)
@@ -1190,6 +1191,25 @@ class Sim:
             if epoch < self.max_epoch.get(key, 0):
                 self.fail(f"lease epoch of {key} went back from {self.max_epoch[key]} to {epoch}")
             self.max_epoch[key] = epoch
+
+    def _check_attempts(self, keys: dict, index: int) -> None:
+        """Every item an entry touched keeps why each of its earlier attempts ended, in order:
+        attempts 1..a-1 while attempt a is leased or has its result, 1..a once it waits for a
+        lease again (the last limits.item_attempts_kept_max of them)."""
+        for jid, i in keys:
+            job = self.oracle.jobs.get(jid)
+            if job is None or not 0 <= i < job.n:
+                continue
+            a, st = job.attempts[i], job.st[i]
+            kept = [k[0] for k in (job.tries or {}).get(i, ())]
+            last = a if st == PENDING else a - 1 if st != CANCELLED else (
+                kept[-1] if kept and kept[-1] == a else max(a - 1, 0))
+            want = list(range(max(1, last - limits.item_attempts_kept_max + 1), last + 1))
+            if kept != want:
+                self.fail(f"entry {index}: {jid}[{i}] at attempt {a} "
+                          f"({ITEM_STATE_NAMES[st]}) keeps the reasons of attempts {kept}, "
+                          f"not {want}")
+            self.count("attempts_checked")
 
     def _check_retention(self, e: Any, index: int, outcome: dict) -> None:
         """A job is expired only once keep_s has passed, in the simulator's own time, since the

@@ -122,6 +122,7 @@ class Job:
         "run", "restarts", "resubmits", "due_ms", "due_why", "past",
         "rerun_times", "due_capped",
         "submitted_by", "run_as", "running_items_max",
+        "tries",
     )
 
     def __init__(self, job_id: str, seq: int, spec: dict, digest: bytes, stdin: list, t: int) -> None:
@@ -207,6 +208,11 @@ class Job:
         # Why an item's last try failed without running (item index -> a short text), when it
         # did: most items never have one, so the dict is made only for the first.
         self.errors: dict[int, str] | None = None
+        # Why each of an item's earlier attempts ended without its final result (item index ->
+        # (attempt, member, why, entry time ms), oldest first, the last
+        # `limits.item_attempts_kept_max`): a lease lost with its member, a failure tried
+        # again, a run ended before the job ran again. Made for the first item that has one.
+        self.tries: dict[int, list[tuple[int, str | None, str, int]]] | None = None
         # The other members that confirmed a copy of each item's outputs when its result was
         # committed (the member that ran it holds them too): made for the first item that has
         # some, one shared tuple per set of members.
@@ -464,6 +470,28 @@ class JobTable:
             held = self._helds[names] = tuple(self._name(n) for n in names)
         return held
 
+    def _text(self, text: str) -> str:
+        """One string object per distinct item text (errors, attempt reasons), up to a bound."""
+        if len(self._texts) < limits.member_names_max or text in self._texts:
+            return self._texts.setdefault(text, text)
+        return text
+
+    def note_attempt(self, job: Job, i: int, why: str, t: int) -> None:
+        """Item `i`'s current attempt ended without its final result, for `why`: kept with the
+        member it had (once per attempt; the oldest dropped past the limit)."""
+        a = job.attempts[i]
+        if a == 0:
+            return  # never leased: no attempt to speak of
+        tries = job.tries if job.tries is not None else {}
+        kept = tries.get(i)
+        if kept is None:
+            kept = tries[i] = []
+        elif kept[-1][0] >= a:
+            return  # already said (a pending item cancelled, then run again)
+        kept.append((a, job.member[i], self._text(why[:limits.item_error_chars_max]), t))
+        del kept[:-limits.item_attempts_kept_max]
+        job.tries = tries
+
     def _ready(self, job: Job) -> None:
         if job.n_pending and not job.hold and not job.waiting_on:
             self.ready[job.id] = job
@@ -710,6 +738,8 @@ class JobTable:
             else:
                 job.fails[i] += 1
                 if job.fails[i] <= job.retries:
+                    self.note_attempt(job, i, f"{_failed_words(state, rc, sig, error, job.runtime_s)}; tried "
+                                              f"again (retry {job.fails[i]} of {job.retries})", t)
                     self._move("result", job, i, PENDING)
                     job.queue.append(i)
                     job.not_before[i] = t + backoff_ms(job.fails[i])
@@ -732,8 +762,13 @@ class JobTable:
         leases = e.get("l")
         if not isinstance(leases, list) or len(leases) > limits.lease_batch_max:
             raise Refused(400, "malformed revoke", "malformed")
+        # Why each lease is revoked, in the order of "l" (from newer leaders; None or missing:
+        # not said): kept as the reason its attempt ended.
+        whys = e.get("w")
+        if not isinstance(whys, list) or len(whys) != len(leases):
+            whys = [None] * len(leases)
         revoked = 0
-        for lease in reversed(leases):
+        for lease, why in zip(reversed(leases), reversed(whys), strict=True):
             if not (isinstance(lease, list) and len(lease) == 3 and isinstance(lease[0], str)
                     and _is_int(lease[1]) and _is_int(lease[2])):
                 continue
@@ -741,6 +776,9 @@ class JobTable:
             i = lease[1]
             if job is None or not 0 <= i < job.n or job.st[i] != LEASED or job.epoch[i] != lease[2]:
                 continue
+            if not isinstance(why, str) or not why:
+                why = f"lease revoked: member {job.member[i] or '?'} lost"
+            self.note_attempt(job, i, why, t)
             self._move("revoke", job, i, PENDING)
             job.queue.appendleft(i)  # back to the head of the line
             job.member[i] = None
@@ -1126,6 +1164,8 @@ class JobTable:
             "items_cancelled": job.n_cancelled,
             "items_running": job.n_leased,
             "items_pending": job.n_pending,
+            # Items with earlier attempts said (items[].earlier_attempts): a lease lost, a retry.
+            "items_tried_before": len(job.tries) if job.tries else 0,
             "submitted_at": job.submitted_ms / 1000.0,
             "finished_at": job.finished_ms / 1000.0 if job.finished_ms else None,
         }
@@ -1205,6 +1245,11 @@ class JobTable:
                           if j.waiting_on]} if self.dependents else {}),
             **({"dep_failed": [j.id for j in self.jobs.values() if j.dep_failed]}
                if any(j.dep_failed for j in self.jobs.values()) else {}),
+            # Earlier attempts' reasons, item by item. Only when some job has them (a snapshot
+            # from before them loads without).
+            **({"tries": [[j.id, [[i, [list(x) for x in kept]] for i, kept in j.tries.items()]]
+                          for j in self.jobs.values() if j.tries]}
+               if any(j.tries for j in self.jobs.values()) else {}),
             # Fan-outs: each one's members, item by item. Only when some job has them.
             **({"pins": [[j.id, j.pins] for j in self.jobs.values() if j.pins is not None]}
                if any(j.pins is not None for j in self.jobs.values()) else {}),
@@ -1280,6 +1325,9 @@ class JobTable:
                 t.dependents.setdefault(p, {})[jid] = None
         for jid in s.get("dep_failed", ()):
             t.jobs[jid].dep_failed = True
+        for jid, rows in s.get("tries", ()):
+            t.jobs[jid].tries = {int(i): [(a, None if m is None else t._name(m), t._text(w), at)
+                                          for a, m, w, at in kept] for i, kept in rows}
         for jid, pins in s.get("pins", ()):
             t.jobs[jid].pins = [t._name(m) for m in pins]
         t.ctl = FleetCtl.from_state(s.get("ctl"))
@@ -1339,6 +1387,14 @@ class JobTable:
                     assert (jid, i) in self.leased, f"{jid}[{i}] leased but not in the lease map"
                     leased_seen.add((jid, i))
             assert j.held is None or len(j.held) == j.n, f"{jid}: holders of no item"
+            for i, kept in (j.tries or {}).items():
+                assert 0 < len(kept) <= limits.item_attempts_kept_max and 0 <= i < j.n, \
+                    f"{jid}[{i}]: earlier attempts kept"
+                nums = [k[0] for k in kept]
+                assert nums == list(range(nums[0], nums[0] + len(nums))), \
+                    f"{jid}[{i}]: earlier attempts {nums} not in order"
+                assert nums[-1] <= j.attempts[i] and (j.st[i] != LEASED or nums[-1] < j.attempts[i]), \
+                    f"{jid}[{i}]: an earlier attempt {nums[-1]} not before attempt {j.attempts[i]}"
             if j.errors is not None:
                 assert j.errors, f"{jid}: an empty error dict is kept as None"
                 assert all(0 <= i < j.n and isinstance(e, str) for i, e in j.errors.items()), \
@@ -1415,6 +1471,9 @@ def _item_record(job: Any, i: int) -> dict:
         "error": job.errors.get(i) if job.errors is not None else None,
         # Members other than `member` that held a copy of the outputs when they committed.
         "copies": list(job.held[i] or ()) if job.held is not None else [],
+        # Why its earlier attempts ended (the last limits.item_attempts_kept_max), oldest first.
+        "earlier_attempts": [{"attempt": a, "member": m, "why": w, "at": at / 1000.0}
+                             for a, m, w, at in (job.tries.get(i, ()) if job.tries else ())],
         "started_at": job.started_ms[i] / 1000.0 if job.started_ms[i] else None,
         "ended_at": job.ended_ms[i] / 1000.0 if job.ended_ms[i] else None,
     }
@@ -1433,7 +1492,7 @@ class ItemRows:
     makes, of the job as it was when copied: later changes to the job are not in them."""
 
     __slots__ = ("n", "st", "attempts", "member", "epoch", "rc", "sig", "stdin", "out", "err",
-                 "errors", "held", "started_ms", "ended_ms", "pins")
+                 "errors", "held", "started_ms", "ended_ms", "pins", "tries")
 
     def __init__(self, job: Job) -> None:
         self.n = job.n
@@ -1451,6 +1510,8 @@ class ItemRows:
         self.started_ms = job.started_ms[:]
         self.ended_ms = job.ended_ms[:]
         self.pins = job.pins[:] if job.pins is not None else None
+        self.tries = ({i: kept[:] for i, kept in job.tries.items()}
+                      if job.tries is not None else None)
 
     def __len__(self) -> int:
         return self.n
@@ -1484,6 +1545,19 @@ def _spec_ok(spec: dict) -> bool:
     # Of the same types too: a client's 3.0 is normalized to 3 before it is proposed, so a
     # committed 3.0 (equal to 3 in Python) was not.
     return norm == {**spec, "id": None} and all(type(norm[k]) is type(v) for k, v in spec.items())
+
+
+def _failed_words(state: int, rc: int | None, sig: int | None, error: str | None,
+                  runtime_s: float | None) -> str:
+    """How a failed attempt ended, in words (its error when the result says one)."""
+    if error:
+        return error
+    if state == TIMEOUT:
+        return "timeout: killed after its runtime limit" + (
+            f" of {runtime_s:g} s" if runtime_s is not None else "")
+    if sig:
+        return f"killed by signal {sig}"
+    return f"exit {rc}" if rc is not None else "failed"
 
 
 def _is_int(x: Any) -> bool:

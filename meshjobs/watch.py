@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 import time
 import urllib.parse
 import uuid
@@ -180,6 +181,80 @@ def remove_file(folder: str, name: str) -> None:
         os.unlink(os.path.join(folder, name))
 
 
+class EndFeed:
+    """The ends of jobs, heard on the member's change feed (GET /events, server-sent events) as
+    they commit, so that a watcher learns of them at once rather than at its next `refresh`.
+
+    A thread reads the stream and keeps the ids of jobs that reached an end state; the watcher
+    takes them at each wakeup and asks after those jobs then. The feed only hastens: the
+    watcher's own asking every `refresh` stays, so a broken or lagging stream (or more ends
+    than `watch_feed_ids_max` not yet taken) delays an end, never loses it. A stream that
+    breaks is opened again from the last event it gave (Last-Event-ID)."""
+
+    def __init__(self, client: Any, log: Any) -> None:
+        self.client = client
+        self.log = log
+        self.wake = threading.Event()  # set when an end is heard
+        self._lock = threading.Lock()
+        self._ended: set[str] = set()
+        self._last: str | None = None
+        self.heard = 0  # ends heard (for the log and tests)
+
+    def start(self) -> EndFeed:
+        threading.Thread(target=self._run, name="watch-feed", daemon=True).start()
+        return self
+
+    def take(self) -> set[str]:
+        """The job ids heard ending since the last take."""
+        with self._lock:
+            out, self._ended = self._ended, set()
+            self.wake.clear()
+        return out
+
+    def _run(self) -> None:
+        broken = False
+        while True:
+            try:
+                self._read()
+                broken = False
+            except (ClickException, OSError, ValueError) as e:
+                if not broken:  # once per outage, not once per retry
+                    self.log.warning("watch_feed_broken", error=getattr(e, "message", str(e)),
+                                     fallback=f"asks after its jobs every refresh; again in "
+                                              f"{limits.watch_feed_retry_s:g} s")
+                broken = True
+            time.sleep(limits.watch_feed_retry_s)
+
+    def _read(self) -> None:
+        query = "state=" + ",".join(sorted(END_STATES))
+        if self._last is not None:
+            query += "&since=" + urllib.parse.quote(self._last)
+        resp = self.client.open("GET", "/events?" + query, timeout=limits.watch_feed_read_s)
+        with resp:
+            event, event_id = "", None
+            for raw in resp:
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                if line.startswith("id:"):
+                    event_id = line[3:].strip()
+                elif line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:") and event == "job":
+                    row = json.loads(line[5:])
+                    if isinstance(row, dict) and isinstance(row.get("id"), str):
+                        self._heard(row["id"])
+                elif not line:
+                    if event_id:
+                        self._last = event_id
+                    event, event_id = "", None
+
+    def _heard(self, job_id: str) -> None:
+        with self._lock:
+            if len(self._ended) < limits.watch_feed_ids_max:
+                self._ended.add(job_id)
+            self.heard += 1
+        self.wake.set()
+
+
 class Watcher:
     """Runs the watches of one config against one member (`client`: meshjobs.cli.Client, whose
     failures are ClickExceptions with a message and an exit code)."""
@@ -195,6 +270,7 @@ class Watcher:
         self.clock = clock
         self.wall_ns = wall_ns
         self.states = {w.name: WatchState() for w in config.watches}
+        self.feed: EndFeed | None = None  # started by once() and run(), not for --dry-run
         self.failed = 0  # jobs seen ending failed or dep_failed
         self.submit_exit = 0  # the exit code of the last refused or unanswered submit (meshctl's)
 
@@ -228,10 +304,12 @@ class Watcher:
                 failed += 1
         for problem in p.problems[:limits.watch_jobs_max]:
             self.log.warning("watch_problem", watch=watch.name, problem=problem)
+        due = {} if p.due_ns is None else {
+            "next_due_in_s": round(max(0, p.due_ns - self.wall_ns()) / 1e9, 1)}
         self.log.info("watch_scan", watch=watch.name, following=len(st.following),
                       ended=st.ended, submit_failed=failed, left_out=left,
                       removed=0 if self.dry_run else len(p.removes),
-                      written=0 if self.dry_run else len(p.writes), **p.counts)
+                      written=0 if self.dry_run else len(p.writes), **p.counts, **due)
         return p
 
     def _submit(self, watch: Watch, sub: Submit) -> bool:
@@ -266,14 +344,16 @@ class Watcher:
             return False
         return True
 
-    def refresh(self, watch: Watch) -> tuple[int, bool]:
-        """Ask after every job followed; keep the result of each that ended. Returns how many
-        ended, and whether one of them ended in a way that moves files on (not a failure, whose
-        retry waits for the next rescan)."""
+    def refresh(self, watch: Watch, only: set[str] | None = None) -> tuple[int, bool]:
+        """Ask after every job followed (or those of `only`: heard ending on the feed); keep the
+        result of each that ended. Returns how many ended, and whether one of them ended in a
+        way that moves files on (not a failure, whose retry waits for the next rescan)."""
         st = self.states[watch.name]
         count = 0
         moves = False
         for jid, sub in list(st.following.items()):
+            if only is not None and jid not in only:
+                continue
             try:
                 record = self.client.json("GET", f"/jobs/{urllib.parse.quote(jid, safe='')}")
             except ClickException as e:
@@ -316,20 +396,27 @@ class Watcher:
         """One scan of every watch, then follow what it submitted until all of it ended.
         Returns the exit code: that of a submit that failed (4: the member unreachable, 2:
         refused), else 1 if a job ended failed (or dep_failed), else 0."""
+        if not self.dry_run:
+            self.feed = EndFeed(self.client, self.log).start()
         for w in self.config.watches:
             self.scan(w)
         if self.dry_run:
             return 0
+        only: set[str] | None = None
         while any(self.states[w.name].following for w in self.config.watches):
             for w in self.config.watches:
-                self.refresh(w)
+                self.refresh(w, only)
             if any(self.states[w.name].following for w in self.config.watches):
-                time.sleep(min(min(w.refresh for w in self.config.watches), limits.watch_tick_s_max))
+                # At the next end heard on the feed (asking after those jobs), or else at the
+                # next refresh (asking after all).
+                heard = self.feed.wake.wait(min(w.refresh for w in self.config.watches))
+                only = self.feed.take() if heard else None
         return self.submit_exit or (1 if self.failed else 0)
 
     def run(self, events: bool = True) -> None:
         """Scan, follow, rescan, until every watch with a `count` has reached it (or forever)."""
         watches = list(self.config.watches)
+        self.feed = EndFeed(self.client, self.log).start()
         now = self.clock()
         for w in watches:
             # The first scans come at the first wakeup, once file events are being watched: a
@@ -339,20 +426,28 @@ class Watcher:
             self.states[w.name].next_refresh = now + w.refresh
         for changed in self._wakeups(events):
             now = self.clock()
+            ended = self.feed.take()
             for w in list(watches):
                 st = self.states[w.name]
                 scan_now = now >= st.next_scan or w.path in changed
-                if now >= st.next_refresh:
-                    st.next_refresh = now + w.refresh
-                    n, moves = self.refresh(w)
+                if now >= st.next_refresh or not ended.isdisjoint(st.following):
+                    only = None if now >= st.next_refresh else ended
+                    if only is None:
+                        st.next_refresh = now + w.refresh
+                    n, moves = self.refresh(w, only)
                     scan_now = scan_now or moves
                 if self.counted_out(w):
                     self.log.info("watch_count_reached", watch=w.name, count=w.count)
                     watches.remove(w)
                     continue
                 if scan_now:
-                    self.scan(w)
+                    p = self.scan(w)
                     st.next_scan = self.clock() + w.rescan
+                    if p.due_ns is not None:
+                        # A file too young for min_age is scanned again as it comes of age,
+                        # not a whole rescan later.
+                        st.next_scan = min(st.next_scan, self.clock() + max(
+                            0.0, (p.due_ns - self.wall_ns()) / 1e9))
             if not watches:
                 return
 

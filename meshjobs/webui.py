@@ -74,6 +74,26 @@ def skew(ms: object) -> str:
     return f"{ms / 1000:+.1f} s"
 
 
+def alive_words(m: dict, local: bool = False) -> str:
+    """A fleet row's liveness in words (/fleet's `status`, `down_since`): "yes", "down since
+    HH:MM:SS" (UTC, or the local time for a terminal), "not heard yet" (a new leader waits for
+    its report), "unknown" (this member does not hear the reports: only the leader does)."""
+    status = m.get("status")
+    if status not in ("alive", "down", "not_heard_yet", "unknown"):  # an older member's row
+        status = {True: "alive", False: "down"}.get(m.get("alive"), "unknown")
+    if status != "down":
+        return {"alive": "yes", "not_heard_yet": "not heard yet"}.get(status, "unknown")
+    t = m.get("down_since")
+    if not isinstance(t, (int, float)) or isinstance(t, bool):
+        return "down"
+    try:
+        at = (dt.datetime.fromtimestamp(t).astimezone() if local
+              else dt.datetime.fromtimestamp(t, dt.UTC))
+    except (OverflowError, OSError, ValueError):
+        return "down"
+    return f"down since {at:%H:%M:%S}"
+
+
 def clock_warnings(fleet: dict) -> list[tuple[str, str]]:
     """(member, warning) for each member whose wall clock is more than
     `limits.link_clock_skew_warn_ms` off the answering member's (/fleet's `clock_skew_ms`):
@@ -147,7 +167,12 @@ STYLE = (
     ".failed,.timeout,#msg.bad{color:#ff7070!important}.running,.leased{color:#7ab7ff!important}"
     ".held,.waiting{color:#c59cf0!important}.cancelled,.dep_failed{color:#e0a040!important}}"
     "header{padding:.6em 2em;border-bottom:1px solid #ccc}header a{margin-right:1.2em}"
-    "header .me{float:right;color:#666}"
+    "header .me{float:right;color:#666}header form.out{float:right;margin:0 0 0 1em}"
+    "header form.out button{margin:0}"
+    # The program cell wraps (its whole argv is its title), so that at 1,400 px the list
+    # fits with its actions column.
+    "td.prog code{white-space:normal;word-break:break-all}"
+    "#jobs td:first-child{word-break:break-all;min-width:8em}td.prog{min-width:12em}"
     "main{padding:0 2em 1em}#msg{margin:.5em 2em;position:sticky;top:0;background:inherit}"
     "#msg:empty{margin:0}"
     "td.act,td.t{white-space:nowrap}"
@@ -167,7 +192,8 @@ STYLE = (
 )
 
 
-def page(title: str, member: str, body: str, *, csrf: str = "", nonce: str = "") -> str:
+def page(title: str, member: str, body: str, *, csrf: str = "", nonce: str = "",
+         sign_out: bool = True) -> str:
     """A whole page: a navigation bar, a message line the script fills, `body` (which holds the
     page's <main>), and the script when a nonce allows it."""
     script = f'<script nonce="{e(nonce)}" src="/ui.js" defer></script>' if nonce else ""
@@ -178,6 +204,8 @@ def page(title: str, member: str, body: str, *, csrf: str = "", nonce: str = "")
         f"<title>meshjobs: {e(title)}</title><style>{STYLE}</style>{script}</head>\n<body>\n"
         '<header><nav aria-label="meshjobs"><a href="/jobs">Jobs</a><a href="/fleet">Fleet</a>'
         '<a href="/openapi.json">API</a>'
+        + ('<form class="out" method="post" action="/logout"><button type="submit">Sign out'
+           '</button></form>' if sign_out else "") +
         f'<span class="me">member {e(member)}</span></nav></header>\n'
         '<p id="msg" role="status" aria-live="polite"></p>\n'
         f"{body}\n</body></html>\n"
@@ -214,7 +242,7 @@ def job_row(job: dict) -> str:
         f'<td><a href="/jobs/{e(q(jid))}">{e(jid)}</a></td>'
         f'<td class="state {e(st)}">{e(st)}</td>'
         f"<td>{e(str(job.get('pool', '')))}</td>"
-        f'<td><code title="{e(prog)}">{e(short(prog, 60))}</code></td>'
+        f'<td class="prog"><code title="{e(prog)}">{e(short(prog, 60))}</code></td>'
         f'<td class="n">{e(str(job.get("items_done", 0)))}/{e(str(job.get("items_total", 0)))}</td>'
         f'<td class="n">{e(str(job.get("items_failed", 0)))}</td>'
         f'<td class="n">{e(str(job.get("priority", 0)))}</td>'
@@ -293,10 +321,23 @@ def preview_html(label: str, digest: object, text: str | None, total: int | None
             f'<p class="note">{about}{link}</p>')
 
 
+def live_html(label: str, text: str | None, more: bool, follow: str) -> str:
+    """The tail of a running item's output so far, and the link that follows it."""
+    link = f'<a href="{e(follow)}">{e(label)} (live)</a>'
+    if text is None:
+        return (f"<h3>{e(label)} so far</h3><p class=\"note\">not readable now (not started "
+                f"yet, or its member does not answer); {link}</p>")
+    about = (f"the last {size(limits.webui_preview_bytes_max)} of what was read"
+             + (" (there is more)" if more else "") + "; ")
+    return (f'<h3>{e(label)} so far</h3><pre class="out live">{e(text)}</pre>'
+            f'<p class="note">{about if text else "nothing yet; "}{link}</p>')
+
+
 def job_page(member: str, record: dict, failed: Sequence[tuple[dict, str | None]],
              n_failed: int, *, items_from: int = 0,
              preview: tuple[dict, dict[str, tuple[str | None, int | None]]] | None = None,
-             csrf: str = "", nonce: str = "", paged: bool = False) -> str:
+             csrf: str = "", nonce: str = "", paged: bool = False,
+             live: dict[str, tuple[str | None, bool]] | None = None) -> str:
     """A job's page: its program, pool, tags, state, counts and times; why each failed item
     failed (with the last lines of its stderr); a page of its items with their times and
     outputs; the head of one item's outputs (`preview`: the item and, by stream, its text and
@@ -333,12 +374,13 @@ def job_page(member: str, record: dict, failed: Sequence[tuple[dict, str | None]
             f'<a href="/jobs/{e(q(str(d.get("id"))))}">{e(str(d.get("id")))}</a>:'
             f'{e(str(d.get("on")))}' + (" (waiting)" if str(d.get("id")) in waits else "")
             for d in after if isinstance(d, dict))))
+    names = record.get("names") if isinstance(record.get("names"), list) else None
     failed_rows = []
     for item, tail in failed:
         failed_rows.append(
             "<tr>"
             f'<td class="n"><a href="{base}?item={e(q(item.get("index", "")))}#preview">'
-            f'{e(str(item.get("index", "")))}</a></td>'
+            f'{e(str(item.get("index", "")))}</a>{_name_of(item, names)}</td>'
             f'<td class="state failed">{e(str(item.get("state", "")))}</td>'
             f"<td>{e(item_reason(item, runtime))}</td>"
             f'<td class="n">{e(str(item.get("attempts", "")))}</td>'
@@ -360,7 +402,7 @@ def job_page(member: str, record: dict, failed: Sequence[tuple[dict, str | None]
     else:
         total = len(items)
         page_items = items[items_from: items_from + limits.webui_items_shown_max]
-    item_rows = [_item_row(base, jid, it, runtime) for it in page_items]
+    item_rows = [_item_row(base, jid, it, runtime, names) for it in page_items]
     nav = []
     if items_from > 0:
         prev = max(0, items_from - limits.webui_items_shown_max)
@@ -380,11 +422,18 @@ def job_page(member: str, record: dict, failed: Sequence[tuple[dict, str | None]
     if preview is not None:
         item, outs = preview
         idx = str(item.get("index", ""))
-        parts = [preview_html(stream, item.get(stream), *outs.get(stream, (None, None)),
-                              download=f"{jid}-{idx}.{stream}")
-                 for stream in ("stdout", "stderr")]
+        if live is not None:
+            # Running: the output so far (its tail), and the live links for all of it.
+            parts = [live_html(stream, *live.get(stream, (None, False)),
+                               f"/jobs/{q(jid)}/items/{q(idx)}/{stream}?follow=1")
+                     for stream in ("stdout", "stderr")]
+        else:
+            parts = [preview_html(stream, item.get(stream), *outs.get(stream, (None, None)),
+                                  download=f"{jid}-{idx}.{stream}")
+                     for stream in ("stdout", "stderr")]
         preview_part = (f'<section id="preview" aria-labelledby="preview-h"><h2 id="preview-h">'
-                        f"Output of item {e(idx)}</h2>\n" + "\n".join(parts) + "</section>\n")
+                        f"Output of item {e(idx)}{_name_of(item, names)}</h2>\n"
+                        + "\n".join(parts) + "</section>\n")
     acts = buttons(record)
     body = (
         f'<main data-page="job" data-job="{e(jid)}" data-sig="{e(sig(record))}">\n'
@@ -394,11 +443,43 @@ def job_page(member: str, record: dict, failed: Sequence[tuple[dict, str | None]
         + (f'<p class="act">{acts}</p>\n' if acts else "")
         + '<table class="facts"><tbody>\n'
         + "\n".join(f"<tr><th>{e(k)}</th><td>{v}</td></tr>" for k, v in facts)
-        + "\n</tbody></table>\n" + failed_html + preview_part + items_html + "</main>")
+        + "\n</tbody></table>\n" + failed_html + _attempts_html(base, items) + preview_part
+        + items_html + "</main>")
     return page(f"job {jid} on {member}", member, body, csrf=csrf, nonce=nonce)
 
 
-def _item_row(base: str, jid: str, item: dict, runtime: object) -> str:
+def _attempts_html(base: str, items: list[dict]) -> str:
+    """Why the earlier attempts of the items shown ended (a lease lost with its member, a
+    failure tried again), oldest first."""
+    rows = [
+        "<tr>"
+        f'<td class="n"><a href="{base}?item={e(q(it.get("index", "")))}#preview">'
+        f'{e(str(it.get("index", "")))}</a></td>'
+        f'<td class="n">{e(str(t.get("attempt", "")))}</td>'
+        f"<td>{e(str(t.get('member') or '-'))}</td>"
+        f'<td class="t">{e(when(t.get("at")))}</td>'
+        f"<td>{e(str(t.get('why', '')))}</td>"
+        "</tr>"
+        for it in items[: limits.webui_items_shown_max]
+        for t in it.get("earlier_attempts") or [] if isinstance(t, dict)]
+    if not rows:
+        return ""
+    return ('<h2 id="attempts">Earlier attempts</h2>\n<table><thead><tr><th>item</th>'
+            "<th>attempt</th><th>member</th><th>ended (UTC)</th><th>why</th></tr></thead>\n"
+            "<tbody>\n" + "\n".join(rows) + "\n</tbody></table>\n")
+
+
+def _name_of(item: dict, names: list | None) -> str:
+    """ (NAME): the item's input file name, as the CLI says it (`item 4 (zz-bad.txt)`)."""
+    name = item.get("name")
+    i = item.get("index")
+    if not isinstance(name, str) and names and isinstance(i, int) and 0 <= i < len(names):
+        name = names[i]
+    return f' <span class="name">({e(name)})</span>' if isinstance(name, str) else ""
+
+
+def _item_row(base: str, jid: str, item: dict, runtime: object,
+              names: list | None = None) -> str:
     idx = str(item.get("index", ""))
     st = str(item.get("state", ""))
     why = item_reason(item, runtime) if st in FAILED_ITEM_STATES else (item.get("error") or "")
@@ -412,14 +493,15 @@ def _item_row(base: str, jid: str, item: dict, runtime: object) -> str:
                         f"{stream}</a>")
     if outs:
         outs.append(f'<a href="{base}?item={e(q(idx))}#preview">preview</a>')
-    elif st == "leased":
+    elif st in ("leased", "running"):
         # Running: its output as it is written, from the member running it (via this one).
         live = f"/jobs/{q(jid)}/items/{q(idx)}"
         outs = [f'<a href="{e(live)}/{stream}?follow=1">{stream} (live)</a>'
                 for stream in ("stdout", "stderr")]
+        outs.append(f'<a href="{base}?item={e(q(idx))}#preview">so far</a>')
     return (
         "<tr>"
-        f'<td class="n">{e(idx)}</td>'
+        f'<td class="n">{e(idx)}{_name_of(item, names)}</td>'
         f'<td class="state {e(st)}">{e(st)}</td>'
         f"<td>{e(str(why))}</td>"
         f'<td class="n">{e(str(rc)) if rc is not None else (e("signal " + str(sig_)) if sig_ else "")}</td>'
@@ -500,7 +582,7 @@ def fleet_page(member: str, fleet: dict, *, nonce: str = "") -> str:
             f"<td>{e(str(m.get('name', '')))}</td>"
             f'<td class="role {e(str(m.get("role", "")))}">{e(str(m.get("role", "")))}</td>'
             f'<td class="{"done" if alive else "failed" if alive is False else "pending"}">'
-            f"{_yes(alive)}</td>"
+            f"{e(alive_words(m))}</td>"
             f"<td>{e(', '.join(f'{k}: {v}' for k, v in pools.items()))}</td>"
             f'<td class="n">{e(str(m.get("slots", "")))}</td>'
             f'<td class="n">{e(str(m.get("running", "")))}</td>'
@@ -578,7 +660,7 @@ def login_page(member: str, nxt: str, needed: bool, problem: str | None) -> str:
             'required autofocus></label> <button>Log in</button></form>'
             "<p>The token is one of the member's [auth] tokens; the browser keeps a session "
             "cookie, not the token.</p></main>")
-    return page(f"log in to {member}", member, body)
+    return page(f"log in to {member}", member, body, sign_out=False)
 
 
 # --- the script -----------------------------------------------------------------------------
@@ -736,6 +818,7 @@ UI_SCRIPT_TEMPLATE = r"""
     code.textContent = short(prog, 60);
     code.title = prog;
     const progCell = document.createElement("td");
+    progCell.className = "prog";
     progCell.append(code);
     const tags = Array.isArray(j.tags) ? j.tags.map(String).join(", ") : String(j.tags ?? "");
     const acts = document.createElement("td");

@@ -344,3 +344,24 @@ def test_login_then_buttons_with_csrf(closed, page, browser):
         shot(reader, "auth-refused")
     finally:
         ctx.close()
+
+
+def test_jobs_page_fits_1400_px_with_sign_out(member, page):
+    """Rule: at 1,400 px the jobs list, a long program without spaces included, is not cut
+    off: its actions column ends inside the window; the header has a Sign out control (POST
+    /logout), which goes on to the login page."""
+    from playwright.sync_api import expect
+
+    long_prog = ["/opt/" + "x" * 120 + "/bin/tool", "--input=/data/" + "y" * 80]
+    wide_id = "wide-" + "q" * 50
+    submit(member, argv=long_prog, id=wide_id, tags=["wide", "a-rather-long-tag-name"])
+    page.goto(member.url + "/jobs?tag=wide")
+    expect_live(page)
+    row = page.locator(f'tr[data-id="{wide_id}"]')
+    expect(row).to_be_visible()
+    box = row.locator("td.act").bounding_box()
+    assert box is not None and box["x"] + box["width"] <= 1400, box
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1400
+    shot(page, "jobs-1400")
+    page.click("header form.out button")
+    expect(page).to_have_url(member.url + "/login")

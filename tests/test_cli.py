@@ -346,10 +346,14 @@ def test_wait_exit_codes(srv: Server, final: str, code: int) -> None:
 
 
 def test_wait_timeout(srv: Server) -> None:
-    """A job still running at --timeout is exit 1 with a message."""
+    """A job still running at --timeout is exit 5 (not finished yet, as `job results` of an
+    unfinished job), not 1 (the job failed), and stderr says so."""
     _states(srv, "running")
     r = run(srv, "job", "wait", "j1", "--timeout", "0")
-    assert r.exit_code == 1 and "still running" in r.stderr
+    assert r.exit_code == 5, r.output
+    assert "has not finished yet: still running after --timeout 0 s" in r.stderr
+    shown = run(srv, "job", "wait", "--help").output
+    assert "exit 5" in shown and "5 when" in " ".join(shown.split())
 
 
 def test_wait_json(srv: Server) -> None:
@@ -403,7 +407,7 @@ def test_jobs_table_and_json(srv: Server) -> None:
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
     assert lines[0].split() == ["ID", "STATE", "DONE", "FAILED", "POOL", "PRIORITY", "SUBMITTED",
-                                "TAGS"]
+                                "TAGS", "PROGRAM"]
     assert lines[1].split()[:5] == ["j1", "running", "1/3", "0", "default"]
     assert srv.control.last() == {"op": "list", "state": "running", "tag": "t", "limit": 100}
     r = run(srv, "jobs", "--json")

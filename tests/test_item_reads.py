@@ -98,7 +98,7 @@ def test_items_op_pages_and_finds_the_first_failed():
     ({"op": "item", "id": "j1", "index": limits.items_max}, "index must be between 0"),
     ({"op": "item", "id": "j1", "index": 10**30}, "index must be between 0"),
     ({"op": "item", "id": "j1", "index": "0"}, "index must be an integer"),
-    ({"op": "item", "id": "j1", "index": 1.0}, "index must be an integer"),
+    ({"op": "item", "id": "j1", "index": 1.5}, "index must be an integer"),
     ({"op": "item", "id": "j1", "index": True}, "index must be an integer"),
     ({"op": "item", "id": ["j1"], "index": 0}, "id"),
     ({"op": "item", "id": "x" * 10_000, "index": 0}, "id"),

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from meshjobs import limits
+from meshjobs import limits, webui
 from meshjobs.compact import entry_items
 from meshjobs.control import Answer
 from meshjobs.node import (
@@ -1290,3 +1290,60 @@ def test_leader_answers_a_forwarded_get_with_the_records_version() -> None:
     assert by["#get.m2.1"]["index"] == by["#get.m2.1"]["body"]["version"] > 0
     assert by["#get.m2.2"]["status"] == 404
     assert not [e for e in f.take() if isinstance(e, Send) and e.ftype == "F_CTL"]
+
+
+def _rows(f: Fleet1) -> dict[str, dict]:
+    return {m["name"]: m for m in f.node.fleet()["members"]}
+
+
+def test_fleet_says_down_and_never_drops_a_member_across_a_reign() -> None:
+    """A member past `dead_ms` is `down` (since it was last heard); a new leader lists every
+    member it heard from or its table names as `not_heard_yet` until `dead_ms` into its reign,
+    then `down`: none drops out of the list during an election (issue 27, point 5)."""
+    f = Fleet1(voters=("m1", "m2", "m3"))
+    dead = f.node.cfg.dead_ms
+    have = {"boot": "wb", "role": "worker", "pos": 0, "pools": {"default": 2}}
+    f.node.step(FrameIn("w1", "F_JOB_HAVE", have))
+    f.node.step(FrameIn("m2", "F_JOB_HAVE", {**have, "role": "voter", "boot": "b2"}))
+    f.tick(1)
+    rows = _rows(f)
+    assert (rows["w1"]["status"], rows["w1"]["alive"]) == ("alive", True)
+    assert (rows["m3"]["status"], rows["m3"]["alive"]) == ("not_heard_yet", None)
+    heard_w1 = f.now - 1
+    f.tick(dead + 1)  # nobody reported since
+    rows = _rows(f)
+    assert (rows["w1"]["status"], rows["w1"]["alive"]) == ("down", False)
+    assert rows["w1"]["down_since"] == heard_w1 / 1000
+    assert rows["m3"]["status"] == "down" and rows["m3"]["down_since"] is not None
+    assert rows["m1"]["status"] == "alive"
+    assert webui.alive_words(rows["w1"]).startswith("down since ")
+
+    # An election: this member leads again in a new term; its reports are dropped.
+    f.node.step(View(term=2, leader=None, is_leader=False, ready=False))
+    f.tick(1)
+    f.node.step(View(term=3, leader="m1", is_leader=True, ready=True))
+    f.tick(1)
+    rows = _rows(f)
+    assert set(rows) == {"m1", "m2", "m3", "w1"}, rows
+    assert {rows[n]["status"] for n in ("m2", "m3", "w1")} == {"not_heard_yet"}
+    assert webui.alive_words(rows["w1"]) == "not heard yet"
+    f.node.step(FrameIn("w1", "F_JOB_HAVE", have))
+    f.tick(1)
+    assert _rows(f)["w1"]["status"] == "alive"
+    f.tick(dead)
+    rows = _rows(f)
+    assert set(rows) == {"m1", "m2", "m3", "w1"}
+    assert rows["m2"]["status"] == "down" and rows["m2"]["down_since"] == (
+        pytest.approx(rows["m2"]["last_seen"]))
+
+
+def test_a_member_that_does_not_lead_says_unknown_not_down() -> None:
+    """Only the leader hears the reports: a member's own (partial) view calls the others
+    `unknown`, never down."""
+    f = Fleet1(voters=("m1", "m2"))
+    f.node.step(View(term=2, leader=None, is_leader=False, ready=False))
+    f.tick(f.node.cfg.dead_ms + 1)
+    rows = _rows(f)
+    assert (rows["m2"]["status"], rows["m2"]["alive"], rows["m2"]["down_since"]) == (
+        "unknown", None, None)
+    assert webui.alive_words(rows["m2"]) == "unknown"

@@ -23,7 +23,7 @@ import meshjobs
 PURE = ("table", "node", "control", "auth", "connbook", "frames", "raftseam", "raftwire", "webui",
         "bulk", "placement", "fleetctl", "reruns", "cron", "watchplan", "jsonbody", "compact",
         "sim", "blobxfer", "ports", "versions", "identity",
-        "quotas", "dumpbytes")
+        "quotas", "dumpbytes", "waits")
 FORBIDDEN = frozenset({
     "os", "socket", "threading", "time", "random", "lmdb", "pysyncobj", "subprocess",
     # Other ways to reach the world, the clock or entropy from a module that must not.
@@ -44,7 +44,7 @@ PURE_SIBLINGS = frozenset({"meshjobs", "meshjobs.limits", "meshjobs.table", "mes
                            "meshjobs.node.storage", "meshjobs.node.members",
                            "meshjobs.node.heard",
                            "meshjobs.node.runs", "meshjobs.node.clock",
-                           "meshjobs.reruns", "meshjobs.quotas", "meshjobs.watchplan",
+                           "meshjobs.reruns", "meshjobs.quotas", "meshjobs.waits", "meshjobs.watchplan",
                            "meshjobs.watchplan.config",
                            "meshjobs.watchplan.plan"})
 # What a module may use of `random`: the type name, never a call.

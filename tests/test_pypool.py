@@ -182,6 +182,7 @@ def test_exception_fails_with_its_traceback(h: Harness) -> None:
     err = h.err(end)
     assert "Traceback" in err and "in boom" in err and "ValueError: boom now" in err
     assert "pyworker" not in err
+    assert end.error == "raised ValueError: boom now"  # the record's words, not `exit 1`
     assert h.call("echo", b"next").state == "done"
 
 

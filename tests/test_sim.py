@@ -1039,3 +1039,29 @@ def test_planted_dump_that_skips_an_entry_is_caught() -> None:
     """The simulator's table check fails when a dump's entries do not follow it."""
     caught(range(1, 30), "a dump whose entries skip one", "differs from another table",
            config=replace(DUMPS, dumps=0.02), node_cls=DumpSkipsAnEntryNode)
+
+
+# --- earlier attempts (issue 27 point 4) ---------------------------------------------------------
+
+
+class ForgetfulRevokeTable(JobTable):
+    """Planted bug: a revoked lease leaves no reason (the old behaviour): the item runs again
+    and nothing says its first attempt was lost with its member."""
+
+    def note_attempt(self, job: Any, i: int, why: str, t: int) -> None:
+        if not why.startswith(("lost with member", "lease revoked")):
+            super().note_attempt(job, i, why, t)
+
+
+def test_every_earlier_attempt_keeps_its_reason() -> None:
+    """Items run more than once (leases lost with crashed members, failures retried) keep why
+    each earlier attempt ended, in order: the simulator checks every item each entry touches."""
+    report = run(1)
+    assert report.counts.get("attempts_checked", 0) > 0
+
+
+def test_planted_lost_attempt_without_reason_is_caught() -> None:
+    """Safety check: a table whose revokes keep no reason is caught, and the failure names its
+    seed."""
+    caught(range(8), "a table that forgets lost attempts", "keeps the reasons of attempts",
+           config=SimConfig(liveness_ms_max=1_000), table_cls=ForgetfulRevokeTable)

@@ -44,6 +44,12 @@ class MItem:
     fails: int = 0
     error: str | None = None  # why its last try failed without running
     copies: tuple[str, ...] = ()  # the other members that held its outputs at its last result
+    tried: list[int] = field(default_factory=list)  # earlier attempts said (the last kept)
+
+    def note(self) -> None:
+        """Its current attempt ended without its result: said once, the oldest dropped."""
+        if self.attempts and (not self.tried or self.tried[-1] < self.attempts):
+            self.tried = (self.tried + [self.attempts])[-limits.item_attempts_kept_max:]
 
 
 @dataclass
@@ -234,6 +240,7 @@ class Model:
             else:
                 it.fails += 1
                 if it.fails <= job.retries:
+                    it.note()
                     it.state = "pending"
                     job.queue.append(i)
                     job.not_before[i] = t + backoff_ms(it.fails)
@@ -254,6 +261,7 @@ class Model:
             if (job is None or not 0 <= i < len(job.items) or job.items[i].state != "leased"
                     or job.items[i].epoch != epoch):
                 continue
+            job.items[i].note()
             job.items[i].state = "pending"
             job.queue.insert(0, i)
             revoked += 1
@@ -338,6 +346,7 @@ class Model:
             return self.refuse(409, "nothing_to_rerun")
         for i in again:
             it = job.items[i]
+            it.note()
             it.state, it.fails, it.error, it.copies = "pending", 0, None, ()
             job.queue.append(i)
         job.finished_ms, job.cancelled, job.started = 0, False, False
@@ -632,6 +641,8 @@ class TableMachine(RuleBasedStateMachine):
             assert list(j.queue) == mj.queue, jid
             assert j.not_before == mj.not_before, jid
             assert list(j.attempts) == [it.attempts for it in mj.items], jid
+            assert {i: [k[0] for k in kept] for i, kept in (j.tries or {}).items()} == \
+                {i: it.tried for i, it in enumerate(mj.items) if it.tried}, jid
             assert j.state == mj.state, jid
             assert dict(j.waiting_on or {}) == mj.waiting_on, jid
             assert j.finished_ms == mj.finished_ms, jid

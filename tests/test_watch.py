@@ -131,6 +131,61 @@ def test_dry_run_changes_nothing(meshd, folder, tmp_path) -> None:
     assert jobs_of(meshd) == [] and states(folder) == []
 
 
+def _scan_lines(r) -> list[dict]:
+    return [json.loads(line) for line in r.stderr.decode().splitlines() if '"watch_scan"' in line]
+
+
+def test_files_too_young_are_counted_deferred_with_when_due(meshd, folder, tmp_path) -> None:
+    """--dry-run and --once with two matching files younger than min_age: the scan says
+    deferred=2 and when the first comes of age, and submits nothing; once old enough, both run."""
+    put(folder, "a.in")
+    put(folder, "b.in", age_s=30)
+    cfg = write_config(tmp_path, config(folder, min_age=3600))
+    for mode in ("--dry-run", "--once"):
+        r = meshd.ctl("watch", mode, cfg)
+        assert r.returncode == 0, r.stderr.decode()
+        (scan,) = _scan_lines(r)
+        assert scan["files"] == 0 and scan["deferred"] == 2 and scan["submits"] == 0, scan
+        assert 3500 <= scan["next_due_in_s"] <= 3570, scan  # b.in's: 30 s of its hour gone
+    assert jobs_of(meshd) == [] and ran(folder) == []
+    put(folder, "a.in", age_s=7200)
+    put(folder, "b.in", age_s=7200)
+    r = meshd.ctl("watch", "--once", cfg)
+    assert r.returncode == 0, r.stderr.decode()
+    (scan,) = _scan_lines(r)
+    assert scan["deferred"] == 0 and "next_due_in_s" not in scan, scan
+    assert ran(folder) == ["0 a.in", "0 b.in"]
+
+
+def test_a_running_watcher_takes_a_young_file_as_it_comes_of_age(meshd, folder,
+                                                                  tmp_path) -> None:
+    """A file 1 s short of min_age is submitted once it is old enough, not a rescan later."""
+    put(folder, "a.in", age_s=2)
+    cfg = write_config(tmp_path, config(folder, min_age=3, rescan=3600, refresh=0.2))
+    proc = start_watcher(meshd, cfg)
+    try:
+        wait_until(lambda: ran(folder) == ["0 a.in"], what="a.in's job, as it came of age")
+    finally:
+        stop(proc)
+
+
+def test_a_running_watcher_hears_of_job_ends_on_the_change_feed(meshd, folder,
+                                                                 tmp_path) -> None:
+    """A watcher whose refresh and rescan are an hour learns of its job's end from /events as
+    it commits, and keeps the file's state then, not an hour later."""
+    put(folder, "a.in")
+    cfg = write_config(tmp_path, config(folder, refresh=3600, rescan=3600))
+    proc = start_watcher(meshd, cfg)
+    try:
+        wait_until(lambda: "._t-w_0_a.in.done" in states(folder), what="the job's end kept")
+        assert ran(folder) == ["0 a.in"]
+        assert '"watch_job_ended"' in watch_log(proc)
+    except AssertionError:
+        raise AssertionError(watch_log(proc)[-3000:]) from None
+    finally:
+        stop(proc)
+
+
 def test_overrides_toml_and_bad_config(meshd, folder, tmp_path) -> None:
     """A TOML config with key=value overrides runs; a broken config exits 2 naming every error."""
     toml = os.path.join(str(tmp_path), "w.toml")

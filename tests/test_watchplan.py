@@ -310,6 +310,19 @@ def test_min_and_max_age() -> None:
     assert targets(plan(W(min_age=10), snap(files), NOW + 10 * S))[-1] == (0, "young.in")
 
 
+
+def test_files_too_young_are_deferred_until_they_come_of_age() -> None:
+    """A matching file younger than min_age counts as deferred, and the plan says when the
+    first one comes of age; none is too young once that time has come."""
+    files = {"young.in": 5, "younger.in": 2, "mid.in": 50, "other.txt": 1}
+    p = plan(W(min_age=10), snap(files), NOW)
+    assert p.counts["deferred"] == 2 and p.counts["files"] == 1
+    assert p.due_ns == NOW + 5 * S  # young.in, 5 s old, is 10 s old 5 s from now
+    later = plan(W(min_age=10), snap(files), NOW + 8 * S)
+    assert later.counts["deferred"] == 0 and later.due_ns is None
+    assert plan(W(), snap(files), NOW).due_ns is None
+
+
 def test_chain_moves_files_down() -> None:
     """jobs[n] runs on file[n]: a new file[0] gets jobs[0], the old file[0] is now file[1] and gets
     jobs[1]; when it is file[2] and no jobs[2] exists, nothing more happens to it."""

@@ -160,7 +160,12 @@ def test_fleet_page_members_roles_and_escaping() -> None:
     assert '<td class="role leader">leader</td>' in page
     assert '<td class="role worker">worker</td>' in page
     assert "3.0 MiB" in page and "10 B" in page and "2023-11-14 22:13:20" in page
-    assert '<td class="failed">no</td>' in page and '<td class="pending">unknown</td>' in page
+    assert '<td class="failed">down</td>' in page and '<td class="pending">unknown</td>' in page
+    down = webui.fleet_page("m1", {"term": 1, "leader": "m1", "members": [
+        {"name": "v1", "alive": False, "status": "down", "down_since": 1_700_000_000.0},
+        {"name": "w2", "alive": None, "status": "not_heard_yet", "down_since": None}]})
+    assert '<td class="failed">down since 22:13:20</td>' in down
+    assert '<td class="pending">not heard yet</td>' in down
     assert '<td class="failed">yes</td>' in page  # pressure, disk full
     assert "<th>orders</th>" in page and "<td>none</td>" in page
     drained = webui.fleet_page("m1", {"term": 1, "leader": "m1", "members": [

@@ -31,7 +31,15 @@ class ItemWalls(TypedDict):
 class FleetMember(TypedDict):
     name: str
     role: Literal["leader", "follower", "worker"]
-    alive: Annotated[bool | None, Field(description="null: a voter not heard from yet.")]
+    alive: Annotated[bool | None, Field(description=(
+        "false: down (no report for `dead_ms`); null: not known (see `status`)."))]
+    status: Annotated[Literal["alive", "down", "not_heard_yet", "unknown"], Field(description=(
+        "alive; down (since `down_since`); not_heard_yet: the leader has just come to lead and "
+        "gives it `dead_ms` to report; unknown: the member that answers does not lead, and "
+        "only the leader hears the reports (`partial`)."))]
+    down_since: Annotated[float | None, Field(description=(
+        "When a down member was last heard from (seconds), or, never heard by this leader, "
+        "when its reign began; null unless down."))]
     pools: Annotated[dict[str, int], Field(description="Its pools' effective slots.")]
     slots: int
     running: int

@@ -191,6 +191,16 @@ class Rerun(TypedDict, total=False):
 # --- a job record (answers of GET /jobs, GET /jobs/{id}, submit, cancel, tone, rerun) ---------
 
 @with_config(CLOSED)
+class EarlierAttempt(TypedDict):
+    attempt: Annotated[int, Field(ge=1, description="Which attempt (1: the first).")]
+    member: Annotated[str | None, Field(description="The member it was leased to.")]
+    why: Annotated[str, Field(max_length=limits.item_error_chars_max, description=(
+        "Why it ended without the item's result, e.g. `lost with member v1 (dead 3.1 s)`, "
+        "`exit 3; tried again (retry 1 of 2)`."))]
+    at: Annotated[float, Field(description="When it was seen to end (seconds since the epoch).")]
+
+
+@with_config(CLOSED)
 class Item(TypedDict):
     index: int
     state: ItemState
@@ -209,12 +219,25 @@ class Item(TypedDict):
     copies: Annotated[list[str], Field(
         description="The members other than `member` that held a copy of the outputs when the "
                     "result was committed.")]
+    earlier_attempts: Annotated[list[EarlierAttempt], Field(
+        max_length=limits.item_attempts_kept_max,
+        description="Why its earlier attempts ended, oldest first (the last "
+                    f"{limits.item_attempts_kept_max}): a lease lost with its member, a failure "
+                    "tried again, a run ended before the job ran again. The same on every "
+                    "member.")]
     started_at: Annotated[float | None, Field(description="When its last try started "
                                                           "(seconds since the epoch).")]
     ended_at: Annotated[float | None, Field(description="When it ended (seconds).")]
     for_member: NotRequired[Annotated[str, Field(
         description="Only for a fan-out (member *): the member this item runs on, and only "
                     "there.")]]
+
+
+@with_config(CLOSED)
+class WaitingReason(TypedDict):
+    reason: Literal["job_held", "dependencies", "pool_held", "pool_drained", "quota",
+                    "max_leases", "backoff", "placement", "slot"]
+    says: Annotated[str, Field(description="The reason in words, with what to do about it.")]
 
 
 @with_config(CLOSED)
@@ -255,6 +278,9 @@ class Job(TypedDict):
     items_cancelled: int
     items_running: Annotated[int, Field(description="Items leased now.")]
     items_pending: Annotated[int, Field(description="Items waiting for a lease.")]
+    items_tried_before: NotRequired[Annotated[int, Field(ge=0, description=(
+        "Items whose earlier attempts are said (items[].earlier_attempts): leases lost, "
+        "failures tried again."))]]
     submitted_at: Annotated[float, Field(description="Seconds since the epoch.")]
     finished_at: Annotated[float | None, Field(description="Seconds since the epoch; null "
                                                            "while it runs.")]
@@ -274,8 +300,16 @@ class Job(TypedDict):
     pending_members: NotRequired[Annotated[list[str], Field(description=(
         "Only for a fan-out: the members whose item waits for a lease."))]]
     waiting_for: NotRequired[Annotated[str, Field(description=(
-        "Only when a placed job's items wait because no member they may go to is alive (as the "
-        "leader sees it): why, in words."))]]
+        "Only in GET /jobs/{id} (and the job page) while items of an unfinished job wait for a "
+        "lease: every reason they wait, in words, joined by \"; \" (the `says` of "
+        "waiting_reasons, in order)."))]]
+    waiting_reasons: NotRequired[Annotated[list[WaitingReason], Field(description=(
+        "With waiting_for: each reason as {reason, says}, in this order: job_held, "
+        "dependencies (the parents not ended), pool_held and pool_drained (fleet-wide, or the "
+        "members where), quota (its submitter's running_items_max reached), max_leases, "
+        "backoff (items tried again after a failure), placement (no alive member matches its "
+        "selector, as the leader sees it) and slot (nothing else holds it: it waits for a "
+        "free slot in its pool, with how many items are ahead of it)."))]]
     notify: NotRequired[Annotated[str, Field(description="Only with a finish hook: its URL.")]]
     restart: NotRequired[int | Literal["forever"]]
     resubmit: NotRequired[int]

@@ -28,7 +28,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from meshjobs import bulk, cron, limits, quotas, reruns
+from meshjobs import bulk, cron, limits, quotas, reruns, waits
 from meshjobs.compact import entry_payloads, pack_items
 from meshjobs.control import (
     CHANGE_OPS,
@@ -383,7 +383,14 @@ class JobNode:
             self._count("item_records_built", job.n)
         # The record's version goes with it: a member that asked on its client's behalf answers
         # once its own table has the job (read your writes, as for a forwarded change).
-        self._answer(token, Answer(200, self.table.record(job, items=items)), job.version)
+        self._answer(token, Answer(200, self._job_record(job, items)), job.version)
+
+    def _job_record(self, job: Any, items: bool | str) -> dict:
+        """A job's record as `GET /jobs/{id}` answers it: with why its pending items wait
+        (meshjobs/waits.py)."""
+        rec = self.table.record(job, items=items)
+        rec.update(waits.fields(self.table, job, self.now_ms))
+        return rec
 
     def _read_items(self, token: int, req: dict) -> None:
         """One item, a page of items, a slice of their output digests (node/reads.py): what
@@ -394,7 +401,7 @@ class JobNode:
             if not self._ask_leader_for_job(token, req):
                 self._not_found(token, req["id"])
             return
-        status, body, built = reads.answer(self.table, job, req)
+        status, body, built = reads.answer(self.table, job, req, self.now_ms)
         self._count("item_records_built", built)
         self._answer(token, Answer(status, body), job.version)
 
@@ -852,7 +859,7 @@ class JobNode:
                       or (since is not None and job.version > since)):
                     if items is True:
                         self._count("item_records_built", job.n)
-                    self._reply(token, 200, self.table.record(job, items=items))
+                    self._reply(token, 200, self._job_record(job, items))
                 else:
                     keep.append((token, items, deadline, since))
             if keep:
@@ -1099,6 +1106,8 @@ class JobNode:
             "name": self.cfg.member,
             "role": self._role(self.cfg.member),
             "alive": True,
+            "status": "alive",
+            "down_since": None,
             "pools": {p.name: p.slots for p in self.cfg.pools.values()},
             "slots": sum(p.slots for p in self.cfg.pools.values()),
             "running": running,
@@ -1110,18 +1119,16 @@ class JobNode:
             "clock_skew_ms": 0,  # the clock the others' are shown against
         }
         members = {self.cfg.member: me}
-        for name in self.cfg.voters:
-            if name not in members:
-                members[name] = {"name": name, "role": self._role(name), "alive": None,
-                                 "pools": {}, "slots": 0, "running": 0, "last_seen": None,
-                                 "clock_skew_ms": None}
         for name, m in self.roster.known.items():
             if name == self.cfg.member:
                 continue
+            alive = self._alive(name, m.boot)
             members[name] = {
                 "name": name,
                 "role": self._role(name),
-                "alive": self._alive(name, m.boot),
+                "alive": alive,
+                "status": "alive" if alive else "down",
+                "down_since": None if alive else m.last_ms / 1000.0,
                 "pools": dict(m.pools),
                 "slots": sum(m.pools.values()),
                 "running": m.running,
@@ -1132,9 +1139,42 @@ class JobNode:
                 "items": m.items,
                 "clock_skew_ms": m.clock_skew_ms,
             }
+        for name in self._members_not_reported():
+            if name not in members:
+                members[name] = self._unreported_row(name)
         self.orders.fleet_rows(members)
         return {"term": self.view.term, "leader": self.view.leader,
                 "members": sorted(members.values(), key=lambda r: r["name"])}
+
+    def _members_not_reported(self) -> set[str]:
+        """The members a fleet view lists although none of their reports is at hand: the
+        voters; and, on the leader, every member heard from here before (leading or not) and
+        every member its committed table names. So a member never drops out of the list while
+        a new leader waits for reports (heard.py), and one that stopped reporting stays, down."""
+        names = set(self.cfg.voters)
+        if self._leading():
+            names.update(self.roster.heard)
+            names.update(self.table.members_named())
+        names.discard(self.cfg.member)
+        return names
+
+    def _unreported_row(self, name: str) -> dict:
+        """A fleet row for a member with no report at hand. On the leader: not heard yet
+        (`alive` None) while its reign is younger than `dead_ms`, then down since it was last
+        heard (or, never heard here, since the reign began). Elsewhere: unknown (None), as only
+        the leader hears the reports."""
+        heard_ms = self.roster.heard.get(name)
+        alive: bool | None = None
+        status, down_since = "unknown", None
+        if self._leading():
+            status = "not_heard_yet"
+            if self.now_ms - self.roster.since_ms >= self.cfg.dead_ms:
+                alive, status = False, "down"
+                down_since = (heard_ms if heard_ms is not None else self.roster.since_ms) / 1000.0
+        return {"name": name, "role": self._role(name), "alive": alive, "status": status,
+                "down_since": down_since,
+                "pools": {}, "slots": 0, "running": 0,
+                "last_seen": heard_ms / 1000.0 if heard_ms else None, "clock_skew_ms": None}
 
     def health(self) -> dict:
         return {

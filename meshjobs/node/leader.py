@@ -158,6 +158,7 @@ class Leadership:
     def propose_revokes(self, now_ms: int) -> None:
         now = now_ms
         dead = []
+        whys: list[str] = []
         for (jid, i), (member, boot) in self.table.leased.items():
             if self.roster.alive(member, now, boot):
                 continue
@@ -167,11 +168,23 @@ class Leadership:
                 continue
             self._revoking[key] = now
             dead.append(list(key))
+            whys.append(self._lost_why(member, boot, now))
             if len(dead) >= limits.lease_batch_max:
                 break
         if dead:
             self._count("revokes_proposed", len(dead))
-            self.proposals.duty({"k": "revoke", "t": now, "l": dead})
+            self.proposals.duty({"k": "revoke", "t": now, "l": dead, "w": whys})
+
+    def _lost_why(self, member: str, boot: str, now_ms: int) -> str:
+        """Why a lease of `member` (incarnation `boot`) is revoked, as the item keeps it."""
+        if self.roster.boot_of(member) not in ("", boot):
+            return f"lost with member {member} (it restarted)"
+        m = self.roster.known.get(member)
+        last = m.last_ms if m is not None and m.boot else self.roster.heard.get(member)
+        if last is None:
+            return (f"lost with member {member} (not heard from in "
+                    f"{(now_ms - self.roster.since_ms) / 1000:.1f} s since a new leader took over)")
+        return f"lost with member {member} (dead {(now_ms - last) / 1000:.1f} s)"
 
     def propose_leases(self, now_ms: int,
                        frees_slot: Callable[[tuple[str, int, int]], bool]) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from meshjobs import waits
 from meshjobs.table import FAILED, TIMEOUT, JobTable
 
 # Item records built for answers: the job node counts them (node_item_records_built), so that
@@ -24,7 +25,7 @@ from meshjobs.table import FAILED, TIMEOUT, JobTable
 Built = int
 
 
-def answer(table: JobTable, job: Any, req: dict) -> tuple[int, Any, Built]:
+def answer(table: JobTable, job: Any, req: dict, now_ms: int) -> tuple[int, Any, Built]:
     """(status, body, item records built) of an item read of `job` (a job the table holds)."""
     op = req["op"]
     if op == "item":
@@ -36,10 +37,16 @@ def answer(table: JobTable, job: Any, req: dict) -> tuple[int, Any, Built]:
         lo = req["from"]
         hi = min(job.n, lo + req["limit"])
         rec = table.record(job)
+        rec.update(waits.fields(table, job, now_ms))  # why its pending items wait
         rec["items"] = [table.item_record(job, i) for i in range(lo, hi)]
         rec["items_from"] = lo
         failed = first_failed(job, req["failed"])
         rec["failed_items"] = [table.item_record(job, i) for i in failed]
+        if job.names is not None:
+            # The page shows each item's input file name: these items' names only, never the
+            # whole list of a big job.
+            for it in (*rec["items"], *rec["failed_items"]):
+                it["name"] = job.names[it["index"]]
         return 200, rec, len(rec["items"]) + len(failed)
     lo = req["from"]
     column = job.out if req["stream"] == "stdout" else job.err

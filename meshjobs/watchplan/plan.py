@@ -57,6 +57,9 @@ class Plan:
     removes: list[str]  # file names in path
     problems: list[str]
     counts: dict[str, int]
+    # When the first file too young for min_age becomes old enough (wall clock, ns); None when
+    # no file waits for its age. Such files count as deferred.
+    due_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -185,8 +188,10 @@ class Unit:
     primary: int  # the list whose file a one-spec index runs on
 
 
-def listing(watch: Watch, pattern: str, files: Mapping[str, FileFact], now_ns: int) -> list[str]:
-    """The names of one glob's list, aged and sorted (newest first: Z->A unless `reverse`)."""
+def listing(watch: Watch, pattern: str, files: Mapping[str, FileFact], now_ns: int,
+            young: list[int] | None = None) -> list[str]:
+    """The names of one glob's list, aged and sorted (newest first: Z->A unless `reverse`);
+    `young` gets, for each matching file still too young for min_age, when it is old enough."""
     dotted = pattern.startswith(".")
     out = []
     for name, f in files.items():
@@ -196,6 +201,8 @@ def listing(watch: Watch, pattern: str, files: Mapping[str, FileFact], now_ns: i
             continue
         age_s = (now_ns - f.mtime_ns) / 1e9
         if watch.min_age is not None and age_s < watch.min_age:
+            if young is not None and (watch.max_age is None or watch.min_age < watch.max_age):
+                young.append(f.mtime_ns + int(watch.min_age * 1e9))
             continue
         if watch.max_age is not None and age_s >= watch.max_age:
             continue
@@ -318,8 +325,10 @@ def plan(watch: Watch, snap: Snapshot, now_ns: int, inflight: frozenset[str] = f
         # writes and renames within one step, so none is in the making now).
         removes.extend(sorted(h for h in snap.states if h.endswith(TMP_SUFFIX)
                               and parse_state_name(watch.name, h[:-len(TMP_SUFFIX)])))
-    lists = [listing(watch, g, snap.files, now_ns) for g in watch.globs]
+    young: list[int] = []
+    lists = [listing(watch, g, snap.files, now_ns, young) for g in watch.globs]
     counts["files"] = sum(len(lst) for lst in lists)
+    counts["deferred"] += len(young)  # (each is planned once old enough: Plan.due_ns)
     last = len(watch.jobs) - 1
     for unit in units(watch, lists, counts):
         if watch.max_index is not None and unit.pos > watch.max_index:
@@ -374,7 +383,7 @@ def plan(watch: Watch, snap: Snapshot, now_ns: int, inflight: frozenset[str] = f
         else:
             counts["processed"] += 1
     counts["problems"] = len(problems)
-    return Plan(submits, writes, removes, problems, counts)
+    return Plan(submits, writes, removes, problems, counts, min(young, default=None))
 
 
 def _skip_record(watch: Watch, n: int, k: int, f: str, mtime_ns: int,
