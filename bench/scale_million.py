@@ -29,6 +29,10 @@ Figures (each a real meshd process, or the leader of the voters):
   paged), with the slowest `/healthz` probe during that read.
 - 3 voters: a follower is stopped, the log compacted on the leader (the snapshot step), and the
   follower restarted: the time until its applied index reaches the leader's (a dump sent whole).
+- A new worker: a worker member with an empty data folder joins (through the leader's member
+  link port) while the leader is probed: the slowest probe from the worker's start until its
+  table reaches the leader's applied index (what serving it the whole table costs the leader's
+  jobs thread), and that time.
 """
 
 from __future__ import annotations
@@ -54,6 +58,10 @@ from bench.common import ROOT, free_port, machine  # noqa: E402
 
 BATCH = 4096  # limits.lease_batch_max and limits.result_batch_max
 PROBE_S = 0.015
+# "As a dump ends": probes in flight from this long before its writer is seen gone to this long
+# after (the jobs thread reaps it at its next tick and then does what a dump's end asks).
+END_BEFORE_S = 0.05
+END_AFTER_S = 0.5
 BUILT = "built.json"
 
 
@@ -80,9 +88,10 @@ def write_configs(top: str, lay: dict) -> None:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             os.write(fd, secret)
             os.close(fd)
-        if lay["voters"] > 1:
-            with open(os.path.join(top, f"{n}.toml"), "w") as f:
-                f.write(f'name = "{n}"\n[fleet]\nvoters = [ {line} ]\n[pools.default]\nslots = 2\n')
+        # A config naming the voters for one voter too: its member links then listen, so that
+        # a worker can join it (the new-worker step).
+        with open(os.path.join(top, f"{n}.toml"), "w") as f:
+            f.write(f'name = "{n}"\n[fleet]\nvoters = [ {line} ]\n[pools.default]\nslots = 2\n')
 
 
 def _submit(job_id: str, n: int, t: int) -> dict:
@@ -267,12 +276,8 @@ class Proc:
 
     def start(self) -> Proc:
         m = self.m
-        args = [sys.executable, "-m", "meshjobs.daemon", "--data", m["data"], "--name", self.name]
-        if self.lay["voters"] > 1:
-            args += ["--config", os.path.join(self.top, f"{self.name}.toml")]
-        else:
-            args += ["--http", f"127.0.0.1:{m['http']}", "--raft", f"127.0.0.1:{m['raft']}",
-                     "--peer", f"127.0.0.1:{m['peer']}", "--slots", "2"]
+        args = [sys.executable, "-m", "meshjobs.daemon", "--data", m["data"], "--name", self.name,
+                "--config", os.path.join(self.top, f"{self.name}.toml")]
         env = dict(os.environ, PYTHONPATH=ROOT, MESHJOBS_LOG_LEVEL="warning")
         log = open(os.path.join(self.top, f"{self.name}.log"), "ab")
         self.started = time.monotonic()
@@ -460,11 +465,16 @@ def snapshot_step(p: Proc, top: str) -> dict:
         p.post(f"/jobs/{job_id}/cancel", {})
         p.delete(f"/jobs/{job_id}")
     worst_dump = max((probe.worst(a, b) for a, b in spans), default=0.0)
+    # As each dump ends: its writer reaped (the end of its span) and what the jobs thread does
+    # then (before: the journal rewritten; now: the older segments dropped from memory).
+    worst_end = max((probe.worst(b - END_BEFORE_S, b + END_AFTER_S) for _a, b in spans),
+                    default=0.0)
     worst_other = max((took for t0, took in probe.samples
                        if not any(t0 <= b and t0 + took >= a for a, b in spans)), default=0.0)
     written = (p.metric("meshjobs_dumps_written_total") or p.metric("dumps_written")) - written0
     size = os.path.getsize(os.path.join(p.m["data"], "raft.dump"))
     return {"dumps": len(spans), "dumps_metric": written, "worst_dump_s": worst_dump,
+            "worst_end_s": worst_end,
             "worst_any_s": worst_other, "dump_bytes": size,
             "dump_write_s": max((b - a for a, b in spans), default=0.0), "submits": n,
             "probes": len(probe.samples)}
@@ -533,6 +543,45 @@ def paging_step(p: Proc, want: dict) -> dict:
     return out
 
 
+def worker_step(lead: Proc, top: str) -> dict:
+    """A worker member with an empty folder joins through the leader's member links while the
+    leader is probed: the slowest probe until the worker's table reaches the leader's."""
+    folder = os.path.join(top, "wjoin")
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    data = os.path.join(folder, "w1")
+    os.makedirs(data, mode=0o700)
+    shutil.copy(os.path.join(lead.m["data"], "fleet.secret"), os.path.join(data, "fleet.secret"))
+    os.chmod(os.path.join(data, "fleet.secret"), 0o600)
+    http, peer = free_port(), free_port()
+    with open(os.path.join(folder, "w1.toml"), "w") as f:
+        f.write(f'name = "w1"\nhttp = "127.0.0.1:{http}"\npeer = "127.0.0.1:{peer}"\n'
+                f'[fleet]\njoin = "127.0.0.1:{lead.m["peer"]}"\n[pools.default]\nslots = 1\n')
+    lay = {"voters": 0, "members": {"w1": {"data": data, "http": http, "peer": peer}}}
+    w = Proc(folder, lay, "w1")
+    goal = lead.health()["applied_index"]  # type: ignore[index]
+    sent0 = lead.metric("meshjobs_node_state_snapshots_sent_total")
+    t1 = None
+    try:
+        with Prober(lead) as probe:
+            t0 = time.monotonic()
+            w.start()
+            with contextlib.suppress(RuntimeError):
+                wait_for(lambda: (w.health() or {}).get("applied_index", 0) >= goal, 300,
+                         "the new worker's table to reach the leader's")
+                t1 = time.monotonic()
+            time.sleep(0.2)  # sleep-ok: the probe's last samples
+    finally:
+        w.stop()
+        with contextlib.suppress(OSError):
+            shutil.copy(os.path.join(folder, "w1.log"), os.path.join(top, "wjoin-w1.log"))
+        shutil.rmtree(folder, ignore_errors=True)
+    end = t1 if t1 is not None else time.monotonic()
+    return {"join_s": None if t1 is None else t1 - t0, "worst_s": probe.worst(t0, end),
+            "probes": len(probe.samples),
+            "tables_sent": lead.metric("meshjobs_node_state_snapshots_sent_total") - sent0}
+
+
 def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -564,6 +613,7 @@ def main(argv: list[str]) -> int:
                   "voter(s): use another --data folder for another size", file=sys.stderr)
             return 2
         print(f"reusing {top} ({want['items']:,} items, {lay['voters']} voter(s))", flush=True)
+        write_configs(top, lay)  # a folder built before every voter had a config
     else:
         lay = layout(os.path.join(top, "fleet"), a.voters)
         write_configs(top, lay)
@@ -625,6 +675,8 @@ def main(argv: list[str]) -> int:
         res["snap"] = snapshot_step(lead, top)
         print(f"  snapshot: {res['snap']}", flush=True)
         res["rss_after"] = lead.rss_anon()
+        res["worker"] = worker_step(lead, top)
+        print(f"  new worker: {res['worker']}", flush=True)
 
         if follower is not None:
             goal_index = lead.health()["applied_index"]  # type: ignore[index]
@@ -682,6 +734,9 @@ def report(a: argparse.Namespace, want: dict, res: dict) -> None:
     print(f"| jobs-thread pause while a snapshot is written (slowest /healthz probe, "
           f"{sn['dumps']} dump(s), {sn['dump_write_s']:.1f} s each) | ≤ 50 ms | "
           f"{sn['worst_dump_s'] * 1000:.0f} ms | {_met(sn['dumps'] > 0 and sn['worst_dump_s'] <= 0.05)} |")
+    print(f"| of which as a snapshot ends (probes in flight from {END_BEFORE_S * 1000:.0f} ms "
+          f"before its writer is gone to {END_AFTER_S * 1000:.0f} ms after) | ≤ 50 ms | "
+          f"{sn['worst_end_s'] * 1000:.0f} ms | {_met(sn['dumps'] > 0 and sn['worst_end_s'] <= 0.05)} |")
     print(f"| slowest /healthz probe of that step while no dump was written ({sn['probes']} "
           f"probes in all, {sn['submits']} submits of 200 KB) | — | "
           f"{sn['worst_any_s'] * 1000:.0f} ms | — |")
@@ -695,6 +750,12 @@ def report(a: argparse.Namespace, want: dict, res: dict) -> None:
         print(f"| jobs-thread pause during it (slowest /healthz probe) | ≤ 50 ms | "
               f"{pg['items_probe_s'] * 1000:.0f} ms | {_met(pg['items_probe_s'] <= 0.05)} |")
         print(f"| GET /jobs/ID (no items) | — | {pg['job_s'] * 1000:.0f} ms | — |")
+    wk = res["worker"]
+    joined = ("not in 300 s" if wk["join_s"] is None else f"{wk['join_s']:.2f} s")
+    print(f"| a new worker joins: start → its table at the leader's | — | {joined} "
+          f"({wk['tables_sent']:.0f} whole table(s) sent) | — |")
+    print(f"| leader's jobs-thread pause meanwhile (slowest /healthz probe of {wk['probes']}) "
+          f"| ≤ 50 ms | {wk['worst_s'] * 1000:.0f} ms | {_met(wk['worst_s'] <= 0.05)} |")
     if "catch_up_s" in res:
         print(f"| restarted voter catches up (log compacted: dump sent) | — | "
               f"{res['catch_up_s']:.2f} s | — |")

@@ -51,6 +51,7 @@ from meshjobs.node import (  # noqa: E402
     CopyBlobs,
     Ctl,
     Cut,
+    DumpReady,
     FetchBlobs,
     FrameIn,
     ItemEnded,
@@ -61,10 +62,12 @@ from meshjobs.node import (  # noqa: E402
     Reply,
     Run,
     Send,
+    SendDump,
     Tick,
     Unpin,
     UnpinAllBut,
     View,
+    WantDump,
     advance,
     dispatch,
     spec_digest,
@@ -114,6 +117,7 @@ class Member:
     running: dict = field(default_factory=dict)  # (job, i, epoch) -> heap seq of its end
     cpu_s: float = 0.0
     thin: bool = False
+    dump: bytes | None = None  # voters: the dump file (its bytes), when there is one
 
 
 @dataclass
@@ -146,6 +150,9 @@ class Thin:
             self.leader = peer
         if "snapshot" in body:
             self.pos = body["index"]
+        elif "dump" in body:
+            entries = body.get("entries") or []
+            self.pos = entries[-1][0] if entries else body["prev"]
         elif body.get("prev") == self.pos and body.get("entries"):
             self.pos = body["entries"][-1][0]
         elif body.get("prev") is not None and body.get("prev") != self.pos:
@@ -189,6 +196,10 @@ class ScaleSim:
         self.leader_cpu_s = 0.0
         self.pack_cpu_s: dict[str, float] = {}
         self.unpack_cpu_s: dict[str, float] = {}
+        # CPU of the dump sender (meshjobs/dumpsend.py: a thread of its own, off the jobs
+        # thread): counted apart from the leader's jobs-thread CPU.
+        self.sender_cpu_s = 0.0
+        self._sender_step_s = 0.0
         self.lease_ms: list[int] = []
         self.first_lease_ms: int | None = None  # first lease committed since `watch_from`
         self.first_run_ms: int | None = None
@@ -261,6 +272,7 @@ class ScaleSim:
         node = m.node
         lead = m.name == self.leader
         t0 = time.process_time()
+        self._sender_step_s = 0.0
         if m.role == "voter":
             view = self._view(m)
             if view != m.view_sent:
@@ -272,7 +284,7 @@ class ScaleSim:
             node.step(ev)
         advance(node.ready(), persist=lambda e: self._persist(m, e), sync=lambda: None,
                 release=lambda eff: dispatch(eff, self._effects, m))
-        dt = time.process_time() - t0
+        dt = time.process_time() - t0 - self._sender_step_s
         m.cpu_s += dt
         if lead:
             self.leader_cpu_s += dt
@@ -294,7 +306,20 @@ class ScaleSim:
             UnpinAllBut: lambda eff, m: None,
             Notify: lambda eff, m: None,
             Exit: lambda eff, m: None,
+            SendDump: self._send_dump,
+            WantDump: lambda eff, m: None,  # a dump is there from the start (big_fleet)
         }
+
+    def _send_dump(self, eff: SendDump, m: Member) -> None:
+        """The dump sender's work (another thread of the member): the file's bytes with the
+        node's body, packed and sent; its CPU is not the jobs thread's."""
+        t0 = time.process_time()
+        assert m.dump is not None
+        self._send(Send(eff.to, "F_JOB_STATE", {**eff.body, "dump": m.dump}, table=True), m,
+                   counted=False)
+        spent = time.process_time() - t0
+        self.sender_cpu_s += spent
+        self._sender_step_s += spent
 
     # --- Raft, modelled ------------------------------------------------------------------------
 
@@ -366,10 +391,11 @@ class ScaleSim:
 
     # --- links ---------------------------------------------------------------------------------
 
-    def _send(self, eff: Send, m: Member) -> None:
+    def _send(self, eff: Send, m: Member, counted: bool = True) -> None:
         t0 = time.process_time()
         raw = _pack(eff.body)
-        self.pack_cpu_s[m.name] = self.pack_cpu_s.get(m.name, 0.0) + time.process_time() - t0
+        if counted:
+            self.pack_cpu_s[m.name] = self.pack_cpu_s.get(m.name, 0.0) + time.process_time() - t0
         f = self.frames.setdefault(eff.ftype, [0, 0])
         f[0] += 1
         f[1] += len(raw)
@@ -554,6 +580,7 @@ class ScaleSim:
         self.leader_cpu_s = 0.0
         self.lease_ms = []
         self.pack_cpu_s, self.unpack_cpu_s = {}, {}
+        self.sender_cpu_s = 0.0
         for m in self.members.values():
             m.cpu_s = 0.0
 
@@ -617,12 +644,23 @@ def steady(args: argparse.Namespace) -> dict:
 
 
 def big_fleet(args: argparse.Namespace, workers: int) -> tuple[ScaleSim, dict]:
-    """Voters with a table of `--catchup-jobs` finished jobs (no entries in anyone's ring)."""
+    """Voters with a table of `--catchup-jobs` finished jobs (no entries in anyone's ring),
+    and, unless `--no-dumps`, a dump of it in each voter's folder (as after a compaction)."""
     table, build_s = build_table(args.catchup_jobs)
     sim = ScaleSim(args.voters, workers, args.seed, 0.0, args.link_mbit)
+    dump = None
+    if not args.no_dumps:
+        from meshjobs import dumpbytes
+
+        pos = table.applied_index
+        body = dumpbytes.payload(table.to_state(), (b"", pos, 1), (b"", pos - 1, 1), [])
+        dump = dumpbytes.header(body) + body
     for k, v in enumerate(sim.voters):
         m = sim.members[v]
         m.table.load(table if k == 0 else copy_table(table))
+        if dump is not None:
+            m.dump = dump
+            m.inbox.append(DumpReady(table.applied_index))
     sim.last_index = table.applied_index
     sim.run_until(sim.now + 3_000)
     return sim, {"build_s": build_s}
@@ -637,6 +675,7 @@ def catchup(args: argparse.Namespace) -> dict:
                          or not w.table.jobs, 600_000)
     out.update({"ok": done, "ms": sim.now - start, "leader_cpu_s": sim.leader_cpu_s,
                 "leader_pack_s": sim.pack_cpu_s.get(sim.leader or "", 0.0),
+                "sender_cpu_s": sim.sender_cpu_s,
                 "worker_cpu_s": w.cpu_s + sim.unpack_cpu_s.get("wnew", 0.0),
                 "bytes": sum(v[1] for k, v in sim.frames.items() if k == "F_JOB_STATE"),
                 "jobs": len(w.table.jobs)})
@@ -683,6 +722,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--link-mbit", type=float, default=1000.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--only", choices=("steady", "catchup", "failover"), action="append")
+    ap.add_argument("--no-dumps", action="store_true",
+                    help="voters have no dump: a new worker is sent the table built and packed "
+                         "on the leader's jobs thread (the path before dumps were sent)")
     args = ap.parse_args(argv)
     parts = args.only or ["steady", "catchup", "failover"]
     from bench.common import machine
@@ -710,7 +752,9 @@ def main(argv: list[str]) -> int:
         print(f"| caught up | {c['ok']} ({c['jobs']:,} jobs) |")
         print(f"| simulated time | {c['ms']:,} ms |")
         print(f"| bytes (F_JOB_STATE) | {c['bytes']:,} |")
-        print(f"| leader CPU (snapshot built and packed) | {c['leader_cpu_s'] * 1000:.0f} ms |")
+        print(f"| leader jobs-thread CPU (table built and packed, or dump asked for) | "
+              f"{c['leader_cpu_s'] * 1000:.0f} ms |")
+        print(f"| leader dump sender CPU (off the jobs thread) | {c['sender_cpu_s'] * 1000:.0f} ms |")
         print(f"| worker CPU (unpacked, loaded) | {c['worker_cpu_s'] * 1000:.0f} ms |")
     if "failover" in parts:
         f = failover(args)

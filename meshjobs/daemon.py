@@ -592,6 +592,12 @@ class Member:
             extra.append(guarded("blobmover", self.mover.run))
         if self.links is not None:
             extra.append(guarded("itemlogs", self.item_logs.run))
+        self.dump_sender = None
+        if self.links is not None and getattr(self.replica, "dump_path", None) is not None:
+            # Whole tables for new workers: the dump file, sent off the jobs thread.
+            from meshjobs.dumpsend import DumpSender
+            self.dump_sender = jobs.dump_sender = DumpSender(self.links, self.replica.dump_path)
+            extra.append(guarded("dumpsend", self.dump_sender.run))
         extra.append(guarded("history", self.history.run))
         # Finish notices: several senders, so that one slow receiver delays no other.
         extra.extend(guarded(f"notify-{i}", notifier.run) for i in range(limits.notify_senders_max))
@@ -707,6 +713,8 @@ class Member:
         self.item_logs.stop()
         self.history.stop()
         self.notifier.stop()
+        if self.dump_sender is not None:
+            self.dump_sender.stop()
         if self.links is not None:
             self.links.stop()
         for t in self.extra:

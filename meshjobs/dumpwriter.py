@@ -8,13 +8,20 @@ forks, the child writes and fsyncs the dump from its copy-on-write image of the 
 between two ticks, so it is a committed state), and the jobs thread learns of its end from
 `checkSerializing`, which pysyncobj calls at every tick.
 
+Just before it forks, the jobs thread starts a new journal segment (`DurableJournal.
+start_segment`): the entries logged from then on go there, and the older segments hold nothing
+the dump and the new segment do not.
+
 Rules:
-- Rule 1: the journal is trimmed only after a dump that is whole and durable: the child renames
-  `raft.dump.tmp` over `raft.dump` only after its fsync, and exits 0 only after that; only then
-  does the member report SUCCESS, and the journal fsyncs the dump and the folder before it drops
-  an entry (journal.py, rule 5). Any other end of the child (an error, a signal, a nonzero exit, a lost
-  child) is a failed dump: the tmp file is deleted, `DumpHealth` counts it and sets the backoff,
-  and the journal keeps every entry (dumpfile.py, rule 3).
+- Rule 1: the journal loses a segment only after a dump that is whole and durable: the child
+  renames `raft.dump.tmp` over `raft.dump` only after its fsync, then fsyncs the new segment and
+  the folder (the dump's name and the segment's), and only then deletes the older segments
+  (`journal.retire_segments`); it exits 0 after that. Only then does the member report SUCCESS,
+  and pysyncobj drops the entries before the dump from memory (no file is written again, nothing
+  is fsynced on the jobs thread). Any other end of the child (an error, a signal, a nonzero exit,
+  a lost child) is a failed dump: the tmp file is deleted, `DumpHealth` counts it and sets the
+  backoff, and the journal keeps every entry and segment (dumpfile.py, rule 3); the next dump's
+  child deletes them.
 - Rule 2: the child runs no code of the member but the dump: no logging, no locks, no `atexit`
   (it leaves by `os._exit`); it tells why it failed on a pipe, in a few bytes.
 - Rule 3: the child dies with the member (`PR_SET_PDEATHSIG` on Linux, and it checks its parent
@@ -40,6 +47,7 @@ from pysyncobj.serializer import Serializer
 
 from meshjobs.dumpfile import Deserializer, DumpHealth, write_dump
 from meshjobs.failpoints import Failpoints
+from meshjobs.journal import DurableJournal, Segments, retire_segments
 
 log = structlog.get_logger(__name__)
 
@@ -79,6 +87,9 @@ class ForkedDumps(Serializer):
         deserializer: Deserializer,
         health: DumpHealth,
         failpoints: Failpoints | None = None,
+        journal: DurableJournal | None = None,
+        position: Callable[[], int] | None = None,
+        on_written: Callable[[int], None] | None = None,
     ) -> None:
         # serializer=None would make pysyncobj pickle: it is never called here, as `serialize`
         # is ours; the deserializer is ours.
@@ -90,6 +101,13 @@ class ForkedDumps(Serializer):
         self._failpoints = failpoints
         self._why_fd: int | None = None
         self._id: int | None = None
+        self._journal = journal
+        self._segments: Segments | None = None  # the child's, when it retires any
+        # The table's position, as the child's copy holds it, told to `on_written` once the
+        # dump is written (a leader sends it to new workers).
+        self._position = position
+        self._on_written = on_written
+        self._writing_position: int | None = None
 
     # pysyncobj keeps the child's pid in its own (name-mangled) field: `getTransmissionData`
     # sends no dump while it is set, as with its own forked writer.
@@ -111,7 +129,14 @@ class ForkedDumps(Serializer):
             return
         _, last, prev, cluster = data
         cluster_ids = sorted(getattr(node, "id", node) for node in cluster)
-        planned = self._failpoints.plan("dump.fsync") if self._failpoints is not None else None
+        planned = (self._failpoints.plan("dump.fsync", "journal.segment_fsync",
+                                         "journal.segment_delete")
+                   if self._failpoints is not None else None)
+        # New entries go to a new segment from now on; its head is in the page cache before the
+        # fork (an OSError here is the journal's: it propagates and the member stops).
+        segments = self._journal.start_segment(prev[1]) if self._journal is not None else None
+        self._segments = segments
+        self._writing_position = self._position() if self._position is not None else None
         parent = os.getpid()
         r, w = os.pipe()
         try:
@@ -124,14 +149,14 @@ class ForkedDumps(Serializer):
             self._id = id
             return
         if pid == 0:
-            self._child(parent, w, r, last, prev, cluster_ids, planned)
+            self._child(parent, w, r, last, prev, cluster_ids, planned, segments)
         os.close(w)
         self._pid = pid
         self._why_fd = r
         self._id = id
 
     def _child(self, parent: int, w: int, r: int, last: Any, prev: Any, cluster: list[str],
-               planned: Failpoints | None) -> None:
+               planned: Failpoints | None, segments: Segments | None) -> None:
         code = 1
         try:
             gc.disable()  # a collection would only copy pages of the member's heap
@@ -146,6 +171,8 @@ class ForkedDumps(Serializer):
             # Renamed here, not by the member: the rename frees the old dump's blocks, which
             # takes tens of milliseconds for a dump of a million items.
             os.replace(self._tmp, self._path)
+            if segments is not None:
+                retire_segments(segments, planned)
             code = 0
         except BaseException as e:  # noqa: BLE001 - the child reports every failure, then exits
             with contextlib.suppress(BaseException):
@@ -176,6 +203,11 @@ class ForkedDumps(Serializer):
             self._failed(DumpWriteFailed(why or f"the dump writer ended with {ended}"))
             return SERIALIZER_STATE.FAILED, self._id
         self._health.ok()
+        if self._on_written is not None and self._writing_position is not None:
+            self._on_written(self._writing_position)
+        if self._segments is not None and self._journal is not None:
+            self._journal.segments_retired(self._segments.older)
+        self._segments = None
         # What pysyncobj's own writer does on success: transmissions start over from the file.
         self._Serializer__transmissions = {}
         return SERIALIZER_STATE.SUCCESS, self._id

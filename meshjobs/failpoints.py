@@ -28,9 +28,13 @@ ENV_VAR = "MESHJOBS_FAILPOINTS"
 # point adds its name here.
 # `disk.full` is passed by every check of free space (meshjobs/diskspace.py): when it fails, the
 # disk reads as full. `secret.fsync` is the fsync of a new fleet secret at first start.
+# `journal.segment_fsync` and `journal.segment_delete` are passed by the dump writer after its
+# dump is in place: before it fsyncs the new journal segment and the folder, and before it deletes
+# the segments the dump made redundant (journal.retire_segments).
 # `running.write` is each write of the log of running processes (meshjobs/leftovers.py).
 KNOWN_POINTS = frozenset({"journal.fsync", "dump.fsync", "blob.fsync", "blob.write", "disk.full",
-                          "secret.fsync", "running.write"})
+                          "secret.fsync", "journal.segment_fsync", "journal.segment_delete",
+                          "running.write"})
 
 # A point name is dotted words, as the places that call `hit` name them.
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
@@ -73,25 +77,26 @@ class Failpoints:
         if count >= due and count <= self._until.get(name, count):
             raise OSError(errno.EIO, f"injected failure at {name}")
 
-    def plan(self, name: str) -> Failpoints:
-        """Count one pass through point `name` now, and return a Failpoints whose `hit(name)`
-        does what this pass does (nothing, sleep, or raise), to be done later: a forked dump
-        writer takes its pass from the member, which keeps the count (the child's own copy of
-        the counters would start from the member's every time)."""
+    def plan(self, *names: str) -> Failpoints:
+        """Count one pass through each point of `names` now, and return a Failpoints whose
+        `hit(name)` does what this pass does (nothing, sleep, or raise), to be done later: a
+        forked dump writer takes its passes from the member, which keeps the count (the child's
+        own copy of the counters would start from the member's every time)."""
         planned = Failpoints()
-        due = self._due.get(name)
-        if due is None:
-            pause_s = self._sleep_s.get(name)
-            if pause_s is not None:
-                with self._lock:
-                    self._hits[name] = self._hits.get(name, 0) + 1
-                planned._sleep_s[name] = pause_s
-            return planned
-        with self._lock:
-            count = self._hits.get(name, 0) + 1
-            self._hits[name] = count
-        if count >= due and count <= self._until.get(name, count):
-            planned._due[name] = 1
+        for name in names:
+            due = self._due.get(name)
+            if due is None:
+                pause_s = self._sleep_s.get(name)
+                if pause_s is not None:
+                    with self._lock:
+                        self._hits[name] = self._hits.get(name, 0) + 1
+                    planned._sleep_s[name] = pause_s
+                continue
+            with self._lock:
+                count = self._hits.get(name, 0) + 1
+                self._hits[name] = count
+            if count >= due and count <= self._until.get(name, count):
+                planned._due[name] = 1
         return planned
 
     def hits(self, name: str) -> int:

@@ -42,6 +42,7 @@ from meshjobs.node import (
     CopyBlobs,
     Ctl,
     Cut,
+    DumpReady,
     FetchBlobs,
     FrameIn,
     ItemEnded,
@@ -51,9 +52,11 @@ from meshjobs.node import (
     Reply,
     Run,
     Send,
+    SendDump,
     Tick,
     Unpin,
     UnpinAllBut,
+    WantDump,
     advance,
     dispatch,
     run_round,
@@ -119,6 +122,10 @@ class JobsThread:
         # and the sender of jobs' finish notices (meshjobs.notify.Notifier).
         self.on_exit: Callable[[str], None] | None = None
         self.notifier: Any = None
+        # Set by the daemon on a member with links and a dump: sends dumps to new workers
+        # (meshjobs.dumpsend.DumpSender), off this thread.
+        self.dump_sender: Any = None
+        self._dump_told: int | None = None  # the dump position the node was last told of
         # A wake-up of this thread is on its way (see `_wake`); cleared before each round takes
         # its events, so an event queued after that sends a new one.
         self._woken = False
@@ -248,6 +255,10 @@ class JobsThread:
         # The monotonic clock too: committed time advances by it (node/clock.py), so a wall
         # clock set while the member runs changes no job's age.
         events.append(Tick(now, time.monotonic_ns() // 1_000_000))
+        dumped = getattr(replica, "dump_position", None)
+        if dumped is not None and dumped != self._dump_told:
+            self._dump_told = dumped
+            events.append(DumpReady(dumped))
         if now >= self._next_publish_ms:
             # Every `publish_ms`: what the blob store holds, for this member's reports.
             self._next_publish_ms = now + limits.publish_ms
@@ -390,6 +401,8 @@ class JobsThread:
         history = getattr(self, "history", None)
         if history is not None:
             m.update(history.counts)
+        if self.dump_sender is not None:
+            m.update(self.dump_sender.counts)
         if self.notifier is not None:
             m.update(self.notifier.numbers())
         if self.logs is not None:
@@ -431,6 +444,8 @@ class JobsThread:
             FetchBlobs: self._fetch,
             Exit: self._exit,
             Notify: self._notify,
+            SendDump: self._send_dump,
+            WantDump: lambda eff: self.replica.want_dump(),
         }
 
     def _answer(self, eff: Reply) -> None:
@@ -485,6 +500,10 @@ class JobsThread:
     def _notify(self, eff: Notify) -> None:
         if self.notifier is not None:
             self.notifier.offer(eff.url, eff.key, eff.record)
+
+    def _send_dump(self, eff: SendDump) -> None:
+        if self.dump_sender is not None:
+            self.dump_sender.offer(eff.to, eff.body)
 
     def _send(self, eff: Send) -> None:
         if self.links is None:

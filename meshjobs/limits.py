@@ -171,6 +171,7 @@ snapshot_bytes_max = 16 * 1024 * 1024 * 1024  # one full dump of the table
 log_compaction_entries_min = 20_000  # compact the log past this many entries
 log_compaction_s_min = 600  # or past this age
 log_compaction_bytes_min = 4 * 1024 * 1024  # or past this many bytes of entries (all held in memory)
+dump_sync_bytes = 4 * 1024 * 1024  # a dump is written and fdatasynced this much at a time (dumpfile.py)
 log_compaction_force_s_min = 1  # compactions asked for by size come at most this often
 dump_retry_ms_min = 500  # a dump that failed is tried again after this, doubling each failure
 dump_retry_ms_max = 60_000  # and no retry of a dump waits longer than this
@@ -236,6 +237,8 @@ have_keepalive_ms = 1_000  # but to a known leader, with nothing new but positio
 state_push_ms = 50  # a worker is sent new entries this often, at once when they hold leases of its own
 state_keepalive_ms = 1_000  # a caught-up worker is told this often who leads (an empty F_JOB_STATE)
 state_snapshots_max = 4  # whole tables a leader sends per state_resend_ms (more behind wait their turn)
+dump_sends_queued_max = 8  # dumps waiting for the thread that sends them to new workers (dumpsend.py)
+state_dump_wait_ms = 30_000  # a new dump asked for a worker is waited for this long; then the table is built
 # A worker that has not heard the leader for this long (one and a half keep-alives) sends its reports
 # to the voters too (they answer who leads): under dead_ms, which a new leader gives unheard
 # members to report.

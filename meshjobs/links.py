@@ -236,6 +236,8 @@ class Links:
         self._protocols = protocols
 
         self._lock = threading.Lock()
+        # Notified when frames leave a queue (or a link goes down): `send_wait` waits on it.
+        self._room = threading.Condition(self._lock)
         self._peers: dict[str, _Peer] = {}
         self._dropped: dict[str, int] = {}  # incoming garbage, by reason
         self._send_dropped: dict[str, int] = {}  # outgoing frames dropped, by reason
@@ -335,6 +337,33 @@ class Links:
         self._wake()
         return taken
 
+    def send_wait(self, name: str, ftype: FrameType, body: dict[str, Any],
+                  wait_ms: int | None = None) -> bool:
+        """Queue one table frame to `name`, waiting up to `wait_ms` (`table_frame_wait_ms`)
+        for room in its queue: for a thread of its own that sends a long run of frames (a
+        dump to a new worker, dumpsend.py) at the pace the link takes them, never the jobs
+        thread. False when the peer is down or no room came in time: the frame is dropped,
+        counted `down` or `table_wait`."""
+        item = self._pack(ftype, body)
+        deadline = _mono_ms() + (self._table_wait_ms if wait_ms is None else wait_ms)
+        with self._room:
+            while True:
+                peer = self._peers.get(name)
+                if peer is None or peer.conn is None or self._stopping:
+                    self._drop_send(peer, "down", 1)
+                    return False
+                if not peer.waiting and self._has_room(peer, item[2]):
+                    peer.queue.append(item)
+                    peer.queue_bytes += item[2]
+                    break
+                left_ms = deadline - _mono_ms()
+                if left_ms <= 0:
+                    self._drop_send(peer, "table_wait", 1)
+                    return False
+                self._room.wait(left_ms / 1000)
+        self._wake()
+        return True
+
     def peers(self) -> dict[str, dict[str, Any]]:
         """Every peer the links know: up, since_ms, sent, received, dropped (outgoing), and
         clock_skew_ms (its wall clock minus ours at its last handshake; only informative)."""
@@ -377,6 +406,7 @@ class Links:
         with self._lock:
             self._stopping = True
             started = self._started
+            self._room.notify_all()
         if started:
             self._wake()
         else:
@@ -787,6 +817,7 @@ class Links:
                     peer.queue_bytes = 0
                     peer.waiting.clear()
                     peer.waiting_bytes = 0
+                    self._room.notify_all()
                     peer.next_dial_ms = _mono_ms() + peer.backoff_ms
                     assert conn.hello is not None
                     events.append((False, conn.hello))
@@ -855,6 +886,8 @@ class Links:
                             taken.append(item)
                             peer.sent += 1
                         self._drain_waiting(peer, now)
+                        if taken:
+                            self._room.notify_all()
                 # Sealed here, outside the lock and in the order written: the AEAD nonce is
                 # the count of frames sealed before on this connection.
                 for ftype, packed, _ in taken:

@@ -13,7 +13,9 @@ this module makes up for it:
   (`raftwire.py`) sealed like the member links'.
 - Its dump is pickle, written without fsync: the dump pair in `dumpfile.py` writes msgpack with a
   checksum and fsyncs it; and with a serializer of ours it writes on the ticking thread: a forked
-  child writes new dumps instead (`dumpwriter.py`).
+  child writes new dumps instead (`dumpwriter.py`), and the journal starts a new segment for
+  each, so that the entries a dump covers go with the older segments' files, deleted by the
+  child (`journal.py`), instead of being written again on the ticking thread.
 - Its transport unpickles what reaches the Raft port (without a password, from anyone): ours
   unpickles nothing from outside; a connection proves the fleet secret (the links' handshake)
   before any Raft message is read, and every frame is MAC'd and replay-protected.
@@ -116,6 +118,7 @@ class Replica(SyncObj):
         self._pre_vote_won: int | None = None  # the term a won pre-vote lets us stand for
         self._delete_allowed: int | None = None  # the one index pysyncobj may cut the log from
         self.dumps = DumpHealth()
+        self.dump_path = os.path.join(data_dir, "raft.dump")
         self.fleet_secret = secret  # the Raft port's handshake key (raftlink.SealedTransport)
 
         def on_corrupt(exc: DumpCorrupt) -> None:
@@ -126,10 +129,17 @@ class Replica(SyncObj):
         # The dump checked before pysyncobj builds its journal is the one it then loads: read,
         # checked and decoded once, not twice.
         checked = CheckedDump()
+
+        def load_state(state: Any) -> None:
+            # A dump loaded (this member's at start, or one received from the leader): the
+            # table is at that dump's position, and the file holds it.
+            table.load(JobTable.from_state(state))
+            self.dump_position = table.applied_index
+
         serializer, deserializer = make_dump_pair(
-            table.to_state, lambda s: table.load(JobTable.from_state(s)), failpoints,
+            table.to_state, load_state, failpoints,
             on_corrupt=on_corrupt, health=self.dumps, checked=checked)
-        dump_path = os.path.join(data_dir, "raft.dump")
+        dump_path = self.dump_path
         conf = SyncObjConf(
             autoTick=False,
             appendEntriesUseBatch=False,
@@ -166,10 +176,14 @@ class Replica(SyncObj):
 
         def make_journal(path: str) -> DurableJournal:
             # A damaged dump stops the member here (pysyncobj would load it with its errors
-            # swallowed); a crash between writing a dump and trimming the journal is completed
-            # here too, before pysyncobj would clear the journal past the dump.
+            # swallowed); the journal is read from the segment the dump's entries are in (older
+            # ones are left over from a crash while they were being deleted); and a crash
+            # between writing a dump and trimming the journal is completed here too, before
+            # pysyncobj would clear the journal past the dump.
             dump = checked.check(dump_path)
-            self._journal = DurableJournal(path, failpoints, dump_path=dump_path)
+            self._journal = DurableJournal(
+                path, failpoints, dump_path=dump_path,
+                dump_prev_idx=dump.prev[1] if dump is not None else None)
             if dump is not None:
                 self._journal.complete_compaction(dump.prev, dump.last)
             return self._journal
@@ -193,7 +207,8 @@ class Replica(SyncObj):
         if hasattr(os, "fork"):
             self.dump_writer = ForkedDumps(
                 dump_path, conf.logCompactionBatchSize, table.to_state, deserializer, self.dumps,
-                failpoints)
+                failpoints, journal=self.journal, position=lambda: table.applied_index,
+                on_written=self._dump_written)
             self._SyncObj__serializer = self.dump_writer
 
     # pysyncobj's leader tells followers the new commit index (an AppendEntries to each) in the
@@ -475,6 +490,20 @@ class Replica(SyncObj):
             return
         SyncObj._SyncObj__tryLogCompaction(self)  # type: ignore[attr-defined]
 
+    dump_position: int | None = None  # the table position the dump file holds (None: no dump)
+
+    def _dump_written(self, position: int) -> None:
+        self.dump_position = position
+
+    def want_dump(self) -> None:
+        """A new dump soon (a new worker needs a whole table the recent entries can follow):
+        asked of pysyncobj like a compaction by size, unless one is being written or the
+        retry after a failed one is not due yet."""
+        if self.dump_writer is not None and self.dump_writer.writing:
+            return
+        if self.dumps.due():
+            self.forceLogCompaction()
+
     def dump_stats(self) -> dict[str, int]:
         """Dumps written and failed since start, and the journal's compactions."""
         return {"dumps_written": self.dumps.written, "dump_failures": self.dumps.failures,
@@ -673,6 +702,8 @@ class WorkerReplica:
     """What the jobs thread needs of a replica, for a member that does not vote."""
 
     dump_damage = None
+    dump_position = None  # no dumps: a worker's table is re-learned from the leader
+    dump_path = None
 
     def __init__(self) -> None:
         self.journal = _Journal()
@@ -722,6 +753,9 @@ class WorkerReplica:
 
     def compact_when_large(self) -> None:
         pass  # no Raft log
+
+    def want_dump(self) -> None:
+        pass  # never leads, so never sends a dump
 
     def journal_sync(self) -> None:
         pass

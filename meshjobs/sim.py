@@ -19,7 +19,11 @@ breaks them:
   and copies run the real transfer protocol (meshjobs/blobxfer/) between the members, its
   frames in order on each link but lost or late (`_Xfers`).
 - Members crash and restart with a new boot id: a voter keeps its journal (it replays its applied
-  prefix, sometimes from a snapshot), a worker starts empty and relearns from the leader. A
+  prefix, sometimes from a snapshot), a worker starts empty and relearns from the leader. With
+  `dumps` set, voters write dumps now and then (and when their node asks for one): a copy of the
+  table taken at once, in the dump format (meshjobs/dumpbytes.py), ready some time later and kept
+  over a crash; a leader sends a worker that needs the whole table its latest dump and the
+  entries after it, as the jobs thread's sender does with the dump file. A
   member's blob store may run over (`Pressure`) for a while, and with `disk_full` set its disk
   may fill up (`DiskFull`: read-only, no leases to it, its submits answered 507); some seeds keep
   only 20 finished jobs (retention).
@@ -105,7 +109,7 @@ from typing import Any
 import blake3
 import msgpack
 
-from meshjobs import blobxfer, cron, limits, placement
+from meshjobs import blobxfer, cron, dumpbytes, limits, placement
 from meshjobs.control import JOB_FINAL_STATES, Answer
 from meshjobs.node import (
     Applied,
@@ -114,6 +118,7 @@ from meshjobs.node import (
     Ctl,
     Cut,
     DiskFull,
+    DumpReady,
     FetchBlobs,
     FrameIn,
     ItemEnded,
@@ -126,10 +131,12 @@ from meshjobs.node import (
     Reply,
     Run,
     Send,
+    SendDump,
     Tick,
     Unpin,
     UnpinAllBut,
     View,
+    WantDump,
 )
 from meshjobs.node.events import Exit, Notify
 from meshjobs.node.ready import AFTER_SYNC, advance, dispatch
@@ -247,6 +254,10 @@ class SimConfig:
     # carries it, and at no committed index may more of its items be leased (quotas.py).
     # Drawn nothing.
     quota: int = 0
+    # Per step: a voter starts a dump of its table (ready 20 ms to 2 s later, if it is still up),
+    # and the leaders send new workers dumps. Off by default, and then not drawn at all, so that
+    # recorded seeds replay as they did.
+    dumps: float = 0.0
     # Workers also offer pool "gpu" (no voter does): a new job goes there with this chance,
     # and operators ask about a worker or the gpu pool right after each election. Off by
     # default, and then not drawn at all, so that recorded seeds replay as they did.
@@ -339,6 +350,8 @@ class _Member:
     exiting: bool = False  # its node said Exit (a stop order): it goes down after this step
     cut: set = field(default_factory=set)  # runs its node cut, whose end is still to come
     unsynced: bool = False  # it logged entries this round and has not synced them yet
+    dump: tuple[int, bytes] | None = None  # voters: the latest dump (position, bytes), kept over a crash
+    dumping: bool = False  # a dump of this incarnation is being written
     # What the simulator gave its node: when its reign as leader began (None: not leading),
     # and when each member's report (F_JOB_HAVE) was last stepped into it, this incarnation.
     reign_ms: int | None = None
@@ -726,8 +739,11 @@ class Sim:
         m.caught_up = False
         m.boot = f"{m.name}.{m.inc}.{self.rng.getrandbits(32):08x}"
         m.mono_ms = T0_MS - int(m.boot.rsplit(".", 1)[1], 16)  # not drawn: seeds replay as they did
+        m.dumping = False
         if m.role == "voter":
             table = self._voter_table(m)
+            if m.dump is not None:
+                m.inbox.append(DumpReady(m.dump[0]))  # its dump file, there at start
         else:
             table = self.table_cls()
             m.inbox.append(View())  # a worker's replica has no Raft: one empty view at start
@@ -880,7 +896,31 @@ class Sim:
             UnpinAllBut: lambda eff, m: self.count("pins"),
             Notify: lambda eff, m: self.count("notices"),
             Exit: self._exit,
+            SendDump: self._send_dump,
+            WantDump: lambda eff, m: self._start_dump(m),
         }
+
+    def _start_dump(self, m: _Member) -> None:
+        """A voter's dump writer starts: its table now, ready some time later (a fork's copy)."""
+        if m.dumping or not m.alive or m.role != "voter":
+            return
+        m.dumping = True
+        state = _unpack(_pack(m.table.to_state()))
+        pos = m.table.applied_index
+        body = dumpbytes.payload(state, (b"", pos, self.term), (b"", max(0, pos - 1), self.term),
+                                 [])
+        self._at(self.now + self.rng.randint(20, 2_000), "dumped",
+                 (m.name, m.inc, pos, dumpbytes.header(body) + body))
+        self.count("dumps_started")
+
+    def _send_dump(self, eff: SendDump, m: _Member) -> None:
+        """What the jobs thread's sender does: the latest dump file, with the node's body."""
+        if m.dump is None:
+            self.fail(f"{m.name} sent a dump to {eff.to} but has none")
+        if m.dump[0] < eff.body["prev"]:
+            self.fail(f"{m.name} sent a dump at {m.dump[0]} for one at {eff.body['prev']}")
+        self.count("dumps_sent")
+        self._send(m, Send(eff.to, "F_JOB_STATE", {**eff.body, "dump": m.dump[1]}, table=True))
 
     def _cut(self, eff: Cut, m: _Member) -> None:
         key = (eff.job_id, eff.index, eff.epoch)
@@ -1649,6 +1689,14 @@ class Sim:
                 self.count("fetches_done")
             elif kind == "heal":
                 self.cuts.pop(p, None)
+            elif kind == "dumped":
+                name, inc, pos, data = p
+                m = self.members[name]
+                if m.inc == inc and m.alive and m.dumping:
+                    m.dumping = False
+                    m.dump = (pos, data)
+                    m.inbox.append(DumpReady(pos))
+                    self.count("dumps_written")
             elif kind == "probe":
                 self._probe()
             elif kind in ("xframe", "xpump"):
@@ -1711,6 +1759,8 @@ class Sim:
                 m.inbox.append(Pressure(True))
                 self._at(self.now + rng.randint(200, 5_000), "pressure_off", (m.name, m.inc))
                 self.count("pressure")
+        if cfg.dumps and rng.random() < cfg.dumps:
+            self._start_dump(self.members[rng.choice(VOTERS)])
         if cfg.disk_full and rng.random() < cfg.disk_full:
             m = self.members[rng.choice(MEMBERS)]
             if m.alive and not m.disk_full:

@@ -723,6 +723,23 @@ def wait_until(pred: Any, timeout_s: float = UNTIL_S_MAX, what: str = "condition
     raise AssertionError(f"{what} not reached within {timeout_s} s (last: {last!r})")
 
 
+def journal_segments(data: str) -> list[str]:
+    """The Raft journal's segment files in a member's data folder, oldest first (`raft.journal`
+    itself, of a folder an earlier version wrote, first)."""
+    found = []
+    for name in os.listdir(data):
+        rest = name[len("raft.journal"):]
+        if name.startswith("raft.journal") and (rest == "" or (
+                rest[:1] == "." and rest[1:].isdigit())):
+            found.append((int(rest[1:] or 0), os.path.join(data, name)))
+    return [path for _seq, path in sorted(found)]
+
+
+def journal_bytes(data: str) -> int:
+    """Bytes of the Raft journal's segments in a member's data folder."""
+    return sum(os.path.getsize(p) for p in journal_segments(data))
+
+
 def flip_blob_byte(data: str, needle: bytes) -> None:
     """Flip one bit of a stored blob in a stopped member's LMDB file, where `needle` (bytes
     unique to that blob) lies: damage on disk, as bit rot would leave it."""

@@ -199,3 +199,55 @@ def test_dump_from_the_leader_wins_over_ours(tmp_path: Path) -> None:
     assert path.read_bytes() == b"the leader's dump"
     assert w.checkSerializing() == (SERIALIZER_STATE.NOT_SERIALIZING, None)
     assert (health.written, health.failures) == (0, 0)
+
+
+def _journal_writer(tmp_path: Path, failpoints: Failpoints | None = None):
+    from meshjobs.journal import DurableJournal
+
+    j = DurableJournal(str(tmp_path / "raft.journal"))
+    for i in range(1, 43):
+        j.add(b"c%d" % i, i, 3)
+    j.sync()
+    _, deserializer = make_dump_pair(lambda: None, lambda s: None)
+    w = ForkedDumps(str(tmp_path / "raft.dump"), 1 << 16, lambda: {"a": 1}, deserializer,
+                    DumpHealth(), failpoints, journal=j)
+    return j, w
+
+
+def test_the_child_deletes_the_older_segments_after_its_dump(tmp_path: Path) -> None:
+    """A dump starts a journal segment (the entries from its prev on) before the fork; the child
+    deletes the older segments once its dump and the new segment are durable, and the member
+    then forgets them."""
+    j, w = _journal_writer(tmp_path)
+    old = j.segment_paths
+    w.serialize((None, (b"c42", 42, 3), (b"c41", 41, 3), CLUSTER), 41)
+    assert len(j.segment_paths) == 2
+    j.add(b"c43", 43, 3)  # logged while the child writes: to the new segment
+    assert _outcome(w) == (SERIALIZER_STATE.SUCCESS, 41)
+    assert not any(os.path.exists(p) for p in old)
+    assert j.segment_paths == [j.segment_path] and j.segment_path not in old
+    j.deleteEntriesTo(41 - 1)
+    j._destroy()
+    from meshjobs.journal import DurableJournal
+
+    again = DurableJournal(str(tmp_path / "raft.journal"), dump_prev_idx=41)
+    assert [e[1] for e in again[:]] == [41, 42, 43]
+    again._destroy()
+
+
+@pytest.mark.parametrize("point", ["journal.segment_fsync", "journal.segment_delete"])
+def test_a_child_that_fails_after_its_rename_keeps_the_older_segments(tmp_path: Path,
+                                                                       point: str) -> None:
+    """A failure after the dump's rename (fsyncing the new segment or the folder, deleting the
+    older segments) is a failed dump: the member keeps every segment and entry, and the next
+    dump's child deletes them."""
+    j, w = _journal_writer(tmp_path, Failpoints(f"{point}=1..1"))
+    old = j.segment_paths
+    w.serialize((None, (b"c42", 42, 3), (b"c41", 41, 3), CLUSTER), 41)
+    assert _outcome(w)[0] == SERIALIZER_STATE.FAILED
+    assert all(os.path.exists(p) for p in old) and len(j.segment_paths) == 2
+    assert len(j) == 42
+    w.serialize((None, (b"c42", 42, 3), (b"c41", 41, 3), CLUSTER), 41)
+    assert _outcome(w) == (SERIALIZER_STATE.SUCCESS, 41)
+    assert len(j.segment_paths) == 1 and not any(os.path.exists(p) for p in old)
+    j._destroy()

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 import pytest
 
 from meshjobs import runas
-from tests.helpers import Meshd, env_with_path, submit_big_entry, wait_until
+from tests.helpers import Meshd, env_with_path, journal_segments, submit_big_entry, wait_until
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not runas.can_switch_user() or shutil.which("setpriv") is None,
@@ -113,8 +113,9 @@ def test_hostile_item_runs_as_the_item_user_and_reaches_nothing(open_top):
         assert status == 201, rec
         assert m.wait_job(rec["id"])["state"] == "done"
         paths = sorted(os.path.join(d, f) for d, _dirs, files in os.walk(m.data) for f in files)
-        for want in ("fleet.secret", "raft.journal", "blobs/data.mdb", "http.addr"):
+        for want in ("fleet.secret", "blobs/data.mdb", "http.addr"):
             assert os.path.join(m.data, want) in paths, paths
+        assert journal_segments(m.data) and set(journal_segments(m.data)) <= set(paths), paths
         with open(os.path.join(m.data, "fleet.secret"), "rb") as f:
             secret = f.read()
         status, rec = m.request("POST", "/jobs", {
@@ -310,7 +311,8 @@ def test_data_folder_is_private_under_umask_022(open_top):
                    "the history file")
         names = {os.path.relpath(os.path.join(d, f), m.data)
                  for d, _dirs, files in os.walk(m.data) for f in files}
-        for want in ("fleet.secret", "raft.journal", "raft.dump", "blobs/data.mdb",
+        assert journal_segments(m.data), sorted(names)
+        for want in ("fleet.secret", "raft.dump", "blobs/data.mdb",
                      "blobs/lock.mdb", "history.jsonl", "http.addr"):
             assert want in names, sorted(names)
         assert _modes(m.data) == {}

@@ -409,6 +409,39 @@ def test_table_frames_wait_for_room_and_go_when_it_appears(members):
     slow.close()
 
 
+def test_send_wait_paces_a_long_run_of_frames_to_the_link(members):
+    """send_wait (a thread that sends a dump to a new worker): frames far more than the queue
+    holds all go, in order, each waiting for room as the peer reads; when the peer stops
+    reading, one waits its time out and is dropped (False, counted table_wait)."""
+    a = members("a", queue_frames_max=4)
+    slow = RawPeer(a.address, "slow", "a", rcvbuf=4096)
+    slow.handshake()
+    wait_until(lambda: a.up("slow"))
+    pad = b"w" * (128 * 1024)
+    n = 40  # ten times the queue
+    results: list[bool] = []
+    sender = threading.Thread(target=lambda: results.extend(
+        a.links.send_wait("slow", FrameType.F_JOB_STATE, {"k": k, "p": pad}, 10_000)
+        for k in range(n)))
+    sender.start()
+    got = []
+    while len(got) < n:
+        ev = slow.event()
+        assert isinstance(ev, Frame)
+        got.append(ev.body["k"])
+    sender.join(WAIT_S)
+    assert results == [True] * n and got == list(range(n))
+    assert "table_wait" not in a.links.stats()["send_dropped"]
+    # Now nobody reads: the queue fills, and a frame gives up after its wait.
+    for k in range(400):
+        if not a.links.send_wait("slow", FrameType.F_JOB_STATE, {"k": k, "p": pad}, 300):
+            break
+    else:
+        pytest.fail("the queue never filled")
+    assert a.links.stats()["send_dropped"]["table_wait"] == 1
+    slow.close()
+
+
 # --- hostile input -----------------------------------------------------------------------------
 
 def test_hostile_input_is_dropped_and_counted(members):

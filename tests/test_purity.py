@@ -23,7 +23,7 @@ import meshjobs
 PURE = ("table", "node", "control", "auth", "connbook", "frames", "raftseam", "raftwire", "webui",
         "bulk", "placement", "fleetctl", "reruns", "cron", "watchplan", "jsonbody", "compact",
         "sim", "blobxfer", "ports", "versions", "identity",
-        "quotas", "waits")
+        "quotas", "dumpbytes", "waits")
 FORBIDDEN = frozenset({
     "os", "socket", "threading", "time", "random", "lmdb", "pysyncobj", "subprocess",
     # Other ways to reach the world, the clock or entropy from a module that must not.
@@ -35,7 +35,7 @@ PURE_SIBLINGS = frozenset({"meshjobs", "meshjobs.limits", "meshjobs.table", "mes
                            "meshjobs.compact", "meshjobs.blobxfer", "meshjobs.blobxfer.wire",
                            "meshjobs.blobxfer.send", "meshjobs.blobxfer.recv",
                            "meshjobs.frames", "meshjobs.bulk", "meshjobs.placement",
-                           "meshjobs.cron", "meshjobs.identity",
+                           "meshjobs.cron", "meshjobs.identity", "meshjobs.dumpbytes",
                            "meshjobs.node", "meshjobs.node.events", "meshjobs.node.core",
                            "meshjobs.node.leader", "meshjobs.node.follow",
                            "meshjobs.node.feed", "meshjobs.fleetctl", "meshjobs.node.hooks",

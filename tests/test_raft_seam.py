@@ -19,7 +19,7 @@ import pytest
 
 from meshjobs import raftseam
 from meshjobs.failpoints import Failpoints
-from meshjobs.journal import HEADER_BYTES, KIND_TRUNC
+from meshjobs.journal import HEADER_BYTES, KIND_CUT
 from meshjobs.replica import Replica
 from meshjobs.table import JobTable
 from tests.helpers import free_port
@@ -53,14 +53,14 @@ def command(r: Replica, n: int) -> bytes:
 
 
 def truncations(path: str) -> list[int]:
-    """The TRUNC records of a journal file: how many entries each kept."""
+    """The CUT records of a journal segment: how many entries each kept (the log starts at 1)."""
     with open(path, "rb") as f:
         data = f.read()
     out, pos = [], 0
     while pos + HEADER_BYTES <= len(data):
         _magic, kind, length, _crc = _HEADER.unpack_from(data, pos)
-        if kind == KIND_TRUNC:
-            out.append(struct.unpack_from("<Q", data, pos + HEADER_BYTES)[0])
+        if kind == KIND_CUT:
+            out.append(struct.unpack_from("<Q", data, pos + HEADER_BYTES)[0] - 1)
         pos += HEADER_BYTES + length
     return out
 
@@ -106,7 +106,7 @@ def test_reordered_duplicated_appends_never_cut_a_committed_entry(follower, seed
     # Messages arrive roughly in order, with some from the past and duplicates among them.
     deliveries.sort(key=lambda m: m["prevLogIdx"] + rng.randint(-12, 4))
     deliveries += sent  # then the leader's retries catch the follower up
-    journal_path = r.journal.path
+    journal_path = r.journal.segment_path
     applied = []
     for msg in deliveries:
         commit_before = r.raftCommitIndex
@@ -135,10 +135,10 @@ def test_conflicting_uncommitted_suffix_is_cut_from_the_first_conflict_only(foll
     deliver(r, leader, append(1, old, 10, 5))
     assert r.raftCommitIndex == 5
     new = old[:7] + [(command(r, 100 + i), i, 2) for i in range(8, 13)]
-    cuts = len(truncations(r.journal.path))
+    cuts = len(truncations(r.journal.segment_path))
     deliver(r, leader, append(3, new, 12, 9, term=2))
     assert [tuple(e) for e in r.journal[:]] == new
-    assert truncations(r.journal.path)[cuts:] == [7]  # kept 1..7, cut from 8
+    assert truncations(r.journal.segment_path)[cuts:] == [7]  # kept 1..7, cut from 8
     assert r.raft_stats["truncations"] == 1
     assert r.raft_stats["entries_skipped_duplicate"] == 4  # 4..7 were held
 

@@ -1008,6 +1008,39 @@ def test_planted_identity_bugs_are_caught(table_cls: type[JobTable], words: str)
            config=replace(SHARED, liveness_ms_max=60_000), table_cls=table_cls)
 
 
+# --- whole tables sent to workers as dumps (issue 26 point 5) --------------------------------------
+
+DUMPS = SimConfig(dumps=0.01)
+
+
+@pytest.mark.parametrize("seed", (1, 3, 4))
+def test_workers_caught_up_from_dumps(seed: int) -> None:
+    """Voters write dumps (and when a worker needs one the ring cannot follow); a worker that
+    needs the whole table is sent the leader's latest dump and the entries after it, and every
+    table stays equal to every other at each index, through crashes and lost frames."""
+    report = run(seed, DUMPS)
+    c = report.counts
+    assert c.get("dumps_written", 0) > 0 and c.get("dumps_sent", 0) > 0, c
+
+
+class DumpSkipsAnEntryNode(JobNode):
+    """Planted bug: the entries sent with a dump leave out the first one after the dump (the
+    ring read from one entry too far), while still saying they follow the dump."""
+
+    def _emit(self, eff: Any) -> None:
+        from meshjobs.node import SendDump
+
+        if isinstance(eff, SendDump) and eff.body.get("entries"):
+            eff = SendDump(eff.to, {**eff.body, "entries": eff.body["entries"][1:]})
+        super()._emit(eff)
+
+
+def test_planted_dump_that_skips_an_entry_is_caught() -> None:
+    """The simulator's table check fails when a dump's entries do not follow it."""
+    caught(range(1, 30), "a dump whose entries skip one", "differs from another table",
+           config=replace(DUMPS, dumps=0.02), node_cls=DumpSkipsAnEntryNode)
+
+
 # --- earlier attempts (issue 27 point 4) ---------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ from meshjobs.node.events import (
     Ctl,
     Cut,
     DiskFull,
+    DumpReady,
     FetchBlobs,
     FrameIn,
     ItemEnded,
@@ -21,18 +22,20 @@ from meshjobs.node.events import (
     Reply,
     Run,
     Send,
+    SendDump,
     Tick,
     Unpin,
     UnpinAllBut,
     View,
+    WantDump,
     spec_digest,
 )
 from meshjobs.node.members import Member
 from meshjobs.node.ready import Ready, advance, dispatch, ignore, run_round
 
 __all__ = [
-    "Applied", "BlobBytes", "BlobsCopied", "CopyBlobs", "Ctl", "Cut", "DiskFull", "FetchBlobs", "FrameIn", "ItemEnded", "JobNode",
+    "Applied", "BlobBytes", "BlobsCopied", "CopyBlobs", "Ctl", "Cut", "DiskFull", "DumpReady", "FetchBlobs", "FrameIn", "ItemEnded", "JobNode",
     "Member", "NodeConfig", "PeerLink", "Pin", "Pool", "Pressure", "Propose", "Ready", "Reply",
-    "Run", "Send", "Tick", "Unpin", "UnpinAllBut", "View", "advance", "dispatch", "ignore", "run_round",
+    "Run", "Send", "SendDump", "Tick", "Unpin", "UnpinAllBut", "View", "WantDump", "advance", "dispatch", "ignore", "run_round",
     "spec_digest",
 ]

@@ -51,6 +51,7 @@ from meshjobs.node.events import (
     Ctl,
     Cut,
     DiskFull,
+    DumpReady,
     FrameIn,
     ItemEnded,
     NodeConfig,
@@ -172,6 +173,7 @@ class JobNode:
             Pressure: self.storage.on_pressure,
             DiskFull: self.storage.on_disk_full,
             BlobBytes: self.storage.on_blob_bytes,
+            DumpReady: self.leadership.dump_ready,
         }
 
     def _on_tick(self, ev: Tick) -> None:
@@ -1009,6 +1011,7 @@ class JobNode:
             "blob_bytes": self.storage.blob_bytes,
             "running": self.runs.running_count(),
             "items": self.cfg.items,
+            "dumps": True,  # a whole table may come as a dump (follow.py)
             "wall_ms": self.now_ms,  # the leader shows how far off its own clock this is
         }
 

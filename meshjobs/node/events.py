@@ -110,6 +110,14 @@ class PeerLink:
 
 
 @dataclass(frozen=True)
+class DumpReady:
+    """A dump (snapshot) of this member's table at position `index` is durable in its data
+    folder: the one a leader sends a new worker (`SendDump`), with the entries after it."""
+
+    index: int
+
+
+@dataclass(frozen=True)
 class BlobsCopied:
     """`member` confirmed that these blobs are durable in its store."""
 
@@ -192,6 +200,24 @@ class Send:
 
 
 @dataclass(frozen=True)
+class SendDump:
+    """An F_JOB_STATE frame to a worker: `body` with this member's latest dump added as `dump`,
+    the dump file's bytes, read and sent in parts by the edge off the jobs thread (the table is
+    never built or packed for it). `body["prev"]` is the position of the dump the node was told
+    of (`DumpReady`) and `body["entries"]` the committed entries after it; the file read may be a
+    newer dump, which the worker tells from the dump itself."""
+
+    to: str
+    body: Any
+
+
+@dataclass(frozen=True)
+class WantDump:
+    """Ask for a new dump soon: a worker needs the whole table and the recent entries kept to
+    follow a dump no longer reach back to the latest one."""
+
+
+@dataclass(frozen=True)
 class CopyBlobs:
     """Copy these blobs (durable here) to `to`, which pins them for `owner` (a job) and answers
     with BlobsCopied once they are durable there."""
@@ -241,7 +267,7 @@ class NodeConfig:
 # Every event the node takes (`JobNode.step` has one handler per type) and every effect it makes
 # (node/ready.py sorts each by the durability gate). A type in neither is a bug of ours.
 EVENTS: tuple[type, ...] = (Tick, Ctl, Applied, View, Pressure, DiskFull, BlobBytes, ItemEnded,
-                            FrameIn, PeerLink, BlobsCopied)
+                            FrameIn, PeerLink, BlobsCopied, DumpReady)
 
 
 # The digest of the empty payload: every member holds it, pinned for good by this owner (see
@@ -277,4 +303,4 @@ class Notify:
 
 
 EFFECTS: tuple[type, ...] = (Propose, Reply, Run, Cut, Pin, Unpin, UnpinAllBut, Send, CopyBlobs,
-                             FetchBlobs, Exit, Notify)
+                             FetchBlobs, Exit, Notify, SendDump, WantDump)

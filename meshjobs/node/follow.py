@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from meshjobs import limits
+from meshjobs import dumpbytes, limits
 from meshjobs.node.events import Applied, NodeConfig, Send, View
 from meshjobs.table import JobTable
 
@@ -79,6 +79,9 @@ class Follower:
             return
         self._set_view(View(term=term, leader=leader, is_leader=False, ready=True))
         self.leader_seen_ms = now_ms
+        if "dump" in body:
+            self._install_dump(peer, body)
+            return
         if "snapshot" in body:
             try:
                 table = JobTable.from_state(body["snapshot"])
@@ -99,6 +102,9 @@ class Follower:
             self._shown(max([prev] + [e[0] for e in entries if isinstance(e, list) and e
                                       and type(e[0]) is int]))
             return
+        self._apply_entries(entries)
+
+    def _apply_entries(self, entries: list) -> None:
         for e in entries:
             if not (isinstance(e, list) and len(e) == 2 and type(e[0]) is int
                     and e[0] > self.table.applied_index):
@@ -118,6 +124,45 @@ class Follower:
     def in_step(self) -> bool:
         """Does the table hold all that the leader's frames have shown it (a worker)?"""
         return self.table.applied_index >= self.upto
+
+    def _install_dump(self, peer: str, body: dict) -> None:
+        """The whole table as the leader's latest dump (its file's bytes) and the committed
+        entries after it. Checked whole before anything is installed: the dump's header,
+        length, checksum and document (dumpbytes.py), the table it holds, that it does not take
+        this table backwards, and that the entries follow it: `prev` is the position of the
+        dump the leader meant; the file it read may be newer, and then the entries the dump
+        already holds are skipped, the rest applied only when they follow it."""
+        raw, prev, entries = body.get("dump"), body.get("prev"), body.get("entries")
+        if (not isinstance(raw, bytes) or type(prev) is not int or not isinstance(entries, list)
+                or not all(isinstance(e, list) and len(e) == 2 and type(e[0]) is int
+                           for e in entries)
+                or any(b[0] <= a[0] for a, b in zip(entries, entries[1:], strict=False))
+                or (entries and entries[0][0] <= prev)):
+            self._count("frames_bad_state")
+            return
+        try:
+            dump = dumpbytes.parse(raw, f"from {peer}", "it is not installed")
+            table = JobTable.from_state(dump.state)
+        except Exception:  # remote garbage: a dump we cannot check or load is not installed
+            self._count("frames_bad_state")
+            return
+        pos = table.applied_index
+        if pos < prev or pos < self.table.applied_index:
+            self._count("state_dumps_stale")  # never a table older than meant, or than ours
+            self.next_have_ms = 0
+            self._shown(prev)  # the leader's dump reaches there: behind it, not fresh
+            return
+        rest = [e for e in entries if e[0] > pos]
+        self.table.load(table)
+        self._count("state_dumps_installed")
+        if rest and pos != prev and not any(e[0] == pos for e in entries):
+            # A newer dump than the leader meant, and no entry of those sent is its last: where
+            # they follow on is not known. The leader sends what is missing when asked.
+            self._count("state_gaps")
+            self.next_have_ms = 0
+            self._shown(rest[-1][0])  # what it shows is known to exist: not fresh behind it
+            return
+        self._apply_entries(rest)
 
     def follow(self, view: View, now_ms: int, report: Callable[[], dict]) -> str | None:
         """What every non-leader does each round: give up a leader not heard from for too long

@@ -18,7 +18,7 @@ from typing import Any
 from meshjobs import cron, limits, reruns
 from meshjobs.compact import entry_item_count
 from meshjobs.node.catchup import CatchUpRing
-from meshjobs.node.events import NodeConfig, Send
+from meshjobs.node.events import DumpReady, NodeConfig, Send, SendDump, WantDump
 from meshjobs.node.hooks import Orders
 from meshjobs.node.members import Members
 from meshjobs.node.proposals import Proposals
@@ -75,6 +75,9 @@ class Leadership:
         self._next_expiry_ms = 0
         self.urgent: set[str] = set()  # workers with leases in entries not yet sent to them
         self._snapshots_sent: deque[int] = deque()  # when whole tables went out lately
+        self.dump_index: int | None = None  # the table position of this member's latest dump
+        self._dump_asked_ms: int | None = None  # when a new dump was last asked for
+        self._dump_wanted_ms: int | None = None  # since when one is wanted (None: none is)
 
     # --- what committed entries say -------------------------------------------------------------
 
@@ -297,6 +300,11 @@ class Leadership:
 
     # --- worker members' tables --------------------------------------------------------------------
 
+    def dump_ready(self, ev: DumpReady) -> None:
+        """This member's latest dump holds the table at position `ev.index`."""
+        self.dump_index = ev.index
+        self._dump_wanted_ms = None
+
     def push_state(self, now_ms: int, term: int) -> None:
         """Send each worker the committed entries it does not have yet (F_JOB_STATE), from the
         ring of recent entries, or the whole table when it is further behind than the ring.
@@ -304,15 +312,22 @@ class Leadership:
         With hundreds of workers a frame to each per round is most of the leader's work, so
         new entries go to a worker at most every `state_push_ms`, at once only when they hold
         leases of its own (`urgent`: it has items to start); a caught-up worker hears from the
-        leader every `state_keepalive_ms`. Whole tables are costly to build and to carry: one
-        is built per round however many workers need it, and at most `state_snapshots_max` go
-        out per `state_resend_ms` (after a failover the others take entries from the ring, and
-        those further behind wait their turn, told meanwhile who leads)."""
+        leader every `state_keepalive_ms`. Whole tables are costly to carry: at most
+        `state_snapshots_max` go out per `state_resend_ms` (after a failover the others take
+        entries from the ring, and those further behind wait their turn, told meanwhile who
+        leads). A worker that takes dumps (it says so in its reports) is sent this member's
+        latest dump (`SendDump`: the file, read and sent by the edge off the jobs thread) with
+        the ring's entries after it; when the ring no longer reaches back to that dump a new
+        one is asked for (`WantDump`, at most every `state_resend_ms`) and the worker waits for
+        it, up to `state_dump_wait_ms`. Only a worker that does not take dumps, a member with no
+        dump yet, or one whose new dump is that late, is sent the table built and packed here:
+        one body per round however many workers need it."""
         applied = self.table.applied_index
         urgent, self.urgent = self.urgent, set()
         while self._snapshots_sent and now_ms - self._snapshots_sent[0] >= limits.state_resend_ms:
             self._snapshots_sent.popleft()
         whole: dict[str, Any] | None = None  # one body for every worker sent the whole table
+        dumped: dict[str, Any] | None = None  # and for every worker sent the dump
         for m in self.roster.known.values():
             if m.role != "worker":
                 continue
@@ -328,10 +343,29 @@ class Leadership:
             entries = self.ring.after(m.sent_upto, applied) if behind else []
             if behind and not entries:
                 entries = None  # the table moved on without entries in the ring (a snapshot)
-            if entries is None and len(self._snapshots_sent) >= limits.state_snapshots_max:
+            after = None
+            wait_dump = False
+            if entries is None and m.dumps and self.dump_index is not None:
+                after = self.ring.after(self.dump_index, applied)
+                if after is None:
+                    wait_dump = self._want_dump(now_ms)
+            if entries is None and (len(self._snapshots_sent) >= limits.state_snapshots_max
+                                    or wait_dump):
                 if since < limits.state_keepalive_ms:
                     continue
                 self._count("state_snapshots_waiting")  # told who leads; its table waits
+            elif entries is None and after is not None:
+                assert self.dump_index is not None
+                if dumped is None:
+                    dumped = {**body, "prev": self.dump_index, "entries": after,
+                              "index": applied}
+                self._emit(SendDump(m.name, dumped))
+                self._count("state_dumps_sent")
+                self._snapshots_sent.append(now_ms)
+                m.sent_upto = after[-1][0] if after else self.dump_index
+                m.snapshot_ms = now_ms
+                m.sent_ms = now_ms
+                continue
             elif entries is None:
                 if whole is None:
                     # The same body (and so one encoding of it: jobsd.py packs a body sent to
@@ -349,6 +383,19 @@ class Leadership:
                     m.sent_upto = entries[-1][0]
             m.sent_ms = now_ms
             self._emit(Send(m.name, "F_JOB_STATE", body, table=True))
+
+    def _want_dump(self, now_ms: int) -> bool:
+        """Ask for a new dump, at most every `state_resend_ms` (its writing takes a while).
+        True while it is worth waiting for: a dump that has not come `state_dump_wait_ms`
+        after it was first asked for (dumps failing, say) is waited for no longer, and the
+        worker is sent the table built here meanwhile."""
+        if self._dump_wanted_ms is None:
+            self._dump_wanted_ms = now_ms
+        if self._dump_asked_ms is None or now_ms - self._dump_asked_ms >= limits.state_resend_ms:
+            self._dump_asked_ms = now_ms
+            self._count("state_dumps_asked")
+            self._emit(WantDump())
+        return now_ms - self._dump_wanted_ms < limits.state_dump_wait_ms
 
     # --- schedules --------------------------------------------------------------------------------
 

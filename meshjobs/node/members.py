@@ -51,6 +51,7 @@ class Member:
     sent_ms: int = 0  # when F_JOB_STATE last went to it (entries or a keep-alive)
     pos_ms: int = 0  # when its reported position last moved
     snapshot_ms: int = 0  # when the whole table last went to it (workers)
+    dumps: bool = False  # it takes the whole table as a dump (it says so in its reports)
 
 
 def parse_have(body: Any) -> dict | None:
@@ -75,6 +76,7 @@ def parse_have(body: Any) -> dict | None:
         "running": running if type(running) is int else 0,
         "blob_bytes": blob_bytes if type(blob_bytes) is int else 0,
         "items": parse_items(body.get("items")),
+        "dumps": body.get("dumps") is True,
         "wall_ms": wall if type(wall) is int and 0 <= wall < 2**63 else None,
     }
 
@@ -174,6 +176,7 @@ class Members:
         m.blob_bytes = have["blob_bytes"]
         m.disk_full = have["disk_full"]
         m.items = have["items"]
+        m.dumps = have["dumps"]
         m.clock_skew_ms = None if have["wall_ms"] is None else have["wall_ms"] - now_ms
         m.last_ms = now_ms
         if m.role == "worker" and (m.pos > m.sent_upto or (

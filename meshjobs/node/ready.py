@@ -41,17 +41,20 @@ from meshjobs.node.events import (
     Reply,
     Run,
     Send,
+    SendDump,
     Unpin,
     UnpinAllBut,
+    WantDump,
 )
 
 # Effects that acknowledge nothing: pinning more blobs only keeps them longer, fetching a blob
-# only makes a copy here. Either may happen before the round's entries are durable.
-AT_ONCE: tuple[type, ...] = (Pin, FetchBlobs)
+# only makes a copy here, asking for a dump only writes one. Each may happen before the round's
+# entries are durable.
+AT_ONCE: tuple[type, ...] = (Pin, FetchBlobs, WantDump)
 # Effects that tell someone (a client, a member, an item, a hook) what this member holds, or
 # give up what it holds: they leave only after the sync that covers this round's entries.
 AFTER_SYNC: tuple[type, ...] = (Reply, Send, Run, Cut, CopyBlobs, Unpin, UnpinAllBut, Notify,
-                                Exit)
+                                Exit, SendDump)
 # The one answer that depends on the request alone: it was refused as malformed.
 _REFUSED_AS_MALFORMED = 400
 
