@@ -18,6 +18,8 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import structlog
 
@@ -584,8 +586,22 @@ class Member:
 
         self.t_jobs = guarded("jobs", jobs.run)
         self.t_driver = guarded("driver", self.driver.run)
-        self.extra = extra = [guarded(f"blob-{name}", body)
-                              for name, body in self.writers.targets()]
+        self.extra = extra = self._part_threads(guarded, notifier)
+        for t in extra:
+            t.start()
+        self.http_ready = http_ready = threading.Event()
+        self.t_http = guarded("http", lambda: self.http.run(http_ready))
+        self.t_driver.start()
+        self.t_jobs.start()
+        self.t_http.start()
+
+    def _part_threads(self, guarded: Callable[[str, Callable[[], Any]], threading.Thread],
+                      notifier: Any) -> list[threading.Thread]:
+        """The threads of the parts beside the jobs, driver and HTTP ones, not started yet:
+        blob writers, links, blob mover, item logs, the dump sender, history, notify senders
+        and systemd's watchdog; each `guarded` (a crash stops the member)."""
+        jobs = self.jobs
+        extra = [guarded(f"blob-{name}", body) for name, body in self.writers.targets()]
         if self.links is not None:
             extra.append(guarded("links", self.links.run))
         if self.mover is not None:
@@ -607,13 +623,7 @@ class Member:
         if period_s is not None:
             self.watchdog = sdnotify.Watchdog(period_s, self._jobs_answer)
             extra.append(guarded("watchdog", self.watchdog.run))
-        for t in extra:
-            t.start()
-        self.http_ready = http_ready = threading.Event()
-        self.t_http = guarded("http", lambda: self.http.run(http_ready))
-        self.t_driver.start()
-        self.t_jobs.start()
-        self.t_http.start()
+        return extra
 
     def _jobs_answer(self, timeout_s: float) -> bool:
         """Whether the jobs thread answers a health request within `timeout_s` (the watchdog's

@@ -39,7 +39,7 @@ from meshjobs.node import (
     advance,
     run_round,
 )
-from meshjobs.node.events import Exit, Notify
+from meshjobs.node.events import Exit, Notify, SendDump, WantDump
 from meshjobs.node.ready import AFTER_SYNC, AT_ONCE
 from meshjobs.table import JobTable
 
@@ -78,7 +78,7 @@ def test_every_effect_class_is_known_to_the_gate() -> None:
     from meshjobs.node import events
 
     effect_classes = {Propose, Reply, Run, Cut, Pin, Unpin, UnpinAllBut, Send, CopyBlobs,
-                      FetchBlobs, Exit, Notify}
+                      FetchBlobs, Exit, Notify, SendDump, WantDump}
     assert set(AT_ONCE) | set(AFTER_SYNC) | {Propose} == effect_classes
     assert not set(AT_ONCE) & set(AFTER_SYNC)
     assert all(hasattr(events, c.__name__) for c in effect_classes)
