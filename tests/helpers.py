@@ -679,6 +679,20 @@ def running(m: Meshd) -> Iterator[Meshd]:
         m.stop()
 
 
+def read_pty(master: int) -> bytes:
+    """All a terminal's program wrote, read from the pty's master side until the program's end
+    closes it (EIO, or an empty read)."""
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:
+            return shown
+        if not chunk:
+            return shown
+        shown += chunk
+
+
 def fleet_running(members: list[Meshd]) -> Iterator[list[Meshd]]:
     """Start every member, hand them over, and stop each (by pid) afterwards, also on failure:
     the body of a fixture that yields a started fleet (`yield from fleet_running(make_fleet(...))`)."""

@@ -8,20 +8,14 @@ import os
 
 import pytest
 
-from tests.helpers import Meshd, leader_of, make_fleet, running, start_all, submit, wait_until
+from tests.helpers import Meshd, fleet_running, leader_of, make_fleet, running, submit, wait_until
 
 pytestmark = pytest.mark.fleet
 
 
 @pytest.fixture
 def fleet(tmp_path):
-    members = make_fleet(str(tmp_path), voters=3, slots=1)
-    try:
-        start_all(members)
-        yield members
-    finally:
-        for m in members:
-            m.stop()
+    yield from fleet_running(make_fleet(str(tmp_path), voters=3, slots=1))
 
 
 @pytest.fixture

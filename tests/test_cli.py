@@ -24,7 +24,7 @@ from click.testing import CliRunner, Result
 from blobstore import hexdigest
 from meshjobs.cli import cli
 from meshjobs.control import Answer
-from tests.helpers import LateDamageStore, Server, job_record
+from tests.helpers import LateDamageStore, Server, job_record, read_pty
 
 
 @pytest.fixture(scope="module")
@@ -309,15 +309,7 @@ def test_wait_shows_progress_on_a_terminal(srv: Server) -> None:
                             "j1"], stderr=slave, stdout=subprocess.PIPE, timeout=60)
         os.close(slave)
         slave = -1
-        shown = b""
-        while True:
-            try:
-                chunk = os.read(master, 4096)
-            except OSError:
-                break
-            if not chunk:
-                break
-            shown += chunk
+        shown = read_pty(master)
     finally:
         os.close(master)
         if slave >= 0:

@@ -19,10 +19,10 @@ import pytest
 from tests.helpers import (
     Meshd,
     env_with_path,
+    fleet_running,
     free_port,
     leader_of,
     make_fleet,
-    start_all,
     wait_until,
 )
 
@@ -45,13 +45,7 @@ def job_ids(m: Meshd) -> list[str]:
 
 @pytest.fixture
 def fleet(tmp_path):
-    members = make_fleet(str(tmp_path / "fleet"), voters=3)
-    try:
-        start_all(members)
-        yield members
-    finally:
-        for m in members:
-            m.stop()
+    yield from fleet_running(make_fleet(str(tmp_path / "fleet"), voters=3))
 
 
 def test_commands_pass_over_a_killed_first_member(fleet) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import Meshd, env_with_path, wait_until
+from tests.helpers import Meshd, env_with_path, read_pty, wait_until
 
 pytestmark = pytest.mark.fleet
 
@@ -40,15 +40,7 @@ def _on_terminal(m: Meshd, *args: str, columns: int | None = None) -> tuple[int,
                              stdout=slave, stderr=subprocess.PIPE, env=env)
         os.close(slave)
         slave = -1
-        shown = b""
-        while True:
-            try:
-                chunk = os.read(master, 4096)
-            except OSError:
-                break
-            if not chunk:
-                break
-            shown += chunk
+        shown = read_pty(master)
         err = p.stderr.read() if p.stderr else b""
         rc = p.wait(timeout=60)
     finally:
