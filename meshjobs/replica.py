@@ -59,6 +59,7 @@ from meshjobs.diskspace import EXIT_BUG, EXIT_DISK, describe, fix_hint, is_disk_
 from meshjobs.dumpfile import CheckedDump, DumpCorrupt, DumpHealth, make_dump_pair
 from meshjobs.dumpwriter import ForkedDumps
 from meshjobs.failpoints import Failpoints
+from meshjobs.frames import SECRET_BYTES
 from meshjobs.journal import DurableJournal
 from meshjobs.node import Applied, View
 from meshjobs.raftlink import SealedTransport
@@ -635,8 +636,9 @@ def open_secret(path: str, create: bool, failpoints: Failpoints | None = None) -
                              "fleet, or, for the first member of a new fleet, make one with "
                              f"`meshd new-secret {path}` (then copy it to the others)") from None
         return new_secret(path, failpoints, replace=True)
-    if len(secret) != 32:
-        raise SystemExit(f"meshd: fleet secret {path} must be exactly 32 bytes, it has {len(secret)}")
+    if len(secret) != SECRET_BYTES:
+        raise SystemExit(f"meshd: fleet secret {path} must be exactly {SECRET_BYTES} bytes, it "
+                         f"has {len(secret)}")
     mode = os.stat(path).st_mode & 0o777
     if mode & 0o077:
         raise SystemExit(f"meshd: fleet secret {path} is readable by others (mode {mode:o}): chmod 600 it")
@@ -646,7 +648,7 @@ def open_secret(path: str, create: bool, failpoints: Failpoints | None = None) -
 def new_secret(path: str, failpoints: Failpoints | None = None, replace: bool = False) -> bytes:
     """Write a new fleet secret at `path` (32 random bytes, mode 0600, fsynced with its folder)
     and return it. Without `replace`, an existing file is never overwritten: FileExistsError."""
-    secret = os.urandom(32)
+    secret = os.urandom(SECRET_BYTES)
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
